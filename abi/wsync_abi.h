@@ -1,0 +1,34 @@
+/*
+ * wsync ABI — the current version. Include this; it aliases the newest frozen header.
+ * Engines that must keep building against an older plugin include the frozen header they target.
+ */
+#ifndef WSYNC_ABI_H
+#define WSYNC_ABI_H
+
+#include "wsync_abi_v1.h"
+
+#define WSYNC_ABI_VERSION WSYNC_ABI_VERSION_1     /* the newest version this header knows */
+#define WSYNC_ABI_VERSION_MIN WSYNC_ABI_VERSION_1 /* the oldest one a host built on it accepts */
+
+typedef wsync_error_v1_t wsync_error_t;
+typedef wsync_log_fn_v1_t wsync_log_fn_t;
+typedef wsync_tensor_desc_v1_t wsync_tensor_desc_t;
+typedef wsync_buffer_desc_v1_t wsync_buffer_desc_t;
+typedef wsync_manifest_v1_t wsync_manifest_t;
+typedef wsync_copy_op_v1_t wsync_copy_op_t;
+typedef wsync_adapter_part_v1_t wsync_adapter_part_t;
+typedef wsync_adapter_target_v1_t wsync_adapter_target_t;
+typedef wsync_adapter_slot_v1_t wsync_adapter_slot_t;
+typedef wsync_adapter_source_v1_t wsync_adapter_source_t;
+typedef wsync_consumer_config_v1_t wsync_consumer_config_t;
+typedef wsync_consumer_v1_t wsync_consumer_ops_t;
+typedef wsync_staging_config_v1_t wsync_staging_config_t;
+typedef wsync_stage_tensor_v1_t wsync_stage_tensor_t;
+typedef wsync_producer_v1_t wsync_producer_ops_t;
+typedef wsync_host_v1_t wsync_host_t;
+typedef wsync_plugin_v1_t wsync_plugin_t;
+typedef struct wsync_consumer wsync_consumer_t;
+typedef struct wsync_handle wsync_handle_t;
+typedef struct wsync_staging wsync_staging_t;
+
+#endif /* WSYNC_ABI_H */

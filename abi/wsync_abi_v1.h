@@ -1,0 +1,471 @@
+/*
+ * wsync ABI, version 1 — FROZEN.
+ *
+ * This header is the contract between an inference engine (the "host" that dlopens the plugin)
+ * and a wsync plugin (libwsync_host.so, libwsync_cuda.so, ...). Once released, nothing in it may
+ * change: later versions append members to the tables (guarded by WSYNC_HAS_OP) or add a new
+ * frozen header wsync_abi_v2.h. See docs/ABI.md for the growth rules.
+ *
+ * Conventions used by every member below:
+ *   - Every table and every host-filled struct starts with `size_t struct_size`; the filler sets it
+ *     to sizeof() of the struct it was compiled against. Readers never touch a member that lies
+ *     past struct_size (WSYNC_HAS_OP / WSYNC_HAS_FIELD).
+ *   - Every function returns wsync_result_t. `err` may be NULL; when it is not, the first failure
+ *     reported into it is kept (first error wins) and nothing is allocated.
+ *   - Strings passed in are borrowed for the duration of the call unless a member says otherwise.
+ *   - Nothing in a plugin aborts, exits or prints: diagnostics go to the host's logger only.
+ */
+#ifndef WSYNC_ABI_V1_H
+#define WSYNC_ABI_V1_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Version changelog:
+ *   1 — first release: consumer vtable (open/close/copy/record/adapter/host_fn/finalize),
+ *       producer table (create/stage/publish/wait/retire), manifest parse in the plugin. */
+#define WSYNC_ABI_VERSION_1 1u
+
+/* ------------------------------------------------------------------ results */
+
+/* Values are explicit and never renumbered; new codes are appended. */
+typedef enum wsync_result {
+    WSYNC_OK = 0,
+    WSYNC_ERR_INVALID_ARGUMENT = 1, /* caller misuse: NULL where not allowed, bad flag, ... */
+    WSYNC_ERR_INCOMPATIBLE = 2,     /* no common ABI version */
+    WSYNC_ERR_NO_DEVICE = 3,        /* backend has no usable device/driver on this machine */
+    WSYNC_ERR_NOT_SUPPORTED = 4,    /* member or feature not implemented by this plugin */
+    WSYNC_ERR_OUT_OF_MEMORY = 5,
+    WSYNC_ERR_BAD_MANIFEST = 6,    /* manifest JSON malformed or fails schema validation */
+    WSYNC_ERR_OUT_OF_BOUNDS = 7,   /* a copy op or tensor lies outside its buffer/parameter */
+    WSYNC_ERR_STALE_GENERATION = 8, /* generation not newer than the last one consumed */
+    WSYNC_ERR_TIMEOUT = 9,          /* a bounded wait expired */
+    WSYNC_ERR_DIGEST_MISMATCH = 10, /* wsync64 of copied bytes differs from the manifest */
+    WSYNC_ERR_SYSTEM = 11,          /* an OS / driver call failed; message has errno or code */
+    WSYNC_ERR_BUSY = 12,            /* resource still in use (e.g. retire while mapped) */
+    WSYNC_ERR_LAYOUT_MISMATCH = 13, /* retained staging layout differs from the new one */
+    WSYNC_ERR_NOT_FOUND = 14,       /* named object (tensor, parameter, adapter) unknown */
+    WSYNC_ERR_PEER_GONE = 15,       /* the other process exited or closed the buffer */
+    WSYNC_ERR_INTERNAL = 16         /* a bug in wsync; please report with the message */
+} wsync_result_t;
+
+/* --------------------------------------------------------- error and logging */
+
+#define WSYNC_ERROR_MESSAGE_LEN 320
+#define WSYNC_ERROR_WHERE_LEN 64
+
+/* Caller-owned error details. Zero-initialise (or set code = WSYNC_OK) before the first call;
+ * a plugin fills it only when `code` is still WSYNC_OK (first error wins). Never allocates. */
+typedef struct wsync_error_v1 {
+    size_t struct_size;
+    wsync_result_t code;
+    char where[WSYNC_ERROR_WHERE_LEN];     /* the function that failed, e.g. "copy_weights" */
+    char message[WSYNC_ERROR_MESSAGE_LEN]; /* names the offending value and what to do */
+} wsync_error_v1_t;
+
+typedef enum wsync_log_level {
+    WSYNC_LOG_ERROR = 0,
+    WSYNC_LOG_WARN = 1,
+    WSYNC_LOG_INFO = 2,
+    WSYNC_LOG_DEBUG = 3
+} wsync_log_level_t;
+
+/* Host logger. May be called from any thread, including plugin worker threads; the host must
+ * make it thread safe. Must not call back into the plugin. */
+typedef void (*wsync_log_fn_v1_t)(void *user, wsync_log_level_t level, const char *file, int line,
+                                  const char *fmt, ...);
+
+/* --------------------------------------------------------------- data types */
+
+/* Element types, values fixed. Names on the wire are PyTorch's ("bfloat16", "float32", ...). */
+typedef enum wsync_dtype {
+    WSYNC_DTYPE_INVALID = 0,
+    WSYNC_DTYPE_BF16 = 1,
+    WSYNC_DTYPE_F16 = 2,
+    WSYNC_DTYPE_F32 = 3,
+    WSYNC_DTYPE_F64 = 4,
+    WSYNC_DTYPE_I8 = 5,
+    WSYNC_DTYPE_U8 = 6,
+    WSYNC_DTYPE_I16 = 7,
+    WSYNC_DTYPE_I32 = 8,
+    WSYNC_DTYPE_I64 = 9,
+    WSYNC_DTYPE_BOOL = 10,
+    WSYNC_DTYPE_F8_E4M3 = 11,
+    WSYNC_DTYPE_F8_E5M2 = 12
+} wsync_dtype_t;
+
+#define WSYNC_MAX_DIMS 8
+#define WSYNC_HANDLE_MAX 128 /* bytes of an opaque handle (cudaIpcMemHandle_t is 64) */
+#define WSYNC_DEVICE_MAX 64  /* "GPU-<uuid>" or "cpu" */
+
+typedef enum wsync_buffer_kind {
+    WSYNC_BUFFER_INVALID = 0,
+    WSYNC_BUFFER_CUDA_IPC = 1,   /* legacy cudaIpcMemHandle_t */
+    WSYNC_BUFFER_HOST_SHM = 2,   /* POSIX shared memory; handle bytes are the shm name */
+    WSYNC_BUFFER_CUDA_VMM_FD = 3 /* reserved */
+} wsync_buffer_kind_t;
+
+/* ------------------------------------------------------------ manifest view */
+
+/* One tensor of a bucket, as validated by parse_manifest: offset + nbytes lies inside the buffer,
+ * nbytes == element size x product(shape), names are unique and non-empty. */
+typedef struct wsync_tensor_desc_v1 {
+    size_t struct_size;
+    const char *name;
+    wsync_dtype_t dtype;
+    uint32_t ndim;
+    int64_t shape[WSYNC_MAX_DIMS];
+    uint64_t offset; /* bytes from the start of the buffer's usable region */
+    uint64_t nbytes;
+    uint64_t digest; /* wsync64, valid when has_digest */
+    int has_digest;
+} wsync_tensor_desc_v1_t;
+
+/* The staging buffer a manifest names. For a foreign buffer (e.g. a PyTorch storage exported with
+ * reduce_tensor) `base_offset` is the storage offset inside the IPC allocation, and
+ * has_ready / has_consumed may be 0. */
+typedef struct wsync_buffer_desc_v1 {
+    size_t struct_size;
+    wsync_buffer_kind_t kind;
+    uint8_t handle[WSYNC_HANDLE_MAX];
+    uint32_t handle_len;
+    uint64_t bytes;       /* usable bytes from base_offset */
+    uint64_t base_offset; /* start of the usable region inside the mapped allocation */
+    int64_t pid;          /* producer pid */
+    char device[WSYNC_DEVICE_MAX];
+    uint8_t ready[WSYNC_HANDLE_MAX]; /* event handle (CUDA) or backend token */
+    uint32_t ready_len;
+    int has_ready;
+    uint8_t consumed[WSYNC_HANDLE_MAX];
+    uint32_t consumed_len;
+    int has_consumed;
+    char control[WSYNC_HANDLE_MAX]; /* optional shm name of the control segment ("" = none) */
+} wsync_buffer_desc_v1_t;
+
+/* A parsed, fully validated manifest. Owned by the plugin; valid until manifest_free. */
+typedef struct wsync_manifest_v1 {
+    size_t struct_size;
+    uint32_t schema;     /* the "wsync" field */
+    uint64_t generation; /* strictly increasing per buffer */
+    int finished;        /* last bucket of this weight version */
+    wsync_buffer_desc_v1_t buffer;
+    size_t n_tensors;
+    const wsync_tensor_desc_v1_t *tensors;
+} wsync_manifest_v1_t;
+
+/* ------------------------------------------------------------ copy operations */
+
+/* One 2-D copy: `rows` rows of `row_bytes` each, from src_offset (bytes into the buffer's usable
+ * region) with src_pitch between rows, to dst with dst_pitch. A 1-D copy is rows = 1.
+ * dst_extent is the size in bytes of the engine parameter region that contains dst, from dst:
+ * the plugin refuses an op whose last byte would fall outside [dst, dst + dst_extent).
+ * When the call asks for verification and has_digest is set, the wsync64 digest of the bytes the
+ * op reads (rows concatenated in order) must equal `digest`. */
+typedef struct wsync_copy_op_v1 {
+    uint64_t src_offset;
+    uint64_t src_pitch;
+    void *dst;
+    uint64_t dst_pitch;
+    uint64_t dst_extent;
+    uint64_t rows;
+    uint64_t row_bytes;
+    uint64_t digest;
+    int has_digest;
+} wsync_copy_op_v1_t;
+
+#define WSYNC_COPY_VERIFY 0x1u /* compute wsync64 of every op with has_digest and compare */
+
+/* --------------------------------------------------------------- adapters */
+
+/* One engine LoRA module in an adapter slot. The engine owns both buffers; A is [max_rank, in]
+ * and B is [out, max_rank], row-major, in `dtype`. Two copies (index 0/1) let the plugin load the
+ * shadow copy while requests read the active one; *active (owned by the engine, read by it per
+ * request) is switched by the plugin only after every byte of the shadow is written.
+ * A packed module (qkv_proj, gate_up_proj) lists its parts: each part is an HF module suffix
+ * (e.g. "q_proj") whose B rows start at out_offset. */
+typedef struct wsync_adapter_part_v1 {
+    const char *hf_module; /* e.g. "model.layers.0.self_attn.q_proj" */
+    int64_t out_offset;
+    int64_t out_features;
+} wsync_adapter_part_v1_t;
+
+typedef struct wsync_adapter_target_v1 {
+    size_t struct_size;
+    const char *module; /* engine module name */
+    wsync_dtype_t dtype;
+    int64_t in_features;
+    int64_t out_features;
+    void *lora_a[2];
+    void *lora_b[2];
+    float scaling[2]; /* written by the plugin for the copy it loads */
+    uint32_t rank[2]; /* written by the plugin: the adapter's rank for this module */
+    size_t n_parts;   /* 0: the module maps one HF module named `module` */
+    const wsync_adapter_part_v1_t *parts;
+} wsync_adapter_target_v1_t;
+
+typedef struct wsync_adapter_slot_v1 {
+    size_t struct_size;
+    const char *adapter_name;
+    uint32_t max_rank;
+    size_t n_targets;
+    wsync_adapter_target_v1_t *targets;
+    volatile int *active; /* 0 or 1; engine-owned */
+} wsync_adapter_slot_v1_t;
+
+typedef enum wsync_adapter_source_kind {
+    WSYNC_ADAPTER_FROM_DIR = 1,     /* a PEFT directory on a local file system */
+    WSYNC_ADAPTER_FROM_MANIFEST = 2 /* tensors of an opened producer buffer */
+} wsync_adapter_source_kind_t;
+
+struct wsync_handle;
+
+typedef struct wsync_adapter_source_v1 {
+    size_t struct_size;
+    wsync_adapter_source_kind_t kind;
+    const char *path;                     /* FROM_DIR */
+    struct wsync_handle *handle;          /* FROM_MANIFEST: an open handle */
+    const wsync_manifest_v1_t *manifest;  /* FROM_MANIFEST: tensors named as PEFT saves them */
+    const char *adapter_config_json;      /* FROM_MANIFEST: PEFT's adapter_config.json text */
+} wsync_adapter_source_v1_t;
+
+/* --------------------------------------------------------------- consumer */
+
+struct wsync_consumer;                   /* one per engine device; opaque */
+struct wsync_handle;                     /* a cached mapping of one producer buffer; opaque */
+typedef void *wsync_stream_t;            /* cudaStream_t for CUDA, a plugin queue for host */
+typedef void (*wsync_host_fn_t)(void *user);
+
+typedef struct wsync_consumer_config_v1 {
+    size_t struct_size;
+    int device_ordinal;   /* CUDA ordinal; ignored by host */
+    uint32_t timeout_ms;  /* bound on any host-side wait (0 = 30000) */
+} wsync_consumer_config_v1_t;
+
+typedef struct wsync_consumer_v1 {
+    size_t struct_size;
+    uint32_t abi_version;
+
+    /* Create a consumer bound to one device. Blocking; not thread safe with finalize.
+     * *out is owned by the caller until finalize. */
+    wsync_result_t (*create)(const wsync_consumer_config_v1_t *config, struct wsync_consumer **out,
+                             wsync_error_v1_t *err);
+
+    /* Parse and completely validate a manifest (JSON text, len bytes). Nothing is mapped or
+     * copied. On success *out is plugin-owned until manifest_free. Thread safe. Non-blocking. */
+    wsync_result_t (*parse_manifest)(struct wsync_consumer *c, const char *json, size_t len,
+                                     const wsync_manifest_v1_t **out, wsync_error_v1_t *err);
+    void (*manifest_free)(struct wsync_consumer *c, const wsync_manifest_v1_t *m);
+
+    /* Map the producer buffer `desc` (or return the cached mapping: keyed by kind, handle bytes,
+     * pid, device; a second open of the same buffer maps nothing and adds a reference).
+     * Blocking (first open only). Thread safe. Release with close_handle. */
+    wsync_result_t (*open_handle)(struct wsync_consumer *c, const wsync_buffer_desc_v1_t *desc,
+                                  struct wsync_handle **out, wsync_error_v1_t *err);
+
+    /* Drop one reference; the mapping is unmapped when the last reference goes and no copy is in
+     * flight on it (waits for its streams). Blocking. */
+    wsync_result_t (*close_handle)(struct wsync_consumer *c, struct wsync_handle *h,
+                                   wsync_error_v1_t *err);
+
+    /* Enqueue on `stream`: wait for the producer's *ready* of `generation`, then every op (one
+     * launch on CUDA). Every op is validated (source inside the buffer, destination inside its
+     * dst_extent, generation newer than the last one copied from this buffer) BEFORE anything is
+     * enqueued; on error nothing is written. Non-blocking: returns once enqueued. With
+     * WSYNC_COPY_VERIFY a digest mismatch is reported by record_consumed (the stream-ordered
+     * result), and the bytes of that op are written anyway: callers that need all-or-nothing copy
+     * into a shadow first. Thread safe per handle only with distinct streams. */
+    wsync_result_t (*copy_weights)(struct wsync_consumer *c, struct wsync_handle *h,
+                                   wsync_stream_t stream, uint64_t generation,
+                                   const wsync_copy_op_v1_t *ops, size_t n_ops, uint32_t flags,
+                                   wsync_error_v1_t *err);
+
+    /* Record *consumed* for the last generation copied from `h`, on the stream(s) that carried
+     * those copies (joined when several) — there is deliberately no stream argument. Blocks until
+     * the copies are done only if `wait` is non-zero (needed to report digest results);
+     * otherwise non-blocking and digest results surface at the next record. */
+    wsync_result_t (*record_consumed)(struct wsync_consumer *c, struct wsync_handle *h, int wait,
+                                      wsync_error_v1_t *err);
+
+    /* Load a LoRA adapter into `slot` (shadow copy, then switch *active). Validates every name,
+     * shape and dtype against the slot before writing. Blocking. May return NOT_SUPPORTED. */
+    wsync_result_t (*hot_load_adapter)(struct wsync_consumer *c,
+                                       const wsync_adapter_source_v1_t *src,
+                                       wsync_adapter_slot_v1_t *slot, wsync_stream_t stream,
+                                       wsync_error_v1_t *err);
+
+    /* Run fn(user) on the host once all work enqueued before it on `stream` is done, in stream
+     * order. fn must not call into the plugin. Non-blocking. */
+    wsync_result_t (*enqueue_host_fn)(struct wsync_consumer *c, wsync_stream_t stream,
+                                      wsync_host_fn_t fn, void *user, wsync_error_v1_t *err);
+
+    /* Close every handle, stop worker threads, free the consumer. Blocking. c is invalid after. */
+    wsync_result_t (*finalize)(struct wsync_consumer *c, wsync_error_v1_t *err);
+
+    /* Optional helpers. Host backend: streams are in-order queues run by a worker thread; CUDA:
+     * cudaStreamCreateWithFlags(NonBlocking). NULL stream = the consumer's default stream. */
+    wsync_result_t (*stream_create)(struct wsync_consumer *c, wsync_stream_t *out,
+                                    wsync_error_v1_t *err);
+    wsync_result_t (*stream_destroy)(struct wsync_consumer *c, wsync_stream_t s,
+                                     wsync_error_v1_t *err);
+    wsync_result_t (*stream_synchronize)(struct wsync_consumer *c, wsync_stream_t s,
+                                         wsync_error_v1_t *err);
+
+    /* Optional: forget an adapter (zero its rank in both copies after requests drain). */
+    wsync_result_t (*unload_adapter)(struct wsync_consumer *c, wsync_adapter_slot_v1_t *slot,
+                                     wsync_error_v1_t *err);
+
+    /* Optional: memory helpers so device-agnostic callers (CLI, tests, reference engine) can
+     * allocate "engine" memory. Host: malloc; CUDA: cudaMalloc. */
+    wsync_result_t (*mem_alloc)(struct wsync_consumer *c, size_t bytes, void **out,
+                                wsync_error_v1_t *err);
+    wsync_result_t (*mem_free)(struct wsync_consumer *c, void *p, wsync_error_v1_t *err);
+    /* Blocking copy between host memory and plugin memory. kind: 0 host→plugin, 1 plugin→host. */
+    wsync_result_t (*mem_copy)(struct wsync_consumer *c, void *dst, const void *src, size_t bytes,
+                               int kind, wsync_error_v1_t *err);
+} wsync_consumer_v1_t;
+
+/* --------------------------------------------------------------- producer */
+
+struct wsync_staging; /* a retained staging buffer; opaque */
+
+#define WSYNC_STAGING_FIXED_LAYOUT 0x1u /* the first stage fixes names/dtypes/shapes for life */
+
+typedef struct wsync_staging_config_v1 {
+    size_t struct_size;
+    uint64_t bytes;      /* capacity of the staging buffer */
+    int device_ordinal;  /* CUDA ordinal; ignored by host */
+    uint32_t flags;      /* WSYNC_STAGING_* */
+    uint32_t timeout_ms; /* bound on wait_consumed / retire (0 = 30000) */
+} wsync_staging_config_v1_t;
+
+/* A tensor the producer stages: `src` is plugin memory (device memory for CUDA). */
+typedef struct wsync_stage_tensor_v1 {
+    size_t struct_size;
+    const char *name;
+    wsync_dtype_t dtype;
+    uint32_t ndim;
+    int64_t shape[WSYNC_MAX_DIMS];
+    const void *src;
+} wsync_stage_tensor_v1_t;
+
+typedef struct wsync_producer_v1 {
+    size_t struct_size;
+    uint32_t abi_version;
+
+    /* Allocate the retained staging buffer once; it lives until retire. Blocking. */
+    wsync_result_t (*create)(const wsync_staging_config_v1_t *config, struct wsync_staging **out,
+                             wsync_error_v1_t *err);
+
+    /* Start a new bucket: pack `tensors` back to back (256-byte aligned) into the staging buffer
+     * with stream-ordered copies on `stream`, computing wsync64 digests. The caller must have
+     * waited for *consumed* of the previous generation (wait_consumed) before calling.
+     * With WSYNC_STAGING_FIXED_LAYOUT, names/dtypes/shapes must equal the first bucket's
+     * (LAYOUT_MISMATCH otherwise, nothing written). Non-blocking on CUDA. */
+    wsync_result_t (*stage)(struct wsync_staging *s, wsync_stream_t stream,
+                            const wsync_stage_tensor_v1_t *tensors, size_t n, wsync_error_v1_t *err);
+
+    /* Record *ready* for the next generation on `stream` and emit the manifest (NUL-terminated
+     * JSON, plugin-owned, valid until the next publish or retire). Non-blocking. */
+    wsync_result_t (*publish)(struct wsync_staging *s, wsync_stream_t stream, int finished,
+                              const char **manifest_json, uint64_t *generation,
+                              wsync_error_v1_t *err);
+
+    /* Make the producer wait until the consumer's *consumed* for `generation` has fired. Call it
+     * after the consumer's ack for that generation (legacy CUDA IPC events only carry the latest
+     * record). CUDA: stream-ordered on `stream`, non-blocking; host: blocks up to timeout_ms and
+     * returns TIMEOUT, the staging buffer staying valid for a restarted consumer. */
+    wsync_result_t (*wait_consumed)(struct wsync_staging *s, wsync_stream_t stream,
+                                    uint64_t generation, wsync_error_v1_t *err);
+
+    /* Free the staging buffer. Refused with BUSY while a consumer still has it mapped (the
+     * consumer closes, acks, then the producer retires). Blocking. */
+    wsync_result_t (*retire)(struct wsync_staging *s, wsync_error_v1_t *err);
+
+    /* Optional: the backend's own streams and memory, for producers with none of their own. */
+    wsync_result_t (*stream_create)(struct wsync_staging *s, wsync_stream_t *out,
+                                    wsync_error_v1_t *err);
+    wsync_result_t (*stream_destroy)(struct wsync_staging *s, wsync_stream_t st,
+                                     wsync_error_v1_t *err);
+    wsync_result_t (*stream_synchronize)(struct wsync_staging *s, wsync_stream_t st,
+                                         wsync_error_v1_t *err);
+    /* Read the bytes of the current bucket back to host memory (tests, digests). Blocking. */
+    wsync_result_t (*read_back)(struct wsync_staging *s, uint64_t offset, void *dst, size_t bytes,
+                                wsync_error_v1_t *err);
+} wsync_producer_v1_t;
+
+/* ----------------------------------------------------------------- plugin */
+
+/* Filled by the host before init. */
+typedef struct wsync_host_v1 {
+    size_t struct_size;
+    wsync_log_fn_v1_t log; /* NULL: the plugin logs nothing */
+    void *log_user;
+    wsync_log_level_t log_level; /* most verbose level the host wants */
+} wsync_host_v1_t;
+
+/* Returned by init; static storage owned by the plugin for the life of the process. */
+typedef struct wsync_plugin_v1 {
+    size_t struct_size;
+    uint32_t abi_version;
+    const char *name;    /* "host", "cuda" */
+    const char *version; /* plugin release, "MAJOR.MINOR.PATCH" */
+    const wsync_consumer_v1_t *consumer;
+    const wsync_producer_v1_t *producer;
+} wsync_plugin_v1_t;
+
+/* The only exported symbol.
+ * In/out negotiation: the host writes its highest supported ABI version into *abi_version; the
+ * plugin writes back the highest version it supports that is <= the host's and returns the tables
+ * of that version, or writes its own lowest version and returns WSYNC_ERR_INCOMPATIBLE. The host
+ * then checks the answer against its own minimum. Blocking; call once per process before any
+ * other member (later calls return the same tables). NO_DEVICE: the backend cannot run here. */
+typedef wsync_result_t (*wsync_plugin_init_fn_t)(uint32_t *abi_version, const wsync_host_v1_t *host,
+                                                 const wsync_plugin_v1_t **out,
+                                                 wsync_error_v1_t *err);
+#define WSYNC_PLUGIN_INIT_SYMBOL "wsync_plugin_init"
+
+/* ---------------------------------------------------------- growth helpers */
+
+/* True when the table was built with `member` (struct_size covers it) and it is non-NULL. */
+#define WSYNC_HAS_OP(table, member)                                                               \
+    ((table) != NULL &&                                                                            \
+     (table)->struct_size >= offsetof(__typeof__(*(table)), member) + sizeof((table)->member) &&  \
+     (table)->member != NULL)
+
+/* True when a host-filled struct is large enough to hold `member`. */
+#define WSYNC_HAS_FIELD(s, member)                                                                \
+    ((s) != NULL && (s)->struct_size >= offsetof(__typeof__(*(s)), member) + sizeof((s)->member))
+
+static inline const char *wsync_strerror(wsync_result_t r)
+{
+    switch (r) {
+    case WSYNC_OK: return "success";
+    case WSYNC_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case WSYNC_ERR_INCOMPATIBLE: return "incompatible ABI version";
+    case WSYNC_ERR_NO_DEVICE: return "no usable device";
+    case WSYNC_ERR_NOT_SUPPORTED: return "not supported by this plugin";
+    case WSYNC_ERR_OUT_OF_MEMORY: return "out of memory";
+    case WSYNC_ERR_BAD_MANIFEST: return "malformed manifest";
+    case WSYNC_ERR_OUT_OF_BOUNDS: return "out of bounds";
+    case WSYNC_ERR_STALE_GENERATION: return "stale generation";
+    case WSYNC_ERR_TIMEOUT: return "timed out";
+    case WSYNC_ERR_DIGEST_MISMATCH: return "digest mismatch";
+    case WSYNC_ERR_SYSTEM: return "system call failed";
+    case WSYNC_ERR_BUSY: return "resource busy";
+    case WSYNC_ERR_LAYOUT_MISMATCH: return "layout mismatch";
+    case WSYNC_ERR_NOT_FOUND: return "not found";
+    case WSYNC_ERR_PEER_GONE: return "peer gone";
+    case WSYNC_ERR_INTERNAL: return "internal error";
+    }
+    return "unknown wsync result";
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* WSYNC_ABI_V1_H */

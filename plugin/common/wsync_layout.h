@@ -1,0 +1,25 @@
+/* Producer-side packing of a bucket into a staging buffer, and the retained-layout rule. */
+#ifndef WSYNC_COMMON_LAYOUT_H
+#define WSYNC_COMMON_LAYOUT_H
+
+#include "wsync_abi.h"
+
+#define WSYNC_LAYOUT_ALIGN 256u
+
+typedef struct wsync_layout {
+    size_t n;
+    wsync_tensor_desc_t *tensors; /* offsets packed at WSYNC_LAYOUT_ALIGN; has_digest 0 */
+    char *names;                  /* owned copies of the names */
+    uint64_t used;                /* bytes up to the end of the last tensor */
+} wsync_layout_t;
+
+/* Pack `t` back to back. Refuses (clear message) empty/duplicate names, unknown dtypes,
+ * bad shapes, a NULL src with non-zero size, and a bucket larger than `capacity`. */
+wsync_result_t wsync_layout_build(const wsync_stage_tensor_t *t, size_t n, uint64_t capacity,
+                                  wsync_layout_t *out, wsync_error_t *err);
+/* WSYNC_ERR_LAYOUT_MISMATCH naming the first difference (count, name, dtype or shape). */
+wsync_result_t wsync_layout_compare(const wsync_layout_t *retained, const wsync_layout_t *next,
+                                    wsync_error_t *err);
+void wsync_layout_free(wsync_layout_t *l);
+
+#endif

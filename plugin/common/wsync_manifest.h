@@ -1,0 +1,43 @@
+/* Manifest schema v1 (DESIGN.md §2): parse with complete validation, and emit. */
+#ifndef WSYNC_COMMON_MANIFEST_H
+#define WSYNC_COMMON_MANIFEST_H
+
+#include "wsync_abi.h"
+
+#define WSYNC_MANIFEST_SCHEMA 1u
+#define WSYNC_MANIFEST_MAX_TENSORS (1u << 20) /* a bigger array is refused, not parsed */
+#define WSYNC_MANIFEST_MAX_NAME 1024          /* bytes in one tensor name */
+
+/* A parsed manifest and the storage behind its view. `view` is first, so the pointer handed out
+ * through the ABI (&m->view) converts back with wsync_manifest_owned_from_view. */
+typedef struct wsync_manifest_owned {
+    wsync_manifest_t view;
+    wsync_tensor_desc_t *tensors;
+    char *names; /* every name, NUL-separated; view.tensors[i].name points in here */
+} wsync_manifest_owned_t;
+
+/* Parse `len` bytes of JSON. On success every field has been checked: schema, generation >= 1,
+ * known buffer kind, handle/event base64 (cuda_ipc handle exactly 64 bytes), bytes > 0, each
+ * tensor's name (non-empty, unique, <= WSYNC_MANIFEST_MAX_NAME), dtype, shape (<= WSYNC_MAX_DIMS,
+ * non-negative), nbytes == dtype size x prod(shape), offset + nbytes <= buffer bytes (no
+ * overflow), digest syntax. Unknown fields are ignored. Errors are WSYNC_ERR_BAD_MANIFEST (or
+ * OUT_OF_BOUNDS for extents, OUT_OF_MEMORY) with a message naming the field and value, e.g.
+ * `tensors[3] ("model.norm.weight"): offset 96 + nbytes 8192 exceeds buffer bytes 4096`. */
+wsync_result_t wsync_manifest_parse(const char *json, size_t len, wsync_manifest_owned_t **out,
+                                    wsync_error_t *err);
+void wsync_manifest_free(wsync_manifest_owned_t *m);
+
+static inline wsync_manifest_owned_t *wsync_manifest_owned_from_view(const wsync_manifest_t *v)
+{
+    return (wsync_manifest_owned_t *)(void *)v;
+}
+
+/* Emit `m` as compact JSON; *out is malloc'd (caller frees). The result parses back to an equal
+ * manifest. Digests are written for tensors with has_digest. */
+wsync_result_t wsync_manifest_emit(const wsync_manifest_t *m, char **out, wsync_error_t *err);
+
+/* Wire names of buffer kinds: "cuda_ipc", "host_shm", "cuda_vmm_fd". */
+const char *wsync_buffer_kind_name(wsync_buffer_kind_t k);
+wsync_buffer_kind_t wsync_buffer_kind_from_name(const char *name);
+
+#endif

@@ -1,0 +1,20 @@
+/* Edge validation shared by backends: copy ops and generations, checked before anything is
+ * enqueued, so an error leaves every destination untouched. */
+#ifndef WSYNC_COMMON_VALIDATE_H
+#define WSYNC_COMMON_VALIDATE_H
+
+#include "wsync_abi.h"
+
+/* Every op: dst non-NULL when it moves bytes; pitches >= row_bytes when rows > 1; last source
+ * byte < src_bytes; last destination byte < dst_extent; no arithmetic overflow. Zero-byte ops
+ * are allowed (empty tensors). Message names the op index and the offending numbers. */
+wsync_result_t wsync_validate_copy_ops(const wsync_copy_op_t *ops, size_t n, uint64_t src_bytes,
+                                       wsync_error_t *err);
+
+/* generation must be > last (strictly increasing per buffer; a replay is refused). */
+wsync_result_t wsync_validate_generation(uint64_t last, uint64_t generation, wsync_error_t *err);
+
+/* Total bytes the ops move (for throughput reports). */
+uint64_t wsync_copy_ops_bytes(const wsync_copy_op_t *ops, size_t n);
+
+#endif
