@@ -50,7 +50,8 @@ typedef enum wsync_result {
     WSYNC_ERR_LAYOUT_MISMATCH = 13, /* retained staging layout differs from the new one */
     WSYNC_ERR_NOT_FOUND = 14,       /* named object (tensor, parameter, adapter) unknown */
     WSYNC_ERR_PEER_GONE = 15,       /* the other process exited or closed the buffer */
-    WSYNC_ERR_INTERNAL = 16         /* a bug in wsync; please report with the message */
+    WSYNC_ERR_INTERNAL = 16,        /* a bug in wsync; please report with the message */
+    WSYNC_ERR_PERMISSION = 17       /* another user's object, or a mode other than 0600 */
 } wsync_result_t;
 
 /* --------------------------------------------------------- error and logging */
@@ -460,6 +461,7 @@ static inline const char *wsync_strerror(wsync_result_t r)
     case WSYNC_ERR_NOT_FOUND: return "not found";
     case WSYNC_ERR_PEER_GONE: return "peer gone";
     case WSYNC_ERR_INTERNAL: return "internal error";
+    case WSYNC_ERR_PERMISSION: return "permission denied";
     }
     return "unknown wsync result";
 }

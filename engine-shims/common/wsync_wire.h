@@ -12,7 +12,7 @@
 
 /* Returns a listening fd (socket file created with mode 0600) or -1 with err set. */
 int wsync_wire_listen(const char *path, wsync_error_t *err);
-/* Accept one peer within timeout_ms; refuses (closes, PERMISSION error naming the uid) a peer of
+/* Accept one peer within timeout_ms; refuses (closes, WSYNC_ERR_PERMISSION naming the uid) a peer of
  * another uid. Returns the fd or -1. */
 int wsync_wire_accept(int listen_fd, int timeout_ms, wsync_error_t *err);
 int wsync_wire_connect(const char *path, int timeout_ms, wsync_error_t *err);
