@@ -1,0 +1,46 @@
+/* Error reporting: caller-owned wsync_error_t, first error wins, logged at ERROR. */
+#include "wsync_error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "wsync_log.h"
+
+static void wsync_copy_where(char *dst, const char *where)
+{
+    size_t n = where ? strlen(where) : 0;
+    if (n >= WSYNC_ERROR_WHERE_LEN)
+        n = WSYNC_ERROR_WHERE_LEN - 1;
+    if (n)
+        memcpy(dst, where, n);
+    dst[n] = '\0';
+}
+
+wsync_result_t wsync_fail(wsync_error_t *err, wsync_result_t code, const char *where,
+                          const char *fmt, ...)
+{
+    char message[WSYNC_ERROR_MESSAGE_LEN];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(message, sizeof(message), fmt, ap);
+    va_end(ap);
+
+    if (err != NULL && err->code == WSYNC_OK) {
+        err->code = code;
+        wsync_copy_where(err->where, where);
+        memcpy(err->message, message, sizeof(message));
+    }
+    wsync_log_emit(WSYNC_LOG_ERROR, where ? where : "?", 0, "%s: %s (%s)", where ? where : "?",
+                   message, wsync_strerror(code));
+    return code;
+}
+
+void wsync_error_clear(wsync_error_t *err)
+{
+    if (err == NULL)
+        return;
+    err->code = WSYNC_OK;
+    err->where[0] = '\0';
+    err->message[0] = '\0';
+}
