@@ -1,0 +1,42 @@
+#!/bin/sh
+# End-to-end checks of the wsync CLI against a plugin.
+#   cli_check.sh demo WSYNC PLUGIN SYNCS [demo options...]
+#       runs the demo; passes when it exits 0, prints SYNCS "verified N/N" lines with N/N equal
+#       and non-zero, and ends with PASS.
+#   cli_check.sh info WSYNC PLUGIN
+#       info must succeed and name the plugin; info on a missing path must fail naming it.
+set -u
+mode=$1; wsync=$2; plugin=$3; shift 3
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+
+fail() { echo "FAIL: $*"; echo "--- output ---"; cat "$out"; exit 1; }
+
+case $mode in
+demo)
+    syncs=$1; shift
+    timeout 300 "$wsync" demo --plugin "$plugin" --syncs "$syncs" "$@" >"$out" 2>&1
+    rc=$?
+    cat "$out"
+    [ $rc -eq 0 ] || fail "wsync demo exited with $rc"
+    n=$(grep -c 'verified [0-9]*/[0-9]* tensors' "$out")
+    [ "$n" -eq "$syncs" ] || fail "expected $syncs 'verified' lines, got $n"
+    bad=$(grep -o 'verified [0-9]*/[0-9]*' "$out" | awk '{ split($2, a, "/"); if (a[1] != a[2] || a[1] == 0) print }')
+    [ -z "$bad" ] || fail "unequal verification: $bad"
+    grep -q 'wsync demo: PASS' "$out" || fail "no PASS line"
+    ;;
+info)
+    "$wsync" info "$plugin" >"$out" 2>&1 || fail "wsync info $plugin failed"
+    cat "$out"
+    grep -q '^name: *host$' "$out" || fail "info does not name the host plugin"
+    grep -q '^abi: *1 negotiated' "$out" || fail "info does not show the negotiated ABI"
+    grep -q '^  copy_weights *present$' "$out" || fail "info does not list copy_weights"
+    if "$wsync" info /nonexistent/libwsync_none.so >"$out" 2>&1; then
+        fail "info on a missing plugin succeeded"
+    fi
+    grep -q '/nonexistent/libwsync_none.so' "$out" || fail "the error does not name the path"
+    ;;
+*)
+    echo "usage: $0 demo|info WSYNC PLUGIN ..."; exit 2 ;;
+esac
+echo "OK"

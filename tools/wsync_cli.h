@@ -1,0 +1,42 @@
+/* Pieces every wsync subcommand shares: the logger handed to plugins, plugin loading with a
+ * printed diagnosis, a monotonic clock and JSON control messages over the wire. The CLI reaches
+ * plugins through the ABI only (engine-shims/common/wsync_loader.h), so it runs with any plugin. */
+#ifndef WSYNC_CLI_H
+#define WSYNC_CLI_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <jansson.h>
+#include "wsync_loader.h"
+
+/* Subcommands: argv[0] is the subcommand name; return the process exit status. */
+int wsync_cmd_info(int argc, char **argv);
+int wsync_cmd_demo(int argc, char **argv);
+int wsync_cmd_bench(int argc, char **argv);
+
+/* The host struct given to plugins: logs to stderr at or above $WSYNC_LOG_LEVEL
+ * (error|warn|info|debug, default warn), prefixed with `who`. Thread safe. `who` must outlive it.
+ */
+void wsync_cli_host(wsync_host_t *host, const char *who);
+
+/* Load `path` (NULL: the loader's default). On failure prints why to stderr and returns non-zero.
+ */
+int wsync_cli_load(wsync_loader_t *l, const char *path, const wsync_host_t *host);
+
+/* Seconds on CLOCK_MONOTONIC. */
+double wsync_cli_now(void);
+
+/* Print "wsync <who>: <what> failed: <code>: <message>" to stderr; returns 1 (an exit status). */
+int wsync_cli_report(const char *who, const char *what, wsync_result_t rc,
+                     const wsync_error_t *err);
+
+/* Send a JSON object (reference stolen) on fd. 0 on success, else prints and returns 1. */
+int wsync_cli_send_json(int fd, json_t *msg, const char *who);
+/* Receive one message and parse it as a JSON object whose "type" equals `type`; on any failure
+ * (timeout, peer gone, wrong type, {"ok": false}) prints why and returns NULL. Caller decrefs. */
+json_t *wsync_cli_recv_json(int fd, const char *type, int timeout_ms, const char *who);
+
+/* Directory of the running executable into out (no trailing slash). 0 on success. */
+int wsync_cli_exe_dir(char *out, size_t len);
+
+#endif

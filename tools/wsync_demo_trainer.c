@@ -1,0 +1,317 @@
+/* The demo's trainer process: one retained staging buffer, reused bucket by bucket, with the
+ * consumed handshake before every reuse and the retire handshake at the end. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "wsync_cli.h"
+#include "wsync_demo.h"
+#include "wsync_digest.h"
+#include "wsync_wire.h"
+
+typedef struct wsync_trainer {
+    const wsync_demo_options_t *o;
+    wsync_loader_t l;
+    wsync_host_t host;
+    const wsync_consumer_ops_t *cops;
+    const wsync_producer_ops_t *pops;
+    wsync_consumer_t *mem; /* a consumer used only for its memory helpers */
+    wsync_staging_t *staging;
+    wsync_stream_t stream;
+    int have_stream;
+    wsync_model_t model;
+    void *params;           /* the trainer's parameters, plugin memory */
+    unsigned char *scratch; /* host */
+    uint64_t *expected;     /* wsync64 of each tensor for the current version */
+    wsync_stage_tensor_t *stage;
+    size_t *bucket_first; /* bucket b = tensors [bucket_first[b], bucket_first[b+1]) */
+    size_t nbuckets;
+    int fd;
+} wsync_trainer_t;
+
+static int wsync_trainer_fail(const char *what, wsync_result_t rc, const wsync_error_t *err)
+{
+    return wsync_cli_report("trainer", what, rc, err);
+}
+
+/* Greedy packing in model order with the staging's 256-byte alignment. */
+static int wsync_trainer_plan(wsync_trainer_t *t)
+{
+    uint64_t used = 0;
+
+    t->bucket_first = calloc(t->model.n + 1, sizeof(*t->bucket_first));
+    if (t->bucket_first == NULL)
+        return 1;
+    for (size_t i = 0; i < t->model.n; i++) {
+        const wsync_model_tensor_t *m = &t->model.tensors[i];
+        uint64_t at = (used + WSYNC_MODEL_ALIGN - 1) / WSYNC_MODEL_ALIGN * WSYNC_MODEL_ALIGN;
+        if (m->nbytes > t->o->bucket_bytes) {
+            fprintf(stderr,
+                    "wsync trainer: tensor %s (%llu bytes) does not fit a %llu-byte bucket; "
+                    "raise --bucket-mb or --scale\n",
+                    m->name, (unsigned long long)m->nbytes, (unsigned long long)t->o->bucket_bytes);
+            return 1;
+        }
+        if (i == 0 || at + m->nbytes > t->o->bucket_bytes) {
+            t->bucket_first[t->nbuckets++] = i;
+            at = 0;
+        }
+        used = at + m->nbytes;
+    }
+    t->bucket_first[t->nbuckets] = t->model.n;
+    return 0;
+}
+
+static int wsync_trainer_setup(wsync_trainer_t *t)
+{
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    wsync_consumer_config_t ccfg = {.struct_size = sizeof(ccfg),
+                                    .timeout_ms = (uint32_t)t->o->timeout_ms};
+    wsync_staging_config_t scfg = {.struct_size = sizeof(scfg),
+                                   .bytes = t->o->bucket_bytes,
+                                   .timeout_ms = (uint32_t)t->o->timeout_ms};
+    char why[160];
+    wsync_result_t rc;
+
+    wsync_cli_host(&t->host, "trainer");
+    if (wsync_cli_load(&t->l, t->o->plugin, &t->host) != 0)
+        return 1;
+    t->cops = t->l.plugin->consumer;
+    t->pops = t->l.plugin->producer;
+    if (!WSYNC_HAS_OP(t->cops, mem_alloc) || !WSYNC_HAS_OP(t->cops, mem_copy) ||
+        !WSYNC_HAS_OP(t->cops, parse_manifest)) {
+        fprintf(stderr,
+                "wsync trainer: plugin %s lacks mem_alloc/mem_copy/parse_manifest, which "
+                "the demo needs\n",
+                t->l.path);
+        return 1;
+    }
+    if (wsync_model_build(&t->model, &t->o->model, why, sizeof(why)) != 0) {
+        fprintf(stderr, "wsync trainer: %s\n", why);
+        return 1;
+    }
+    if (wsync_trainer_plan(t) != 0)
+        return 1;
+    rc = t->cops->create(&ccfg, &t->mem, &err);
+    if (rc != WSYNC_OK)
+        return wsync_trainer_fail("consumer create (memory helpers)", rc, &err);
+    rc = t->cops->mem_alloc(t->mem, t->model.packed_bytes, &t->params, &err);
+    if (rc != WSYNC_OK)
+        return wsync_trainer_fail("mem_alloc of the trainer parameters", rc, &err);
+    t->scratch = malloc(t->model.max_nbytes);
+    t->expected = calloc(t->model.n, sizeof(*t->expected));
+    t->stage = calloc(t->model.n, sizeof(*t->stage));
+    if (t->scratch == NULL || t->expected == NULL || t->stage == NULL) {
+        fprintf(stderr, "wsync trainer: out of host memory\n");
+        return 1;
+    }
+    for (size_t i = 0; i < t->model.n; i++) {
+        const wsync_model_tensor_t *m = &t->model.tensors[i];
+        wsync_stage_tensor_t *s = &t->stage[i];
+        s->struct_size = sizeof(*s);
+        s->name = m->name;
+        s->dtype = m->dtype;
+        s->ndim = m->ndim;
+        memcpy(s->shape, m->shape, sizeof(m->shape));
+        s->src = (const char *)t->params + m->offset;
+    }
+    rc = t->pops->create(&scfg, &t->staging, &err);
+    if (rc != WSYNC_OK)
+        return wsync_trainer_fail("staging create", rc, &err);
+    if (WSYNC_HAS_OP(t->pops, stream_create)) {
+        rc = t->pops->stream_create(t->staging, &t->stream, &err);
+        if (rc != WSYNC_OK)
+            return wsync_trainer_fail("producer stream_create", rc, &err);
+        t->have_stream = 1;
+    }
+    t->fd = wsync_wire_connect(t->o->socket_path, t->o->timeout_ms, &err);
+    if (t->fd < 0)
+        return wsync_trainer_fail("connect to the engine", err.code, &err);
+    printf(
+        "trainer: plugin %s %s (%s), %zu tensors, %.1f MiB payload, %zu buckets of <= %llu MiB\n",
+        t->l.plugin->name, t->l.plugin->version, t->l.path, t->model.n,
+        (double)t->model.payload_bytes / (1 << 20), t->nbuckets,
+        (unsigned long long)(t->o->bucket_bytes >> 20));
+    fflush(stdout);
+    return 0;
+}
+
+/* "Training": write version k of every parameter (not timed). */
+static int wsync_trainer_fill(wsync_trainer_t *t, uint64_t version)
+{
+    wsync_error_t err = {.struct_size = sizeof(err)};
+
+    if (t->have_stream && WSYNC_HAS_OP(t->pops, stream_synchronize)) {
+        wsync_result_t rc = t->pops->stream_synchronize(t->staging, t->stream, &err);
+        if (rc != WSYNC_OK)
+            return wsync_trainer_fail("producer stream_synchronize", rc, &err);
+    }
+    for (size_t i = 0; i < t->model.n; i++) {
+        const wsync_model_tensor_t *m = &t->model.tensors[i];
+        wsync_result_t rc;
+        wsync_model_fill(m, version, t->scratch);
+        if (t->o->verify)
+            t->expected[i] = wsync64(t->scratch, m->nbytes);
+        rc = t->cops->mem_copy(t->mem, (char *)t->params + m->offset, t->scratch, m->nbytes, 0,
+                               &err);
+        if (rc != WSYNC_OK)
+            return wsync_trainer_fail("mem_copy into the trainer parameters", rc, &err);
+    }
+    return 0;
+}
+
+/* The trainer's own check: the digests it publishes are those of what it meant to send. */
+static int wsync_trainer_check_manifest(wsync_trainer_t *t, const char *json)
+{
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    const wsync_manifest_t *m = NULL;
+    wsync_result_t rc = t->cops->parse_manifest(t->mem, json, strlen(json), &m, &err);
+    int bad = 0;
+
+    if (rc != WSYNC_OK)
+        return wsync_trainer_fail("parse_manifest of our own manifest", rc, &err);
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        long idx = wsync_model_find(&t->model, m->tensors[i].name);
+        if (idx < 0 || !m->tensors[i].has_digest || m->tensors[i].digest != t->expected[idx]) {
+            fprintf(stderr, "wsync trainer: published tensor %s has %s\n", m->tensors[i].name,
+                    idx < 0 ? "an unknown name" : "a digest that differs from its content");
+            bad = 1;
+        }
+    }
+    t->cops->manifest_free(t->mem, m);
+    return bad;
+}
+
+static int wsync_trainer_bucket(wsync_trainer_t *t, size_t b)
+{
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    size_t first = t->bucket_first[b], n = t->bucket_first[b + 1] - first;
+    const char *json = NULL;
+    uint64_t gen = 0;
+    wsync_result_t rc;
+    json_t *ack;
+
+    rc = t->pops->stage(t->staging, t->stream, &t->stage[first], n, &err);
+    if (rc != WSYNC_OK)
+        return wsync_trainer_fail("stage", rc, &err);
+    rc = t->pops->publish(t->staging, t->stream, b + 1 == t->nbuckets, &json, &gen, &err);
+    if (rc != WSYNC_OK)
+        return wsync_trainer_fail("publish", rc, &err);
+    if (t->o->verify && wsync_trainer_check_manifest(t, json) != 0)
+        return 1;
+    rc = wsync_wire_send(t->fd, json, strlen(json), &err);
+    if (rc != WSYNC_OK)
+        return wsync_trainer_fail("send manifest", rc, &err);
+    ack = wsync_cli_recv_json(t->fd, "ack", t->o->timeout_ms, "trainer");
+    if (ack == NULL)
+        return 1;
+    json_decref(ack);
+    /* Only after the ack: the staging buffer may be overwritten once *consumed* has fired. */
+    rc = t->pops->wait_consumed(t->staging, t->stream, gen, &err);
+    if (rc != WSYNC_OK)
+        return wsync_trainer_fail("wait_consumed", rc, &err);
+    return 0;
+}
+
+static int wsync_trainer_sync(wsync_trainer_t *t, unsigned k)
+{
+    double t0, dt;
+    json_t *rep;
+    long ok, total;
+    int failed;
+
+    if (wsync_trainer_fill(t, k) != 0)
+        return 1;
+    if (wsync_cli_send_json(t->fd,
+                            json_pack("{s:s, s:I, s:I}", "type", "sync", "version", (json_int_t)k,
+                                      "buckets", (json_int_t)t->nbuckets),
+                            "trainer") != 0)
+        return 1;
+    t0 = wsync_cli_now();
+    for (size_t b = 0; b < t->nbuckets; b++)
+        if (wsync_trainer_bucket(t, b) != 0)
+            return 1;
+    dt = wsync_cli_now() - t0;
+    rep = wsync_cli_recv_json(t->fd, "verified", t->o->timeout_ms * 4, "trainer");
+    if (rep == NULL)
+        return 1;
+    ok = (long)json_integer_value(json_object_get(rep, "ok"));
+    total = (long)json_integer_value(json_object_get(rep, "total"));
+    failed = t->o->verify && (ok != total || total != (long)t->model.n);
+    printf("sync %u/%u: %8.2f ms, %6.2f GB/s, %zu buckets, ", k, t->o->syncs, dt * 1e3,
+           (double)t->model.payload_bytes / dt / 1e9, t->nbuckets);
+    if (t->o->verify)
+        printf("verified %ld/%zu tensors%s\n", ok, t->model.n, failed ? " FAILED" : "");
+    else
+        printf("not verified (--no-verify)\n");
+    fflush(stdout);
+    json_decref(rep);
+    return failed;
+}
+
+/* Retire handshake: the engine closes its mapping and acks; only then the buffer is freed. */
+static int wsync_trainer_finish(wsync_trainer_t *t)
+{
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    json_t *closed;
+    wsync_result_t rc;
+
+    if (wsync_cli_send_json(t->fd, json_pack("{s:s}", "type", "end"), "trainer") != 0)
+        return 1;
+    closed = wsync_cli_recv_json(t->fd, "closed", t->o->timeout_ms, "trainer");
+    if (closed == NULL)
+        return 1;
+    json_decref(closed);
+    if (t->have_stream) {
+        rc = t->pops->stream_destroy(t->staging, t->stream, &err);
+        t->have_stream = 0;
+        if (rc != WSYNC_OK)
+            return wsync_trainer_fail("producer stream_destroy", rc, &err);
+    }
+    rc = t->pops->retire(t->staging, &err);
+    t->staging = NULL;
+    if (rc != WSYNC_OK)
+        return wsync_trainer_fail("retire", rc, &err);
+    printf("trainer: engine closed its mapping; staging retired\n");
+    return 0;
+}
+
+static void wsync_trainer_teardown(wsync_trainer_t *t)
+{
+    wsync_error_t err = {.struct_size = sizeof(err)};
+
+    if (t->fd >= 0)
+        close(t->fd);
+    if (t->have_stream)
+        t->pops->stream_destroy(t->staging, t->stream, &err);
+    if (t->staging != NULL)
+        t->pops->retire(t->staging, &err);
+    if (t->params != NULL && WSYNC_HAS_OP(t->cops, mem_free))
+        t->cops->mem_free(t->mem, t->params, &err);
+    if (t->mem != NULL)
+        t->cops->finalize(t->mem, &err);
+    free(t->scratch);
+    free(t->expected);
+    free(t->stage);
+    free(t->bucket_first);
+    wsync_model_free(&t->model);
+    wsync_loader_close(&t->l);
+}
+
+int wsync_demo_trainer(const wsync_demo_options_t *o)
+{
+    wsync_trainer_t t;
+    int rc;
+
+    memset(&t, 0, sizeof(t));
+    t.o = o;
+    t.fd = -1;
+    rc = wsync_trainer_setup(&t);
+    for (unsigned k = 1; rc == 0 && k <= o->syncs; k++)
+        rc = wsync_trainer_sync(&t, k);
+    if (rc == 0)
+        rc = wsync_trainer_finish(&t);
+    wsync_trainer_teardown(&t);
+    return rc;
+}

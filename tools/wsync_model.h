@@ -1,0 +1,51 @@
+/* Synthetic model layouts shared by demo and bench: the tensor lists of Qwen3-8B ("dense", 399
+ * tensors) and Qwen3-30B-A3B ("moe", 393 tensors per layer + 3) with HF names, optionally shrunk by
+ * `scale` (large dims divided, names and count kept). Tensor contents are a pure function of
+ * (name, version), so a consumer can check what it received without trusting any digest. */
+#ifndef WSYNC_MODEL_H
+#define WSYNC_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "wsync_abi.h"
+
+#define WSYNC_MODEL_ALIGN 256u /* packing alignment, the same as the producer's staging */
+#define WSYNC_MODEL_NAME_MAX 80
+
+typedef struct wsync_model_tensor {
+    char name[WSYNC_MODEL_NAME_MAX];
+    wsync_dtype_t dtype;
+    uint32_t ndim;
+    int64_t shape[2];
+    uint64_t nbytes;
+    uint64_t offset; /* in the packed image of the whole model (WSYNC_MODEL_ALIGN-aligned) */
+} wsync_model_tensor_t;
+
+typedef struct wsync_model_config {
+    const char *layout; /* "dense" or "moe" */
+    unsigned scale;     /* >= 1: dims >= 512 are divided by it (except expert counts) */
+    unsigned layers;    /* 0: the real model's (dense 36, moe 48) */
+} wsync_model_config_t;
+
+typedef struct wsync_model {
+    char layout[16];
+    wsync_model_tensor_t *tensors;
+    size_t n;
+    uint64_t payload_bytes; /* sum of nbytes */
+    uint64_t packed_bytes;  /* size of the packed image */
+    uint64_t max_nbytes;
+    size_t *slots; /* open-addressing name index: tensor index + 1, 0 = empty */
+    size_t nslots;
+} wsync_model_t;
+
+/* Build the tensor list. Returns 0, or -1 with `why` explaining (unknown layout, bad scale). */
+int wsync_model_build(wsync_model_t *m, const wsync_model_config_t *cfg, char *why, size_t len);
+void wsync_model_free(wsync_model_t *m);
+
+/* Index of the tensor called `name`, or -1. */
+long wsync_model_find(const wsync_model_t *m, const char *name);
+
+/* Write the content of tensor t for weight version `version` (t->nbytes bytes) into host dst. */
+void wsync_model_fill(const wsync_model_tensor_t *t, uint64_t version, void *dst);
+
+#endif
