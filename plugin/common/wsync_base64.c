@@ -77,8 +77,8 @@ long wsync_base64_decode(const char *in, uint8_t *out, size_t cap)
                     return -1;
             }
         }
-        uint32_t bits = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 |
-                        (uint32_t)v[3];
+        uint32_t bits =
+            (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
         /* Canonical form only: the bits dropped by padding must be zero. */
         if ((pad == 2 && (bits & 0xFFFF) != 0) || (pad == 1 && (bits & 0xFF) != 0))
             return -1;

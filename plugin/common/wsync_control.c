@@ -1,0 +1,145 @@
+/* Control block: generations published with C11 atomics, waits on futex words in shared memory
+ * (FUTEX_WAIT without PRIVATE: the words are shared between processes). Waits sleep in slices of
+ * at most WSYNC_CONTROL_POLL_MS so the liveness of the peer is re-checked while waiting. */
+#include "wsync_control.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "wsync_error.h"
+
+#define WSYNC_CONTROL_POLL_MS 50u
+
+void wsync_control_init(wsync_control_t *c, uint64_t data_offset, uint64_t data_bytes)
+{
+    c->version = WSYNC_CONTROL_VERSION;
+    c->producer_pid = (int64_t)getpid();
+    atomic_store(&c->consumer_pid, 0);
+    atomic_store(&c->ready_generation, 0);
+    atomic_store(&c->consumed_generation, 0);
+    atomic_store(&c->ready_seq, 0);
+    atomic_store(&c->consumed_seq, 0);
+    atomic_store(&c->mapped, 0);
+    atomic_store(&c->retired, 0);
+    c->data_offset = data_offset;
+    c->data_bytes = data_bytes;
+    /* The magic last: a reader that sees it sees an initialised block. */
+    atomic_thread_fence(memory_order_release);
+    c->magic = WSYNC_CONTROL_MAGIC;
+}
+
+wsync_result_t wsync_control_check(const wsync_control_t *c, wsync_error_t *err)
+{
+    if (c == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "control block is NULL");
+    if (c->magic != WSYNC_CONTROL_MAGIC)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "segment has magic 0x%08x, not a wsync control block (0x%08x); the "
+                          "manifest names the wrong buffer",
+                          c->magic, WSYNC_CONTROL_MAGIC);
+    if (c->version != WSYNC_CONTROL_VERSION)
+        return WSYNC_FAIL(err, WSYNC_ERR_INCOMPATIBLE,
+                          "control block version %u, this plugin speaks %u; use the same wsync "
+                          "release on both sides",
+                          c->version, WSYNC_CONTROL_VERSION);
+    return WSYNC_OK;
+}
+
+static void wsync_futex_wake_all(_Atomic uint32_t *word)
+{
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static void wsync_futex_wait(_Atomic uint32_t *word, uint32_t expected, uint32_t ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000u, .tv_nsec = (long)(ms % 1000u) * 1000000L};
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, expected, &ts, NULL, 0);
+}
+
+static void wsync_control_signal(_Atomic uint64_t *gen, _Atomic uint32_t *seq, uint64_t g)
+{
+    uint64_t cur = atomic_load(gen);
+    while (cur < g && !atomic_compare_exchange_weak(gen, &cur, g))
+        ;
+    atomic_fetch_add(seq, 1);
+    wsync_futex_wake_all(seq);
+}
+
+void wsync_control_signal_ready(wsync_control_t *c, uint64_t generation)
+{
+    wsync_control_signal(&c->ready_generation, &c->ready_seq, generation);
+}
+
+void wsync_control_signal_consumed(wsync_control_t *c, uint64_t generation)
+{
+    wsync_control_signal(&c->consumed_generation, &c->consumed_seq, generation);
+}
+
+static uint64_t wsync_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static int wsync_pid_gone(int64_t pid)
+{
+    return pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+static wsync_result_t wsync_control_wait(wsync_control_t *c, _Atomic uint64_t *gen,
+                                         _Atomic uint32_t *seq, const char *what,
+                                         uint64_t generation, uint32_t timeout_ms, int64_t peer_pid,
+                                         wsync_error_t *err)
+{
+    uint64_t deadline = wsync_now_ms() + timeout_ms;
+
+    for (;;) {
+        uint32_t s = atomic_load(seq);
+        uint64_t seen = atomic_load(gen);
+        if (seen >= generation)
+            return WSYNC_OK;
+        if (wsync_pid_gone(peer_pid))
+            return wsync_fail(err, WSYNC_ERR_PEER_GONE, __func__,
+                              "waiting for %s generation %llu (last seen %llu): peer pid %lld "
+                              "has exited; restart it and publish again",
+                              what, (unsigned long long)generation, (unsigned long long)seen,
+                              (long long)peer_pid);
+        if (atomic_load(&c->retired))
+            return wsync_fail(err, WSYNC_ERR_PEER_GONE, __func__,
+                              "waiting for %s generation %llu (last seen %llu): the producer "
+                              "retired the buffer; close the handle",
+                              what, (unsigned long long)generation, (unsigned long long)seen);
+        uint64_t now = wsync_now_ms();
+        if (now >= deadline)
+            return wsync_fail(err, WSYNC_ERR_TIMEOUT, __func__,
+                              "%s generation %llu did not arrive within %u ms (last seen %llu); "
+                              "is the peer alive and did it publish that generation?",
+                              what, (unsigned long long)generation, timeout_ms,
+                              (unsigned long long)seen);
+        uint64_t left = deadline - now;
+        wsync_futex_wait(seq, s,
+                         left < WSYNC_CONTROL_POLL_MS ? (uint32_t)left : WSYNC_CONTROL_POLL_MS);
+    }
+}
+
+wsync_result_t wsync_control_wait_ready(wsync_control_t *c, uint64_t generation,
+                                        uint32_t timeout_ms, int64_t peer_pid, wsync_error_t *err)
+{
+    return wsync_control_wait(c, &c->ready_generation, &c->ready_seq, "ready", generation,
+                              timeout_ms, peer_pid, err);
+}
+
+wsync_result_t wsync_control_wait_consumed(wsync_control_t *c, uint64_t generation,
+                                           uint32_t timeout_ms, int64_t peer_pid,
+                                           wsync_error_t *err)
+{
+    return wsync_control_wait(c, &c->consumed_generation, &c->consumed_seq, "consumed", generation,
+                              timeout_ms, peer_pid, err);
+}

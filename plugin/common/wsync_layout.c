@@ -1,0 +1,200 @@
+/* Producer-side packing of a bucket and the retained-layout comparison. */
+#include "wsync_layout.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "wsync_dtype.h"
+#include "wsync_error.h"
+#include "wsync_manifest.h"
+
+/* "[4, 4096]" into buf; truncated with "..." if it does not fit. */
+static const char *wsync_shape_str(uint32_t ndim, const int64_t *shape, char *buf, size_t cap)
+{
+    size_t n = (size_t)snprintf(buf, cap, "[");
+    for (uint32_t d = 0; d < ndim && d < WSYNC_MAX_DIMS && n < cap; d++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (n < cap)
+        snprintf(buf + n, cap - n, "]");
+    return buf;
+}
+
+static wsync_result_t wsync_layout_check(const wsync_stage_tensor_t *t, size_t i, uint64_t *nbytes,
+                                         wsync_error_t *err)
+{
+    char shape[128];
+
+    if (t->name == NULL || t->name[0] == '\0')
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "tensor %zu: name is %s; every staged tensor needs a unique name", i,
+                          t->name ? "empty" : "NULL");
+    size_t len = strlen(t->name);
+    if (len > WSYNC_MANIFEST_MAX_NAME)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "tensor %zu: name \"%.40s...\" is %zu bytes, the limit is %d", i, t->name,
+                          len, WSYNC_MANIFEST_MAX_NAME);
+    if (wsync_dtype_size(t->dtype) == 0)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "tensor %zu (\"%.80s\"): unknown dtype %d", i, t->name, (int)t->dtype);
+    if (t->ndim > WSYNC_MAX_DIMS)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "tensor %zu (\"%.80s\"): ndim %u exceeds the limit %d", i, t->name,
+                          t->ndim, WSYNC_MAX_DIMS);
+    if (wsync_tensor_nbytes(t->dtype, t->ndim, t->shape, nbytes) != 0)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "tensor %zu (\"%.80s\"): shape %s has a negative dimension or its size "
+                          "overflows 64 bits",
+                          i, t->name, wsync_shape_str(t->ndim, t->shape, shape, sizeof(shape)));
+    if (t->src == NULL && *nbytes != 0)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "tensor %zu (\"%.80s\"): src is NULL but the tensor has %llu bytes", i,
+                          t->name, (unsigned long long)*nbytes);
+    return WSYNC_OK;
+}
+
+/* Duplicate detection by sorting (name, index) pairs: O(n log n), no hashing. */
+typedef struct wsync_name_ref {
+    const char *name;
+    size_t index;
+} wsync_name_ref_t;
+
+static int wsync_cmp_by_name(const void *a, const void *b)
+{
+    const wsync_name_ref_t *x = a, *y = b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x->index < y->index ? -1 : x->index > y->index);
+}
+
+static wsync_result_t wsync_layout_dups(const wsync_stage_tensor_t *t, size_t n, wsync_error_t *err)
+{
+    wsync_result_t r = WSYNC_OK;
+    wsync_name_ref_t *refs = malloc((n ? n : 1) * sizeof(*refs));
+    if (refs == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "cannot allocate %zu name references", n);
+    for (size_t i = 0; i < n; i++) {
+        refs[i].name = t[i].name;
+        refs[i].index = i;
+    }
+    qsort(refs, n, sizeof(*refs), wsync_cmp_by_name);
+    for (size_t k = 1; k < n; k++) {
+        if (strcmp(refs[k - 1].name, refs[k].name) == 0) {
+            r = WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                           "tensor %zu: name \"%.200s\" duplicates tensor %zu; names must be "
+                           "unique",
+                           refs[k].index, refs[k].name, refs[k - 1].index);
+            break;
+        }
+    }
+    free(refs);
+    return r;
+}
+
+wsync_result_t wsync_layout_build(const wsync_stage_tensor_t *t, size_t n, uint64_t capacity,
+                                  wsync_layout_t *out, wsync_error_t *err)
+{
+    wsync_result_t r;
+    uint64_t used = 0;
+    size_t names_len = 0;
+
+    if (out == NULL || (n > 0 && t == NULL))
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "tensors and out must not be NULL");
+    memset(out, 0, sizeof(*out));
+
+    wsync_tensor_desc_t *desc = calloc(n ? n : 1, sizeof(*desc));
+    if (desc == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "cannot allocate %zu descriptors", n);
+
+    for (size_t i = 0; i < n; i++) {
+        uint64_t nbytes, offset;
+        if ((r = wsync_layout_check(&t[i], i, &nbytes, err)) != WSYNC_OK)
+            goto fail;
+        if (__builtin_add_overflow(used, (uint64_t)WSYNC_LAYOUT_ALIGN - 1, &offset) ||
+            __builtin_add_overflow(offset & ~(uint64_t)(WSYNC_LAYOUT_ALIGN - 1), nbytes, &used)) {
+            r = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_BOUNDS,
+                           "tensor %zu (\"%.80s\"): packed offset overflows 64 bits", i, t[i].name);
+            goto fail;
+        }
+        offset &= ~(uint64_t)(WSYNC_LAYOUT_ALIGN - 1);
+        desc[i].struct_size = sizeof(desc[i]);
+        desc[i].name = t[i].name;
+        desc[i].dtype = t[i].dtype;
+        desc[i].ndim = t[i].ndim;
+        memcpy(desc[i].shape, t[i].shape, t[i].ndim * sizeof(t[i].shape[0]));
+        desc[i].offset = offset;
+        desc[i].nbytes = nbytes;
+        names_len += strlen(t[i].name) + 1;
+    }
+    if (used > capacity) {
+        r = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_BOUNDS,
+                       "bucket of %zu tensors needs %llu bytes (packed at %u) but the staging "
+                       "buffer holds %llu; create it with bytes >= %llu or split the bucket",
+                       n, (unsigned long long)used, WSYNC_LAYOUT_ALIGN,
+                       (unsigned long long)capacity, (unsigned long long)used);
+        goto fail;
+    }
+    if ((r = wsync_layout_dups(t, n, err)) != WSYNC_OK)
+        goto fail;
+
+    char *names = malloc(names_len ? names_len : 1);
+    if (names == NULL) {
+        r = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of names",
+                       names_len);
+        goto fail;
+    }
+    char *w = names;
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(t[i].name) + 1;
+        memcpy(w, t[i].name, len);
+        desc[i].name = w;
+        w += len;
+    }
+    out->n = n;
+    out->tensors = desc;
+    out->names = names;
+    out->used = used;
+    return WSYNC_OK;
+fail:
+    free(desc);
+    return r;
+}
+
+wsync_result_t wsync_layout_compare(const wsync_layout_t *retained, const wsync_layout_t *next,
+                                    wsync_error_t *err)
+{
+    char a[128], b[128];
+
+    if (retained == NULL || next == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "layouts must not be NULL");
+    if (retained->n != next->n)
+        return WSYNC_FAIL(err, WSYNC_ERR_LAYOUT_MISMATCH,
+                          "bucket has %zu tensors but the retained layout has %zu; a fixed "
+                          "layout takes the same tensors every time",
+                          next->n, retained->n);
+    for (size_t i = 0; i < next->n; i++) {
+        const wsync_tensor_desc_t *r = &retained->tensors[i], *t = &next->tensors[i];
+        if (strcmp(r->name, t->name) != 0)
+            return WSYNC_FAIL(err, WSYNC_ERR_LAYOUT_MISMATCH,
+                              "tensor %zu: name \"%.100s\" differs from the retained \"%.100s\"", i,
+                              t->name, r->name);
+        if (r->dtype != t->dtype)
+            return WSYNC_FAIL(err, WSYNC_ERR_LAYOUT_MISMATCH,
+                              "tensor %zu (\"%.100s\"): dtype %s differs from the retained %s", i,
+                              t->name, wsync_dtype_name(t->dtype), wsync_dtype_name(r->dtype));
+        if (r->ndim != t->ndim || memcmp(r->shape, t->shape, t->ndim * sizeof(t->shape[0])) != 0)
+            return WSYNC_FAIL(err, WSYNC_ERR_LAYOUT_MISMATCH,
+                              "tensor %zu (\"%.100s\"): shape %s differs from the retained %s", i,
+                              t->name, wsync_shape_str(t->ndim, t->shape, a, sizeof(a)),
+                              wsync_shape_str(r->ndim, r->shape, b, sizeof(b)));
+    }
+    return WSYNC_OK;
+}
+
+void wsync_layout_free(wsync_layout_t *l)
+{
+    if (l == NULL)
+        return;
+    free(l->tensors);
+    free(l->names);
+    memset(l, 0, sizeof(*l));
+}

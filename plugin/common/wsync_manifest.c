@@ -1,0 +1,705 @@
+/* Manifest schema v1: parse with complete validation (DESIGN.md §2), and emit.
+ *
+ * Parsing is one pass over the tensors array: every field is checked, names are deduplicated
+ * with an open-addressing table over the jansson strings, then all names are copied into one
+ * allocation. Messages name the field path ("tensors[3].shape[1]") and the offending value. */
+#include "wsync_manifest.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "wsync_base64.h"
+#include "wsync_digest.h"
+#include "wsync_dtype.h"
+#include "wsync_error.h"
+
+/* ------------------------------------------------------------- buffer kinds */
+
+const char *wsync_buffer_kind_name(wsync_buffer_kind_t k)
+{
+    switch (k) {
+    case WSYNC_BUFFER_CUDA_IPC:
+        return "cuda_ipc";
+    case WSYNC_BUFFER_HOST_SHM:
+        return "host_shm";
+    case WSYNC_BUFFER_CUDA_VMM_FD:
+        return "cuda_vmm_fd";
+    case WSYNC_BUFFER_INVALID:
+        break;
+    }
+    return "invalid";
+}
+
+wsync_buffer_kind_t wsync_buffer_kind_from_name(const char *name)
+{
+    if (name == NULL)
+        return WSYNC_BUFFER_INVALID;
+    if (strcmp(name, "cuda_ipc") == 0)
+        return WSYNC_BUFFER_CUDA_IPC;
+    if (strcmp(name, "host_shm") == 0)
+        return WSYNC_BUFFER_HOST_SHM;
+    if (strcmp(name, "cuda_vmm_fd") == 0)
+        return WSYNC_BUFFER_CUDA_VMM_FD;
+    return WSYNC_BUFFER_INVALID;
+}
+
+/* ------------------------------------------------------------ field paths */
+
+/* A field path, formatted only when an error is reported: obj[index].field[sub]. */
+typedef struct wsync_mpath {
+    const char *obj; /* NULL: top level */
+    long index;      /* < 0: none */
+    const char *field;
+    long sub; /* < 0: none */
+} wsync_mpath_t;
+
+static const char *wsync_mpath_str(const wsync_mpath_t *p, char *buf, size_t cap)
+{
+    int n = 0;
+    buf[0] = '\0';
+    if (p->obj)
+        n += snprintf(buf + n, cap - (size_t)n, "%s", p->obj);
+    if (p->index >= 0 && (size_t)n < cap)
+        n += snprintf(buf + n, cap - (size_t)n, "[%ld]", p->index);
+    if (p->field && (size_t)n < cap)
+        n += snprintf(buf + n, cap - (size_t)n, "%s%s", p->obj ? "." : "", p->field);
+    if (p->sub >= 0 && (size_t)n < cap)
+        snprintf(buf + n, cap - (size_t)n, "[%ld]", p->sub);
+    return buf;
+}
+
+#define WSYNC_MPATH_LEN 96
+#define MPATH(p) wsync_mpath_str((p), pathbuf, sizeof(pathbuf))
+
+static const char *wsync_json_type_name(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        return "object";
+    case JSON_ARRAY:
+        return "array";
+    case JSON_STRING:
+        return "string";
+    case JSON_INTEGER:
+        return "integer";
+    case JSON_REAL:
+        return "real";
+    case JSON_TRUE:
+        return "true";
+    case JSON_FALSE:
+        return "false";
+    case JSON_NULL:
+        return "null";
+    }
+    return "unknown";
+}
+
+/* -------------------------------------------------------------- field readers */
+
+/* A non-negative JSON integer (jansson itself refuses integers beyond int64). */
+static wsync_result_t wsync_read_uint(const json_t *v, const wsync_mpath_t *p, uint64_t *out,
+                                      wsync_error_t *err)
+{
+    char pathbuf[WSYNC_MPATH_LEN];
+    if (v == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "%s: missing (required integer)", MPATH(p));
+    if (json_is_real(v))
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "%s: %.17g must be a JSON integer, not a real number", MPATH(p),
+                          json_real_value(v));
+    if (!json_is_integer(v))
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "%s: must be an integer, got %s", MPATH(p),
+                          wsync_json_type_name(v));
+    json_int_t i = json_integer_value(v);
+    if (i < 0)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "%s: %lld is negative", MPATH(p),
+                          (long long)i);
+    *out = (uint64_t)i;
+    return WSYNC_OK;
+}
+
+/* A string field; *out borrows jansson's storage. `required` 0 leaves *out NULL when absent. */
+static wsync_result_t wsync_read_string(const json_t *v, const wsync_mpath_t *p, int required,
+                                        const char **out, size_t *len, wsync_error_t *err)
+{
+    char pathbuf[WSYNC_MPATH_LEN];
+    *out = NULL;
+    if (v == NULL) {
+        if (!required)
+            return WSYNC_OK;
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "%s: missing (required string)", MPATH(p));
+    }
+    if (!json_is_string(v))
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "%s: must be a string, got %s", MPATH(p),
+                          wsync_json_type_name(v));
+    const char *s = json_string_value(v);
+    size_t n = json_string_length(v);
+    if (strlen(s) != n)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "%s: contains a NUL character", MPATH(p));
+    *out = s;
+    if (len)
+        *len = n;
+    return WSYNC_OK;
+}
+
+/* A base64 string decoded into out[cap]; optional when `required` is 0 (*present = 0). */
+static wsync_result_t wsync_read_base64(const json_t *v, const wsync_mpath_t *p, int required,
+                                        uint8_t *out, uint32_t *out_len, int *present,
+                                        wsync_error_t *err)
+{
+    char pathbuf[WSYNC_MPATH_LEN];
+    const char *s;
+    size_t n;
+    wsync_result_t r = wsync_read_string(v, p, required, &s, &n, err);
+    if (r != WSYNC_OK)
+        return r;
+    if (present)
+        *present = s != NULL;
+    if (s == NULL)
+        return WSYNC_OK;
+    long got = wsync_base64_decode(s, out, WSYNC_HANDLE_MAX);
+    if (got == -2)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "%s: decodes to more than %d bytes (%zu base64 characters)", MPATH(p),
+                          WSYNC_HANDLE_MAX, n);
+    if (got < 0)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "%s: \"%.40s%s\" is not valid base64 (RFC 4648, padded)", MPATH(p), s,
+                          n > 40 ? "..." : "");
+    if (got == 0)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "%s: is empty", MPATH(p));
+    *out_len = (uint32_t)got;
+    return WSYNC_OK;
+}
+
+/* ------------------------------------------------------------------ buffer */
+
+static wsync_result_t wsync_parse_buffer(const json_t *b, wsync_buffer_desc_t *d,
+                                         wsync_error_t *err)
+{
+    wsync_mpath_t p = {"buffer", -1, NULL, -1};
+    wsync_result_t r;
+    const char *s;
+    size_t n;
+
+    d->struct_size = sizeof(*d);
+    if (b == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "buffer: missing (required object)");
+    if (!json_is_object(b))
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "buffer: must be an object, got %s",
+                          wsync_json_type_name(b));
+
+    p.field = "kind";
+    if ((r = wsync_read_string(json_object_get(b, "kind"), &p, 1, &s, &n, err)) != WSYNC_OK)
+        return r;
+    d->kind = wsync_buffer_kind_from_name(s);
+    if (d->kind == WSYNC_BUFFER_INVALID)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "buffer.kind: unknown kind \"%.64s\" (expected cuda_ipc, host_shm or "
+                          "cuda_vmm_fd)",
+                          s);
+
+    p.field = "handle";
+    if ((r = wsync_read_base64(json_object_get(b, "handle"), &p, 1, d->handle, &d->handle_len, NULL,
+                               err)) != WSYNC_OK)
+        return r;
+    if (d->kind == WSYNC_BUFFER_CUDA_IPC && d->handle_len != 64)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "buffer.handle: a cuda_ipc handle is 64 bytes, got %u", d->handle_len);
+
+    p.field = "bytes";
+    if ((r = wsync_read_uint(json_object_get(b, "bytes"), &p, &d->bytes, err)) != WSYNC_OK)
+        return r;
+    if (d->bytes == 0)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "buffer.bytes: must be > 0, got 0");
+
+    uint64_t pid;
+    p.field = "pid";
+    if ((r = wsync_read_uint(json_object_get(b, "pid"), &p, &pid, err)) != WSYNC_OK)
+        return r;
+    d->pid = (int64_t)pid;
+
+    p.field = "device";
+    if ((r = wsync_read_string(json_object_get(b, "device"), &p, 1, &s, &n, err)) != WSYNC_OK)
+        return r;
+    if (n == 0)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "buffer.device: is empty (expected \"GPU-<uuid>\" or \"cpu\")");
+    if (n >= WSYNC_DEVICE_MAX)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "buffer.device: \"%.40s...\" is %zu bytes, the limit is %d", s, n,
+                          WSYNC_DEVICE_MAX - 1);
+    memcpy(d->device, s, n + 1);
+
+    p.field = "ready";
+    if ((r = wsync_read_base64(json_object_get(b, "ready"), &p, 0, d->ready, &d->ready_len,
+                               &d->has_ready, err)) != WSYNC_OK)
+        return r;
+    p.field = "consumed";
+    if ((r = wsync_read_base64(json_object_get(b, "consumed"), &p, 0, d->consumed, &d->consumed_len,
+                               &d->has_consumed, err)) != WSYNC_OK)
+        return r;
+    if (d->kind == WSYNC_BUFFER_CUDA_IPC && d->has_ready && d->ready_len != 64)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "buffer.ready: a cuda_ipc event handle is 64 bytes, got %u",
+                          d->ready_len);
+    if (d->kind == WSYNC_BUFFER_CUDA_IPC && d->has_consumed && d->consumed_len != 64)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "buffer.consumed: a cuda_ipc event handle is 64 bytes, got %u",
+                          d->consumed_len);
+
+    const json_t *off = json_object_get(b, "offset");
+    if (off != NULL) {
+        p.field = "offset";
+        if ((r = wsync_read_uint(off, &p, &d->base_offset, err)) != WSYNC_OK)
+            return r;
+        uint64_t end;
+        if (__builtin_add_overflow(d->base_offset, d->bytes, &end))
+            return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_BOUNDS,
+                              "buffer: offset %llu + bytes %llu overflows 64 bits",
+                              (unsigned long long)d->base_offset, (unsigned long long)d->bytes);
+    }
+
+    p.field = "control";
+    if ((r = wsync_read_string(json_object_get(b, "control"), &p, 0, &s, &n, err)) != WSYNC_OK)
+        return r;
+    if (s != NULL) {
+        if (n >= WSYNC_HANDLE_MAX)
+            return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                              "buffer.control: \"%.40s...\" is %zu bytes, the limit is %d", s, n,
+                              WSYNC_HANDLE_MAX - 1);
+        memcpy(d->control, s, n + 1);
+    }
+    return WSYNC_OK;
+}
+
+/* ------------------------------------------------------------------ tensors */
+
+/* Open-addressing set of tensor indices keyed by name; detects duplicates in one pass. */
+typedef struct wsync_name_set {
+    uint32_t *slots; /* index + 1; 0 = empty */
+    size_t mask;
+} wsync_name_set_t;
+
+static uint64_t wsync_name_hash(const char *s, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)s[i]) * 0x100000001b3ull;
+    return wsync_mix64(h);
+}
+
+/* Inserts tensor i; returns the index of an earlier tensor with the same name, or -1. */
+static long wsync_name_set_insert(wsync_name_set_t *set, const wsync_tensor_desc_t *t, size_t i,
+                                  size_t len)
+{
+    size_t h = (size_t)wsync_name_hash(t[i].name, len) & set->mask;
+    for (;;) {
+        uint32_t s = set->slots[h];
+        if (s == 0) {
+            set->slots[h] = (uint32_t)i + 1;
+            return -1;
+        }
+        if (strcmp(t[s - 1].name, t[i].name) == 0)
+            return (long)(s - 1);
+        h = (h + 1) & set->mask;
+    }
+}
+
+static wsync_result_t wsync_parse_tensor(const json_t *jt, size_t i, uint64_t buffer_bytes,
+                                         wsync_tensor_desc_t *t, size_t *name_len,
+                                         wsync_error_t *err)
+{
+    wsync_mpath_t p = {"tensors", (long)i, NULL, -1};
+    wsync_result_t r;
+    const char *s;
+    size_t n;
+
+    t->struct_size = sizeof(*t);
+    if (!json_is_object(jt))
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "tensors[%zu]: must be an object, got %s", i,
+                          wsync_json_type_name(jt));
+
+    p.field = "name";
+    if ((r = wsync_read_string(json_object_get(jt, "name"), &p, 1, &s, &n, err)) != WSYNC_OK)
+        return r;
+    if (n == 0)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "tensors[%zu].name: is empty", i);
+    if (n > WSYNC_MANIFEST_MAX_NAME)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "tensors[%zu].name: \"%.40s...\" is %zu bytes, the limit is %d", i, s, n,
+                          WSYNC_MANIFEST_MAX_NAME);
+    t->name = s;
+    *name_len = n;
+
+    p.field = "dtype";
+    if ((r = wsync_read_string(json_object_get(jt, "dtype"), &p, 1, &s, &n, err)) != WSYNC_OK)
+        return r;
+    t->dtype = wsync_dtype_from_name(s);
+    if (t->dtype == WSYNC_DTYPE_INVALID)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "tensors[%zu] (\"%.80s\").dtype: unknown dtype \"%.40s\"", i, t->name, s);
+
+    const json_t *shape = json_object_get(jt, "shape");
+    if (shape == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "tensors[%zu] (\"%.80s\").shape: missing (required array)", i, t->name);
+    if (!json_is_array(shape))
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "tensors[%zu] (\"%.80s\").shape: must be an array, got %s", i, t->name,
+                          wsync_json_type_name(shape));
+    size_t ndim = json_array_size(shape);
+    if (ndim > WSYNC_MAX_DIMS)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "tensors[%zu] (\"%.80s\").shape: %zu dimensions, the limit is %d", i,
+                          t->name, ndim, WSYNC_MAX_DIMS);
+    t->ndim = (uint32_t)ndim;
+    p.field = "shape";
+    for (size_t d = 0; d < ndim; d++) {
+        uint64_t dim;
+        p.sub = (long)d;
+        if ((r = wsync_read_uint(json_array_get(shape, d), &p, &dim, err)) != WSYNC_OK)
+            return r;
+        t->shape[d] = (int64_t)dim;
+    }
+    p.sub = -1;
+
+    p.field = "offset";
+    if ((r = wsync_read_uint(json_object_get(jt, "offset"), &p, &t->offset, err)) != WSYNC_OK)
+        return r;
+    p.field = "nbytes";
+    if ((r = wsync_read_uint(json_object_get(jt, "nbytes"), &p, &t->nbytes, err)) != WSYNC_OK)
+        return r;
+
+    uint64_t expect;
+    if (wsync_tensor_nbytes(t->dtype, t->ndim, t->shape, &expect) != 0)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "tensors[%zu] (\"%.80s\"): %s x shape overflows 64 bits", i, t->name,
+                          wsync_dtype_name(t->dtype));
+    if (expect != t->nbytes)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "tensors[%zu] (\"%.80s\"): nbytes %llu != %s (%zu bytes) x shape = %llu",
+                          i, t->name, (unsigned long long)t->nbytes, wsync_dtype_name(t->dtype),
+                          wsync_dtype_size(t->dtype), (unsigned long long)expect);
+
+    uint64_t end;
+    if (__builtin_add_overflow(t->offset, t->nbytes, &end))
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_BOUNDS,
+                          "tensors[%zu] (\"%.80s\"): offset %llu + nbytes %llu overflows 64 bits",
+                          i, t->name, (unsigned long long)t->offset, (unsigned long long)t->nbytes);
+    if (end > buffer_bytes)
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_BOUNDS,
+                          "tensors[%zu] (\"%.80s\"): offset %llu + nbytes %llu exceeds buffer "
+                          "bytes %llu",
+                          i, t->name, (unsigned long long)t->offset, (unsigned long long)t->nbytes,
+                          (unsigned long long)buffer_bytes);
+
+    const json_t *dg = json_object_get(jt, "digest");
+    if (dg != NULL) {
+        p.field = "digest";
+        if ((r = wsync_read_string(dg, &p, 1, &s, &n, err)) != WSYNC_OK)
+            return r;
+        if (wsync64_parse(s, &t->digest) != 0)
+            return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                              "tensors[%zu] (\"%.80s\").digest: \"%.40s\" is not "
+                              "\"wsync64:<16 lowercase hex digits>\"",
+                              i, t->name, s);
+        t->has_digest = 1;
+    }
+    return WSYNC_OK;
+}
+
+static wsync_result_t wsync_parse_tensors(const json_t *arr, wsync_manifest_owned_t *m,
+                                          wsync_error_t *err)
+{
+    wsync_result_t r = WSYNC_OK;
+    wsync_name_set_t set = {NULL, 0};
+    size_t *lens = NULL;
+    size_t total = 0;
+
+    if (arr == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "tensors: missing (required array)");
+    if (!json_is_array(arr))
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "tensors: must be an array, got %s",
+                          wsync_json_type_name(arr));
+    size_t n = json_array_size(arr);
+    if (n > WSYNC_MANIFEST_MAX_TENSORS)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "tensors: %zu entries, the limit is %u; split the bucket", n,
+                          WSYNC_MANIFEST_MAX_TENSORS);
+
+    size_t cap = 16;
+    while (cap < 2 * n)
+        cap <<= 1;
+    m->tensors = calloc(n ? n : 1, sizeof(*m->tensors));
+    lens = malloc((n ? n : 1) * sizeof(*lens));
+    set.slots = calloc(cap, sizeof(*set.slots));
+    set.mask = cap - 1;
+    if (m->tensors == NULL || lens == NULL || set.slots == NULL) {
+        r = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "cannot allocate %zu tensor descriptors", n);
+        goto out;
+    }
+
+    for (size_t i = 0; i < n; i++) {
+        r = wsync_parse_tensor(json_array_get(arr, i), i, m->view.buffer.bytes, &m->tensors[i],
+                               &lens[i], err);
+        if (r != WSYNC_OK)
+            goto out;
+        long dup = wsync_name_set_insert(&set, m->tensors, i, lens[i]);
+        if (dup >= 0) {
+            r = WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                           "tensors[%zu].name: \"%.200s\" duplicates tensors[%ld]; names must "
+                           "be unique",
+                           i, m->tensors[i].name, dup);
+            goto out;
+        }
+        total += lens[i] + 1;
+    }
+
+    /* The names still point into the JSON tree: copy them into one block. */
+    m->names = malloc(total ? total : 1);
+    if (m->names == NULL) {
+        r = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of tensor names",
+                       total);
+        goto out;
+    }
+    char *w = m->names;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(w, m->tensors[i].name, lens[i] + 1);
+        m->tensors[i].name = w;
+        w += lens[i] + 1;
+    }
+    m->view.n_tensors = n;
+    m->view.tensors = m->tensors;
+out:
+    free(set.slots);
+    free(lens);
+    return r;
+}
+
+/* ------------------------------------------------------------------ manifest */
+
+static wsync_result_t wsync_parse_root(const json_t *root, wsync_manifest_owned_t *m,
+                                       wsync_error_t *err)
+{
+    wsync_mpath_t p = {NULL, -1, NULL, -1};
+    wsync_result_t r;
+    uint64_t schema;
+
+    if (!json_is_object(root))
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "manifest root must be a JSON object, got %s",
+                          wsync_json_type_name(root));
+
+    p.field = "wsync";
+    if ((r = wsync_read_uint(json_object_get(root, "wsync"), &p, &schema, err)) != WSYNC_OK)
+        return r;
+    if (schema != WSYNC_MANIFEST_SCHEMA)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "wsync: unsupported schema version %llu (this plugin reads %u)",
+                          (unsigned long long)schema, WSYNC_MANIFEST_SCHEMA);
+    m->view.schema = (uint32_t)schema;
+
+    p.field = "generation";
+    if ((r = wsync_read_uint(json_object_get(root, "generation"), &p, &m->view.generation, err)) !=
+        WSYNC_OK)
+        return r;
+    if (m->view.generation == 0)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "generation: must be >= 1, got 0");
+
+    const json_t *fin = json_object_get(root, "finished");
+    if (fin != NULL && !json_is_boolean(fin))
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "finished: must be true or false, got %s",
+                          wsync_json_type_name(fin));
+    m->view.finished = fin != NULL && json_is_true(fin);
+
+    if ((r = wsync_parse_buffer(json_object_get(root, "buffer"), &m->view.buffer, err)) != WSYNC_OK)
+        return r;
+    return wsync_parse_tensors(json_object_get(root, "tensors"), m, err);
+}
+
+wsync_result_t wsync_manifest_parse(const char *json, size_t len, wsync_manifest_owned_t **out,
+                                    wsync_error_t *err)
+{
+    json_error_t jerr;
+    wsync_result_t r;
+
+    if (out == NULL || (json == NULL && len != 0))
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "json and out must not be NULL");
+    *out = NULL;
+    json_t *root = json_loadb(json ? json : "", len, JSON_REJECT_DUPLICATES, &jerr);
+    if (root == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "manifest is not valid JSON: %s (line %d, column %d)", jerr.text,
+                          jerr.line, jerr.column);
+
+    wsync_manifest_owned_t *m = calloc(1, sizeof(*m));
+    if (m == NULL) {
+        json_decref(root);
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "cannot allocate a manifest");
+    }
+    m->view.struct_size = sizeof(m->view);
+    r = wsync_parse_root(root, m, err);
+    json_decref(root);
+    if (r != WSYNC_OK) {
+        wsync_manifest_free(m);
+        return r;
+    }
+    *out = m;
+    return WSYNC_OK;
+}
+
+void wsync_manifest_free(wsync_manifest_owned_t *m)
+{
+    if (m == NULL)
+        return;
+    free(m->tensors);
+    free(m->names);
+    free(m);
+}
+
+/* -------------------------------------------------------------------- emit */
+
+#define WSYNC_JSON_INT_MAX ((uint64_t)INT64_MAX)
+
+static int wsync_set(json_t *obj, const char *key, json_t *v)
+{
+    return v == NULL || json_object_set_new(obj, key, v) != 0 ? -1 : 0;
+}
+
+static json_t *wsync_base64_json(const uint8_t *p, uint32_t n)
+{
+    char buf[WSYNC_HANDLE_MAX / 3 * 4 + 8];
+    if (n > WSYNC_HANDLE_MAX)
+        return NULL;
+    wsync_base64_encode(p, n, buf);
+    return json_string(buf);
+}
+
+static wsync_result_t wsync_check_emit(const wsync_manifest_t *m, wsync_error_t *err)
+{
+    const wsync_buffer_desc_t *b = &m->buffer;
+    if (m->generation == 0 || m->generation > WSYNC_JSON_INT_MAX)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "generation %llu must be in 1..INT64_MAX",
+                          (unsigned long long)m->generation);
+    if (wsync_buffer_kind_from_name(wsync_buffer_kind_name(b->kind)) == WSYNC_BUFFER_INVALID)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "buffer.kind %d is not a known kind",
+                          (int)b->kind);
+    if (b->handle_len == 0 || b->handle_len > WSYNC_HANDLE_MAX ||
+        (b->has_ready && b->ready_len > WSYNC_HANDLE_MAX) ||
+        (b->has_consumed && b->consumed_len > WSYNC_HANDLE_MAX))
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "buffer handle lengths must be 1..%d bytes (handle %u)", WSYNC_HANDLE_MAX,
+                          b->handle_len);
+    if (b->bytes > WSYNC_JSON_INT_MAX || b->base_offset > WSYNC_JSON_INT_MAX || b->pid < 0)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "buffer bytes %llu / offset %llu / pid %lld out of the JSON range",
+                          (unsigned long long)b->bytes, (unsigned long long)b->base_offset,
+                          (long long)b->pid);
+    if (m->n_tensors > 0 && m->tensors == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "%zu tensors but tensors is NULL",
+                          m->n_tensors);
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        const wsync_tensor_desc_t *t = &m->tensors[i];
+        if (t->name == NULL || t->ndim > WSYNC_MAX_DIMS || wsync_dtype_size(t->dtype) == 0 ||
+            t->offset > WSYNC_JSON_INT_MAX || t->nbytes > WSYNC_JSON_INT_MAX)
+            return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                              "tensors[%zu]: NULL name, ndim %u, dtype %d or an offset/nbytes "
+                              "beyond INT64_MAX",
+                              i, t->ndim, (int)t->dtype);
+    }
+    return WSYNC_OK;
+}
+
+static json_t *wsync_emit_buffer(const wsync_buffer_desc_t *b)
+{
+    json_t *o = json_object();
+    if (o == NULL)
+        return NULL;
+    int bad = wsync_set(o, "kind", json_string(wsync_buffer_kind_name(b->kind))) |
+              wsync_set(o, "handle", wsync_base64_json(b->handle, b->handle_len)) |
+              wsync_set(o, "bytes", json_integer((json_int_t)b->bytes)) |
+              wsync_set(o, "pid", json_integer((json_int_t)b->pid)) |
+              wsync_set(o, "device", json_stringn(b->device, strnlen(b->device, WSYNC_DEVICE_MAX)));
+    if (b->has_ready)
+        bad |= wsync_set(o, "ready", wsync_base64_json(b->ready, b->ready_len));
+    if (b->has_consumed)
+        bad |= wsync_set(o, "consumed", wsync_base64_json(b->consumed, b->consumed_len));
+    if (b->base_offset != 0)
+        bad |= wsync_set(o, "offset", json_integer((json_int_t)b->base_offset));
+    if (b->control[0] != '\0')
+        bad |= wsync_set(o, "control",
+                         json_stringn(b->control, strnlen(b->control, WSYNC_HANDLE_MAX)));
+    if (bad) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+static json_t *wsync_emit_tensor(const wsync_tensor_desc_t *t)
+{
+    json_t *o = json_object();
+    json_t *shape = json_array();
+    int bad = o == NULL || shape == NULL;
+    for (uint32_t d = 0; !bad && d < t->ndim; d++)
+        bad |= json_array_append_new(shape, json_integer((json_int_t)t->shape[d])) != 0;
+    if (bad) {
+        json_decref(shape);
+        json_decref(o);
+        return NULL;
+    }
+    bad |= wsync_set(o, "name", json_string(t->name)) |
+           wsync_set(o, "dtype", json_string(wsync_dtype_name(t->dtype))) |
+           wsync_set(o, "shape", shape) |
+           wsync_set(o, "offset", json_integer((json_int_t)t->offset)) |
+           wsync_set(o, "nbytes", json_integer((json_int_t)t->nbytes));
+    if (t->has_digest) {
+        char buf[32];
+        wsync64_format(t->digest, buf);
+        bad |= wsync_set(o, "digest", json_string(buf));
+    }
+    if (bad) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+wsync_result_t wsync_manifest_emit(const wsync_manifest_t *m, char **out, wsync_error_t *err)
+{
+    wsync_result_t r;
+
+    if (m == NULL || out == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "manifest and out must not be NULL");
+    *out = NULL;
+    if ((r = wsync_check_emit(m, err)) != WSYNC_OK)
+        return r;
+
+    json_t *root = json_object();
+    json_t *tensors = json_array();
+    int bad = root == NULL || tensors == NULL;
+    for (size_t i = 0; !bad && i < m->n_tensors; i++)
+        bad |= json_array_append_new(tensors, wsync_emit_tensor(&m->tensors[i])) != 0;
+    if (bad) {
+        json_decref(tensors);
+        json_decref(root);
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "cannot build the manifest JSON");
+    }
+    bad |= wsync_set(root, "wsync", json_integer(WSYNC_MANIFEST_SCHEMA)) |
+           wsync_set(root, "generation", json_integer((json_int_t)m->generation)) |
+           wsync_set(root, "finished", json_boolean(m->finished)) |
+           wsync_set(root, "buffer", wsync_emit_buffer(&m->buffer)) |
+           wsync_set(root, "tensors", tensors);
+    char *text = bad ? NULL : json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    if (text == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY,
+                          "cannot build the manifest JSON: out of memory, or a tensor name or "
+                          "device that is not valid UTF-8");
+    *out = text;
+    return WSYNC_OK;
+}

@@ -1,0 +1,209 @@
+/* Copy-op and generation validation: bounds, pitches, overflow, zero-size ops. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "wsync_validate.h"
+
+static char dst_mem[4096];
+
+static wsync_copy_op_t op1d(uint64_t src_offset, uint64_t bytes, uint64_t dst_extent)
+{
+    wsync_copy_op_t op = {.src_offset = src_offset,
+                          .src_pitch = 0,
+                          .dst = dst_mem,
+                          .dst_pitch = 0,
+                          .dst_extent = dst_extent,
+                          .rows = 1,
+                          .row_bytes = bytes};
+    return op;
+}
+
+static void expect_fail_at(const wsync_copy_op_t *ops, size_t n, uint64_t src_bytes,
+                           wsync_result_t code, const char *needle, int line)
+{
+    wsync_error_t err;
+    memset(&err, 0, sizeof(err));
+    wsync_result_t r = wsync_validate_copy_ops(ops, n, src_bytes, &err);
+    if (r != code || strstr(err.message, needle) == NULL)
+        print_error("line %d: got %d \"%s\", want %d with \"%s\"\n", line, r, err.message, code,
+                    needle);
+    assert_int_equal(r, code);
+    assert_int_equal(err.code, code);
+    assert_non_null(strstr(err.message, needle));
+}
+#define expect_fail(ops, n, src, code, needle)                                                     \
+    expect_fail_at((ops), (n), (src), (code), (needle), __LINE__)
+#define OOB WSYNC_ERR_OUT_OF_BOUNDS
+#define INVAL WSYNC_ERR_INVALID_ARGUMENT
+
+static void test_valid_ops(void **state)
+{
+    (void)state;
+    wsync_copy_op_t ops[3];
+    ops[0] = op1d(0, 1024, 1024);
+    ops[1] = op1d(3072, 1024, 4096); /* ends exactly at the buffer's end */
+    /* 2-D: 4 rows of 64 bytes, pitch 256 in the source and 128 in the destination. */
+    ops[2] = (wsync_copy_op_t){.src_offset = 1024,
+                               .src_pitch = 256,
+                               .dst = dst_mem,
+                               .dst_pitch = 128,
+                               .dst_extent = 3 * 128 + 64,
+                               .rows = 4,
+                               .row_bytes = 64};
+    assert_int_equal(wsync_validate_copy_ops(ops, 3, 4096, NULL), WSYNC_OK);
+    assert_int_equal(wsync_copy_ops_bytes(ops, 3), 1024 + 1024 + 256);
+    /* Zero ops is fine. */
+    assert_int_equal(wsync_validate_copy_ops(NULL, 0, 0, NULL), WSYNC_OK);
+    assert_int_equal(wsync_copy_ops_bytes(NULL, 0), 0);
+}
+
+static void test_zero_size_ops(void **state)
+{
+    (void)state;
+    /* Empty tensors: no bytes move, so no pointer or bound matters. */
+    wsync_copy_op_t ops[2];
+    ops[0] = op1d(UINT64_MAX, 0, 0);
+    ops[0].dst = NULL;
+    ops[1] = (wsync_copy_op_t){.src_offset = 99999, .dst = NULL, .rows = 0, .row_bytes = 64};
+    assert_int_equal(wsync_validate_copy_ops(ops, 2, 16, NULL), WSYNC_OK);
+    assert_int_equal(wsync_copy_ops_bytes(ops, 2), 0);
+}
+
+static void test_source_bounds(void **state)
+{
+    (void)state;
+    wsync_copy_op_t ops[2] = {op1d(0, 16, 16), op1d(4000, 97, 4096)};
+    expect_fail(ops, 2, 4096, OOB, "op 1: source bytes [4000, 4097) exceed the buffer's 4096");
+    wsync_copy_op_t two_d = {.src_offset = 0,
+                             .src_pitch = 1024,
+                             .dst = dst_mem,
+                             .dst_pitch = 64,
+                             .dst_extent = 4096,
+                             .rows = 4,
+                             .row_bytes = 64};
+    /* Last row starts at 3072, ends at 3136: inside 3136, outside 3135. */
+    assert_int_equal(wsync_validate_copy_ops(&two_d, 1, 3136, NULL), WSYNC_OK);
+    expect_fail(&two_d, 1, 3135, OOB, "op 0: source bytes [0, 3136) exceed the buffer's 3135");
+}
+
+static void test_destination_bounds(void **state)
+{
+    (void)state;
+    wsync_copy_op_t op = op1d(0, 513, 512);
+    expect_fail(&op, 1, 4096, OOB, "op 0: writes 513 bytes from dst but dst_extent is 512");
+    wsync_copy_op_t two_d = {.src_offset = 0,
+                             .src_pitch = 64,
+                             .dst = dst_mem,
+                             .dst_pitch = 256,
+                             .dst_extent = 3 * 256 + 63,
+                             .rows = 4,
+                             .row_bytes = 64};
+    expect_fail(&two_d, 1, 4096, OOB, "writes 832 bytes from dst but dst_extent is 831");
+}
+
+static void test_pitches(void **state)
+{
+    (void)state;
+    wsync_copy_op_t op = {.src_offset = 0,
+                          .src_pitch = 32,
+                          .dst = dst_mem,
+                          .dst_pitch = 64,
+                          .dst_extent = 4096,
+                          .rows = 2,
+                          .row_bytes = 64};
+    expect_fail(&op, 1, 4096, INVAL, "src_pitch 32 / dst_pitch 64 smaller than row_bytes 64");
+    op.src_pitch = 64;
+    op.dst_pitch = 0;
+    expect_fail(&op, 1, 4096, INVAL, "dst_pitch 0 smaller than row_bytes 64");
+    /* Pitches do not matter for a single row. */
+    op.rows = 1;
+    assert_int_equal(wsync_validate_copy_ops(&op, 1, 4096, NULL), WSYNC_OK);
+}
+
+static void test_null_dst_and_ops(void **state)
+{
+    (void)state;
+    wsync_copy_op_t ops[2] = {op1d(0, 8, 8), op1d(8, 8, 8)};
+    ops[1].dst = NULL;
+    expect_fail(ops, 2, 4096, INVAL, "op 1: dst is NULL but the op moves 1 x 8 bytes");
+    expect_fail(NULL, 3, 4096, INVAL, "ops is NULL but n_ops is 3");
+}
+
+static void test_overflow(void **state)
+{
+    (void)state;
+    /* src_offset + row_bytes wraps past 2^64 into a small number. */
+    wsync_copy_op_t op = op1d(UINT64_MAX - 7, 16, 16);
+    expect_fail(&op, 1, 4096, OOB, "op 0: src_offset 18446744073709551608");
+    expect_fail(&op, 1, 4096, OOB, "overflows 64 bits");
+    /* rows x pitch wraps. */
+    wsync_copy_op_t two_d = {.src_offset = 0,
+                             .src_pitch = 1ull << 62,
+                             .dst = dst_mem,
+                             .dst_pitch = 64,
+                             .dst_extent = 4096,
+                             .rows = 5,
+                             .row_bytes = 64};
+    expect_fail(&two_d, 1, UINT64_MAX, OOB, "overflows 64 bits");
+    two_d.src_pitch = 64;
+    two_d.dst_pitch = 1ull << 62;
+    expect_fail(&two_d, 1, UINT64_MAX, OOB, "x dst_pitch 4611686018427387904");
+    two_d.dst_pitch = 64;
+    two_d.row_bytes = 64;
+    two_d.rows = UINT64_MAX;
+    expect_fail(&two_d, 1, UINT64_MAX, OOB, "overflows 64 bits");
+    /* bytes() saturates instead of wrapping. */
+    wsync_copy_op_t big[2] = {op1d(0, UINT64_MAX, 0), op1d(0, 2, 0)};
+    assert_int_equal(wsync_copy_ops_bytes(big, 2), UINT64_MAX);
+}
+
+static void test_first_error_wins(void **state)
+{
+    (void)state;
+    wsync_copy_op_t ops[2] = {op1d(0, 8, 4), op1d(99999, 8, 8)};
+    wsync_error_t err;
+    memset(&err, 0, sizeof(err));
+    assert_int_equal(wsync_validate_copy_ops(ops, 2, 4096, &err), OOB);
+    assert_non_null(strstr(err.message, "op 0:"));
+    /* A second failure does not overwrite the first. */
+    assert_int_equal(wsync_validate_copy_ops(ops + 1, 1, 4096, &err), OOB);
+    assert_non_null(strstr(err.message, "op 0:"));
+    assert_null(strstr(err.message, "99999"));
+}
+
+static void test_generation(void **state)
+{
+    (void)state;
+    wsync_error_t err;
+    assert_int_equal(wsync_validate_generation(0, 1, NULL), WSYNC_OK);
+    assert_int_equal(wsync_validate_generation(41, 42, NULL), WSYNC_OK);
+    assert_int_equal(wsync_validate_generation(41, 1000, NULL), WSYNC_OK);
+    memset(&err, 0, sizeof(err));
+    assert_int_equal(wsync_validate_generation(42, 42, &err), WSYNC_ERR_STALE_GENERATION);
+    assert_non_null(strstr(err.message, "generation 42 is not newer"));
+    memset(&err, 0, sizeof(err));
+    assert_int_equal(wsync_validate_generation(42, 7, &err), WSYNC_ERR_STALE_GENERATION);
+    assert_non_null(strstr(err.message, "generation 7 is not newer"));
+    assert_non_null(strstr(err.message, "(42)"));
+    assert_int_equal(wsync_validate_generation(0, 0, NULL), WSYNC_ERR_STALE_GENERATION);
+    assert_int_equal(wsync_validate_generation(UINT64_MAX, UINT64_MAX, NULL),
+                     WSYNC_ERR_STALE_GENERATION);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_valid_ops),     cmocka_unit_test(test_zero_size_ops),
+        cmocka_unit_test(test_source_bounds), cmocka_unit_test(test_destination_bounds),
+        cmocka_unit_test(test_pitches),       cmocka_unit_test(test_null_dst_and_ops),
+        cmocka_unit_test(test_overflow),      cmocka_unit_test(test_first_error_wins),
+        cmocka_unit_test(test_generation),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
