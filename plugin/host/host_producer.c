@@ -1,0 +1,324 @@
+/* Producer side of the host backend: one POSIX shared memory segment per staging buffer
+ * (control block, then the data region), filled in stream order, published with a manifest,
+ * retired only once no consumer holds a mapping. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "host_internal.h"
+#include "host_unlink.h"
+#include "wsync_error.h"
+#include "wsync_layout.h"
+#include "wsync_manifest.h"
+
+struct wsync_staging {
+    pthread_mutex_t lock; /* serialises the members; the ABI calls them from one thread */
+    wsync_shm_t shm;
+    wsync_control_t *control;
+    uint8_t *data;
+    uint64_t capacity;
+    uint32_t flags;
+    uint32_t timeout_ms;
+    wsync_layout_t layout; /* the current bucket; digests filled by its stage task */
+    int has_layout;
+    wsync_host_stream_t *stage_stream; /* where the current bucket's stage task runs */
+    uint64_t stage_seq;
+    uint64_t generation; /* last published */
+    char *manifest;
+    wsync_host_stream_t *default_stream;
+    wsync_host_stream_t **streams;
+    size_t n_streams, cap_streams;
+    wsync_host_unlink_t unlink_node;
+};
+
+static wsync_host_stream_t *wsync_host_staging_stream(struct wsync_staging *s, wsync_stream_t st)
+{
+    return st != NULL ? (wsync_host_stream_t *)st : s->default_stream;
+}
+
+wsync_result_t wsync_host_staging_create(const wsync_staging_config_t *config,
+                                         struct wsync_staging **out, wsync_error_t *err)
+{
+    wsync_result_t r;
+    size_t size;
+
+    if (out == NULL || config == NULL || !WSYNC_HAS_FIELD(config, bytes))
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "config and out must not be NULL and config->struct_size must cover "
+                          "bytes");
+    *out = NULL;
+    uint32_t flags = WSYNC_HAS_FIELD(config, flags) ? config->flags : 0;
+    if ((flags & ~WSYNC_STAGING_FIXED_LAYOUT) != 0)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "unknown staging flags 0x%x; only WSYNC_STAGING_FIXED_LAYOUT (0x1)",
+                          flags & ~WSYNC_STAGING_FIXED_LAYOUT);
+    if (config->bytes == 0 || config->bytes > SIZE_MAX - WSYNC_CONTROL_SIZE)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "staging bytes %llu; ask for 1..%zu bytes",
+                          (unsigned long long)config->bytes, SIZE_MAX - WSYNC_CONTROL_SIZE);
+    size = WSYNC_CONTROL_SIZE + (size_t)config->bytes;
+
+    struct wsync_staging *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for a staging buffer");
+    pthread_mutex_init(&s->lock, NULL);
+    s->capacity = config->bytes;
+    s->flags = flags;
+    s->timeout_ms = WSYNC_HAS_FIELD(config, timeout_ms) && config->timeout_ms != 0
+                        ? config->timeout_ms
+                        : WSYNC_HOST_DEFAULT_TIMEOUT_MS;
+    if ((r = wsync_host_stream_create(&s->default_stream, err)) != WSYNC_OK)
+        goto fail;
+    if ((r = wsync_shm_create(&s->shm, "staging", size, err)) != WSYNC_OK)
+        goto fail;
+    s->control = s->shm.addr;
+    s->data = (uint8_t *)s->shm.addr + WSYNC_CONTROL_SIZE;
+    wsync_control_init(s->control, WSYNC_CONTROL_SIZE, s->capacity);
+    wsync_host_unlink_register(&s->unlink_node, s->shm.name);
+    *out = s;
+    return WSYNC_OK;
+fail:
+    wsync_host_stream_destroy(s->default_stream);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+    return r;
+}
+
+wsync_result_t wsync_host_stage(struct wsync_staging *s, wsync_stream_t stream,
+                                const wsync_stage_tensor_t *tensors, size_t n, wsync_error_t *err)
+{
+    wsync_layout_t next;
+    wsync_host_stage_copy_t *copies;
+    wsync_result_t r;
+
+    if (s == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "staging is NULL");
+    for (size_t i = 0; i < n && tensors != NULL; i++)
+        if (tensors[i].struct_size < sizeof(wsync_stage_tensor_t))
+            return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                              "tensors[%zu].struct_size %zu; set it to sizeof(wsync_stage_tensor_t)"
+                              " (%zu)",
+                              i, tensors[i].struct_size, sizeof(wsync_stage_tensor_t));
+    if ((r = wsync_layout_build(tensors, n, s->capacity, &next, err)) != WSYNC_OK)
+        return r;
+    pthread_mutex_lock(&s->lock);
+    if ((s->flags & WSYNC_STAGING_FIXED_LAYOUT) && s->has_layout &&
+        (r = wsync_layout_compare(&s->layout, &next, err)) != WSYNC_OK)
+        goto fail;
+    copies = malloc((n ? n : 1) * sizeof(*copies));
+    if (copies == NULL) {
+        r = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory to stage %zu tensors", n);
+        goto fail;
+    }
+    /* The previous bucket's stage task writes into the old layout: let it finish first. */
+    if (s->has_layout) {
+        wsync_host_stream_wait(s->stage_stream, s->stage_seq);
+        wsync_layout_free(&s->layout);
+    }
+    s->layout = next;
+    s->has_layout = 1;
+    for (size_t i = 0; i < n; i++) {
+        copies[i] = (wsync_host_stage_copy_t){.src = tensors[i].src,
+                                              .dst = s->data + next.tensors[i].offset,
+                                              .nbytes = next.tensors[i].nbytes,
+                                              .digest = &s->layout.tensors[i].digest,
+                                              .has_digest = &s->layout.tensors[i].has_digest};
+    }
+    s->stage_stream = wsync_host_staging_stream(s, stream);
+    r = wsync_host_stream_stage(s->stage_stream, copies, n, &s->stage_seq, err);
+    free(copies);
+    if (r != WSYNC_OK) {
+        wsync_layout_free(&s->layout);
+        s->has_layout = 0;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return r;
+fail:
+    pthread_mutex_unlock(&s->lock);
+    wsync_layout_free(&next);
+    return r;
+}
+
+wsync_result_t wsync_host_publish(struct wsync_staging *s, wsync_stream_t stream, int finished,
+                                  const char **manifest_json, uint64_t *generation,
+                                  wsync_error_t *err)
+{
+    char *json = NULL;
+    wsync_result_t r;
+
+    if (s == NULL || manifest_json == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "staging and manifest_json must not be NULL");
+    pthread_mutex_lock(&s->lock);
+    if (!s->has_layout) {
+        pthread_mutex_unlock(&s->lock);
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "nothing staged in %s; call stage before publish", s->shm.name);
+    }
+    /* The manifest carries the digests the stage task computes. */
+    wsync_host_stream_wait(s->stage_stream, s->stage_seq);
+    uint64_t g = s->generation + 1;
+    wsync_manifest_t m = {.struct_size = sizeof(m),
+                          .schema = WSYNC_MANIFEST_SCHEMA,
+                          .generation = g,
+                          .finished = finished != 0,
+                          .n_tensors = s->layout.n,
+                          .tensors = s->layout.tensors};
+    wsync_buffer_desc_t *b = &m.buffer;
+    b->struct_size = sizeof(*b);
+    b->kind = WSYNC_BUFFER_HOST_SHM;
+    b->handle_len = (uint32_t)strlen(s->shm.name);
+    memcpy(b->handle, s->shm.name, b->handle_len);
+    b->bytes = s->capacity;
+    b->base_offset = 0;
+    b->pid = (int64_t)getpid();
+    memcpy(b->device, "cpu", 4);
+    memcpy(b->control, s->shm.name, b->handle_len + 1);
+    if ((r = wsync_manifest_emit(&m, &json, err)) != WSYNC_OK)
+        goto out;
+    r = wsync_host_stream_signal_ready(wsync_host_staging_stream(s, stream), s->control, g, NULL,
+                                       err);
+    if (r != WSYNC_OK) {
+        free(json);
+        goto out;
+    }
+    free(s->manifest);
+    s->manifest = json;
+    s->generation = g;
+    *manifest_json = json;
+    if (generation != NULL)
+        *generation = g;
+out:
+    pthread_mutex_unlock(&s->lock);
+    return r;
+}
+
+wsync_result_t wsync_host_wait_consumed(struct wsync_staging *s, wsync_stream_t stream,
+                                        uint64_t generation, wsync_error_t *err)
+{
+    (void)stream; /* host: the calling thread blocks */
+    if (s == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "staging is NULL");
+    pthread_mutex_lock(&s->lock);
+    uint64_t last = s->generation;
+    pthread_mutex_unlock(&s->lock);
+    if (generation == 0 || generation > last)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "generation %llu of %s was never published (last published %llu)",
+                          (unsigned long long)generation, s->shm.name, (unsigned long long)last);
+    /* TIMEOUT or PEER_GONE leave the staging untouched: a restarted consumer can continue. */
+    return wsync_control_wait_consumed(s->control, generation, s->timeout_ms,
+                                       atomic_load(&s->control->consumer_pid), err);
+}
+
+wsync_result_t wsync_host_retire(struct wsync_staging *s, wsync_error_t *err)
+{
+    if (s == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "staging is NULL");
+    uint32_t mapped = atomic_load(&s->control->mapped);
+    if (mapped > 0)
+        return WSYNC_FAIL(err, WSYNC_ERR_BUSY,
+                          "staging %s is still mapped by %u consumer(s) (last pid %lld); the "
+                          "consumer must close_handle and ack before the producer retires",
+                          s->shm.name, mapped, (long long)atomic_load(&s->control->consumer_pid));
+    for (size_t i = 0; i < s->n_streams; i++)
+        wsync_host_stream_destroy(s->streams[i]);
+    wsync_host_stream_destroy(s->default_stream);
+    atomic_store(&s->control->retired, 1);
+    wsync_host_unlink_unregister(&s->unlink_node);
+    wsync_shm_unlink(&s->shm);
+    wsync_shm_close(&s->shm);
+    if (s->has_layout)
+        wsync_layout_free(&s->layout);
+    free(s->manifest);
+    free(s->streams);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+    return WSYNC_OK;
+}
+
+wsync_result_t wsync_host_staging_stream_create(struct wsync_staging *s, wsync_stream_t *out,
+                                                wsync_error_t *err)
+{
+    wsync_host_stream_t *st;
+
+    if (s == NULL || out == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "staging and out must not be NULL");
+    wsync_result_t r = wsync_host_stream_create(&st, err);
+    if (r != WSYNC_OK)
+        return r;
+    pthread_mutex_lock(&s->lock);
+    if (s->n_streams == s->cap_streams) {
+        size_t cap = s->cap_streams ? 2 * s->cap_streams : 4;
+        void *p = realloc(s->streams, cap * sizeof(*s->streams));
+        if (p == NULL) {
+            pthread_mutex_unlock(&s->lock);
+            wsync_host_stream_destroy(st);
+            return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory to track %zu streams", cap);
+        }
+        s->streams = p;
+        s->cap_streams = cap;
+    }
+    s->streams[s->n_streams++] = st;
+    pthread_mutex_unlock(&s->lock);
+    *out = st;
+    return WSYNC_OK;
+}
+
+wsync_result_t wsync_host_staging_stream_destroy(struct wsync_staging *s, wsync_stream_t st,
+                                                 wsync_error_t *err)
+{
+    size_t i;
+
+    if (s == NULL || st == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "staging and stream must not be NULL (the default stream lives until "
+                          "retire)");
+    pthread_mutex_lock(&s->lock);
+    for (i = 0; i < s->n_streams && s->streams[i] != st; i++)
+        ;
+    if (i == s->n_streams) {
+        pthread_mutex_unlock(&s->lock);
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "stream %p was not created by this staging's stream_create", st);
+    }
+    s->streams[i] = s->streams[--s->n_streams];
+    if (s->stage_stream == st) {
+        wsync_host_stream_wait(s->stage_stream, s->stage_seq);
+        s->stage_stream = s->default_stream;
+        s->stage_seq = 0;
+    }
+    pthread_mutex_unlock(&s->lock);
+    wsync_host_stream_destroy(st);
+    return WSYNC_OK;
+}
+
+wsync_result_t wsync_host_staging_stream_synchronize(struct wsync_staging *s, wsync_stream_t st,
+                                                     wsync_error_t *err)
+{
+    if (s == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "staging is NULL");
+    wsync_host_stream_synchronize(wsync_host_staging_stream(s, st));
+    return WSYNC_OK;
+}
+
+wsync_result_t wsync_host_read_back(struct wsync_staging *s, uint64_t offset, void *dst,
+                                    size_t bytes, wsync_error_t *err)
+{
+    uint64_t end;
+
+    if (s == NULL || (bytes != 0 && dst == NULL))
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "staging and dst must not be NULL");
+    if (__builtin_add_overflow(offset, (uint64_t)bytes, &end) || end > s->capacity)
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_BOUNDS,
+                          "read_back of %zu bytes at offset %llu exceeds staging %s of %llu bytes",
+                          bytes, (unsigned long long)offset, s->shm.name,
+                          (unsigned long long)s->capacity);
+    pthread_mutex_lock(&s->lock);
+    if (s->has_layout)
+        wsync_host_stream_wait(s->stage_stream, s->stage_seq);
+    if (bytes != 0)
+        memcpy(dst, s->data + offset, bytes);
+    pthread_mutex_unlock(&s->lock);
+    return WSYNC_OK;
+}
