@@ -48,13 +48,84 @@ static const char *wsync_rx_class(char c)
     }
 }
 
+/* Limits that keep a hostile pattern from making regcomp() explode (memory and time grow with
+ * counted and stacked repetitions). PEFT patterns are short module-name regexes. */
+#define WSYNC_RX_MAX_PATTERN 1024u
+#define WSYNC_RX_MAX_COUNT 64u       /* the largest m or n in {m,n} */
+#define WSYNC_RX_MAX_QUANTIFIERS 32u /* quantifiers in one pattern */
+
+/* Length of a counted repetition "{m}", "{m,}" or "{m,n}" at p (0 if p does not start one);
+ * *max gets the largest number in it. */
+static size_t wsync_rx_counted(const char *p, unsigned long *max)
+{
+    size_t i = 1;
+    int digits = 0, comma = 0;
+    unsigned long cur = 0;
+    *max = 0;
+    for (; p[i] != '\0' && p[i] != '}'; i++) {
+        if (p[i] >= '0' && p[i] <= '9') {
+            cur = cur * 10u + (unsigned long)(p[i] - '0');
+            if (cur > 100000u)
+                cur = 100000u;
+            digits = 1;
+        } else if (p[i] == ',' && !comma && digits) {
+            comma = 1;
+            *max = cur;
+            cur = 0;
+        } else {
+            return 0;
+        }
+    }
+    if (p[i] != '}' || !digits)
+        return 0;
+    if (cur > *max)
+        *max = cur;
+    return i + 1;
+}
+
 /* Translate `p` and append to b. Returns NULL on success, else a static reason. */
 static const char *wsync_rx_translate(wsync_rxbuf_t *b, const char *p)
 {
     int in_bracket = 0;
+    int after_quantifier = 0; /* the last thing emitted was a quantifier */
+    unsigned quantifiers = 0;
+    if (strlen(p) > WSYNC_RX_MAX_PATTERN)
+        return "more than 1024 characters";
     for (size_t i = 0; p[i] != '\0'; i++) {
         char c = p[i];
         int rc = 0;
+        if (!in_bracket && (c == '*' || c == '+' || c == '?' || c == '{')) {
+            unsigned long count = 0;
+            size_t n = c == '{' ? wsync_rx_counted(p + i, &count) : 1;
+            if (n == 0) { /* a '{' that starts no counted repetition is literal, as in Python */
+                rc = wsync_rx_put(b, "\\{");
+                after_quantifier = 0;
+                if (rc != 0)
+                    return "out of memory";
+                continue;
+            }
+            if (after_quantifier)
+                return "a repeated quantifier (\"multiple repeat\" in Python)";
+            if (count > WSYNC_RX_MAX_COUNT)
+                return "a counted repetition above 64";
+            if (++quantifiers > WSYNC_RX_MAX_QUANTIFIERS)
+                return "more than 32 quantifiers";
+            for (size_t k = 0; k < n && rc == 0; k++)
+                rc = wsync_rx_putc(b, p[i + k]);
+            i += n - 1;
+            if (p[i + 1] == '?') /* lazy → greedy: same whole-string language */
+                i++;
+            after_quantifier = 1;
+            if (rc != 0)
+                return "out of memory";
+            continue;
+        }
+        after_quantifier = 0;
+        if (!in_bracket && c == '}') {
+            if (wsync_rx_put(b, "\\}") != 0)
+                return "out of memory";
+            continue;
+        }
         if (in_bracket) {
             if (c == ']' && !(in_bracket == 1)) {
                 in_bracket = 0;
@@ -103,9 +174,6 @@ static const char *wsync_rx_translate(wsync_rxbuf_t *b, const char *p)
                 return "a (?...) group other than (?:...) (look-around, named group, flags)";
             rc = wsync_rx_putc(b, '(');
             i += 2;
-        } else if ((c == '*' || c == '+' || c == '?' || c == '}') && p[i + 1] == '?') {
-            rc = wsync_rx_putc(b, c); /* lazy → greedy: same whole-string language */
-            i++;
         } else {
             rc = wsync_rx_putc(b, c);
         }

@@ -27,6 +27,8 @@ void wsync_control_init(wsync_control_t *c, uint64_t data_offset, uint64_t data_
     atomic_store(&c->consumed_seq, 0);
     atomic_store(&c->mapped, 0);
     atomic_store(&c->retired, 0);
+    for (unsigned i = 0; i < WSYNC_CONTROL_MAX_MAPPERS; i++)
+        atomic_store(&c->mapper_pid[i], 0);
     c->data_offset = data_offset;
     c->data_bytes = data_bytes;
     /* The magic last: a reader that sees it sees an initialised block. */
@@ -49,6 +51,66 @@ wsync_result_t wsync_control_check(const wsync_control_t *c, wsync_error_t *err)
                           "release on both sides",
                           c->version, WSYNC_CONTROL_VERSION);
     return WSYNC_OK;
+}
+
+static int wsync_control_take_slot(wsync_control_t *c, int64_t pid)
+{
+    for (unsigned i = 0; i < WSYNC_CONTROL_MAX_MAPPERS; i++) {
+        int64_t expected = 0;
+        if (atomic_compare_exchange_strong(&c->mapper_pid[i], &expected, pid)) {
+            atomic_fetch_add(&c->mapped, 1);
+            atomic_store(&c->consumer_pid, pid);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+wsync_result_t wsync_control_attach(wsync_control_t *c, wsync_error_t *err)
+{
+    int64_t me = (int64_t)getpid();
+    if (wsync_control_take_slot(c, me))
+        return WSYNC_OK;
+    wsync_control_live_mappers(c, NULL); /* reclaim slots of crashed holders, then retry */
+    if (wsync_control_take_slot(c, me))
+        return WSYNC_OK;
+    return WSYNC_FAIL(err, WSYNC_ERR_BUSY,
+                      "all %u mapper slots of this buffer are held by live processes; close "
+                      "handles in other consumers first",
+                      WSYNC_CONTROL_MAX_MAPPERS);
+}
+
+void wsync_control_detach(wsync_control_t *c)
+{
+    int64_t me = (int64_t)getpid();
+    for (unsigned i = 0; i < WSYNC_CONTROL_MAX_MAPPERS; i++) {
+        int64_t expected = me;
+        if (atomic_compare_exchange_strong(&c->mapper_pid[i], &expected, 0)) {
+            atomic_fetch_sub(&c->mapped, 1);
+            return;
+        }
+    }
+}
+
+static int wsync_pid_gone(int64_t pid);
+
+uint32_t wsync_control_live_mappers(wsync_control_t *c, int64_t *a_pid)
+{
+    uint32_t live = 0;
+    for (unsigned i = 0; i < WSYNC_CONTROL_MAX_MAPPERS; i++) {
+        int64_t pid = atomic_load(&c->mapper_pid[i]);
+        if (pid == 0)
+            continue;
+        if (wsync_pid_gone(pid)) {
+            if (atomic_compare_exchange_strong(&c->mapper_pid[i], &pid, 0))
+                atomic_fetch_sub(&c->mapped, 1);
+            continue;
+        }
+        live++;
+        if (a_pid != NULL)
+            *a_pid = pid;
+    }
+    return live;
 }
 
 static void wsync_futex_wake_all(_Atomic uint32_t *word)

@@ -13,6 +13,7 @@
 #define WSYNC_CONTROL_MAGIC 0x434e5953u /* "SYNC" */
 #define WSYNC_CONTROL_VERSION 1u
 #define WSYNC_CONTROL_SIZE 4096u /* bytes reserved; data of a host_shm segment starts after */
+#define WSYNC_CONTROL_MAX_MAPPERS 64u
 
 typedef struct wsync_control {
     uint32_t magic;
@@ -27,12 +28,24 @@ typedef struct wsync_control {
     _Atomic uint32_t retired;      /* producer retired the buffer: consumers must close */
     uint64_t data_offset;          /* host_shm: offset of the data region in the segment */
     uint64_t data_bytes;
+    /* One slot per open mapping: the pid holding it, 0 = free. Lets retire tell a consumer that
+     * still maps the buffer from one that crashed while mapping it. */
+    _Atomic int64_t mapper_pid[WSYNC_CONTROL_MAX_MAPPERS];
 } wsync_control_t;
 
 /* Initialise a freshly created (zeroed) control block. */
 void wsync_control_init(wsync_control_t *c, uint64_t data_offset, uint64_t data_bytes);
 /* Check magic/version of a mapped one (BAD_MANIFEST with a message when it is not a control). */
 wsync_result_t wsync_control_check(const wsync_control_t *c, wsync_error_t *err);
+
+/* A consumer that maps the buffer attaches (takes a mapper slot with its pid, bumps `mapped`);
+ * it detaches when it unmaps. BUSY when every slot is held by a live process. */
+wsync_result_t wsync_control_attach(wsync_control_t *c, wsync_error_t *err);
+void wsync_control_detach(wsync_control_t *c);
+/* Mappings still held by live processes; slots of exited processes are reclaimed (and `mapped`
+ * lowered), so a consumer that crashed while mapping does not block retire forever. *a_pid (may
+ * be NULL) receives one live holder's pid for messages. */
+uint32_t wsync_control_live_mappers(wsync_control_t *c, int64_t *a_pid);
 
 /* Store `generation` (monotonic max) and wake every waiter. */
 void wsync_control_signal_ready(wsync_control_t *c, uint64_t generation);
@@ -42,8 +55,7 @@ void wsync_control_signal_consumed(wsync_control_t *c, uint64_t generation);
  * spinning). TIMEOUT names the generation waited for and the last one seen; PEER_GONE when
  * `peer_pid` (if > 0) no longer exists. */
 wsync_result_t wsync_control_wait_ready(wsync_control_t *c, uint64_t generation,
-                                        uint32_t timeout_ms, int64_t peer_pid,
-                                        wsync_error_t *err);
+                                        uint32_t timeout_ms, int64_t peer_pid, wsync_error_t *err);
 wsync_result_t wsync_control_wait_consumed(wsync_control_t *c, uint64_t generation,
                                            uint32_t timeout_ms, int64_t peer_pid,
                                            wsync_error_t *err);

@@ -55,7 +55,8 @@ wsync_result_t wsync_host_copy_weights(struct wsync_consumer *c, struct wsync_ha
     pthread_mutex_lock(&h->lock);
     /* Several calls may carry one bucket (e.g. on several streams) until it is recorded. */
     if (h->pending_generation == 0 || generation != h->pending_generation) {
-        if ((r = wsync_validate_generation(h->entry->last_generation, generation, err)) != WSYNC_OK)
+        r = wsync_validate_generation(wsync_host_handle_last_generation(h), generation, err);
+        if (r != WSYNC_OK)
             goto out;
     }
     r = wsync_host_stream_wait_ready(s, h->control, generation, c->timeout_ms, h->peer_pid,

@@ -86,10 +86,10 @@ wsync_result_t wsync_host_handle_map(void *user, const wsync_buffer_desc_t *desc
     h->data = (uint8_t *)h->shm.addr + h->control->data_offset + desc->base_offset;
     h->bytes = desc->bytes;
     h->peer_pid = h->control->producer_pid;
+    if ((r = wsync_control_attach(h->control, err)) != WSYNC_OK)
+        goto fail;
     pthread_mutex_init(&h->lock, NULL);
     wsync_host_sink_init(&h->sink);
-    atomic_fetch_add(&h->control->mapped, 1);
-    atomic_store(&h->control->consumer_pid, (int64_t)getpid());
 
     pthread_mutex_lock(&c->lock);
     h->next = c->handles;
@@ -116,7 +116,7 @@ void wsync_host_handle_unmap(void *user, void *mapping)
         }
     }
     pthread_mutex_unlock(&c->lock);
-    atomic_fetch_sub(&h->control->mapped, 1);
+    wsync_control_detach(h->control);
     wsync_shm_close(&h->shm);
     wsync_host_sink_destroy(&h->sink);
     pthread_mutex_destroy(&h->lock);

@@ -8,6 +8,7 @@
 #define WSYNC_HOST_INTERNAL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "host_stream.h"
@@ -54,6 +55,15 @@ struct wsync_consumer {
     struct wsync_handle *handles;
 };
 
+/* The newest generation taken from h's buffer: the cache entry's, or the control block's consumed
+ * one, which survives close/reopen so a replayed manifest is refused after a reopen too. */
+static inline uint64_t wsync_host_handle_last_generation(struct wsync_handle *h)
+{
+    uint64_t last = h->entry->last_generation;
+    uint64_t consumed = atomic_load(&h->control->consumed_generation);
+    return last > consumed ? last : consumed;
+}
+
 /* Resolve the NULL stream to the consumer's default. */
 static inline wsync_host_stream_t *wsync_host_consumer_stream(struct wsync_consumer *c,
                                                               wsync_stream_t s)
@@ -81,6 +91,8 @@ wsync_result_t wsync_host_hot_load_adapter(struct wsync_consumer *c,
                                            const wsync_adapter_source_t *src,
                                            wsync_adapter_slot_t *slot, wsync_stream_t stream,
                                            wsync_error_t *err);
+wsync_result_t wsync_host_unload_adapter(struct wsync_consumer *c, wsync_adapter_slot_t *slot,
+                                         wsync_error_t *err);
 wsync_result_t wsync_host_enqueue_host_fn(struct wsync_consumer *c, wsync_stream_t stream,
                                           wsync_host_fn_t fn, void *user, wsync_error_t *err);
 wsync_result_t wsync_host_consumer_finalize(struct wsync_consumer *c, wsync_error_t *err);

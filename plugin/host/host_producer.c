@@ -215,12 +215,13 @@ wsync_result_t wsync_host_retire(struct wsync_staging *s, wsync_error_t *err)
 {
     if (s == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "staging is NULL");
-    uint32_t mapped = atomic_load(&s->control->mapped);
+    int64_t holder = 0;
+    uint32_t mapped = wsync_control_live_mappers(s->control, &holder);
     if (mapped > 0)
         return WSYNC_FAIL(err, WSYNC_ERR_BUSY,
-                          "staging %s is still mapped by %u consumer(s) (last pid %lld); the "
+                          "staging %s is still mapped by %u consumer(s) (pid %lld); the "
                           "consumer must close_handle and ack before the producer retires",
-                          s->shm.name, mapped, (long long)atomic_load(&s->control->consumer_pid));
+                          s->shm.name, mapped, (long long)holder);
     for (size_t i = 0; i < s->n_streams; i++)
         wsync_host_stream_destroy(s->streams[i]);
     wsync_host_stream_destroy(s->default_stream);

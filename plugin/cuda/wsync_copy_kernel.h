@@ -1,0 +1,70 @@
+/* The batched copy kernel shared by the consumer copy and the producer stage: one launch moves
+ * every op of a call. Work is split into fixed-size chunks (a prefix sum over the ops gives each
+ * op its first chunk), and a persistent grid gives each block an equal, contiguous range of
+ * chunks, so every SM gets the same number of bytes whatever the tensor sizes are. With `verify`
+ * the wsync64 word sums of every op flagged WSYNC_CUDA_OP_DIGEST are accumulated into sums[op]
+ * (atomics; the caller zeroes sums first and finishes with wsync_mix64(sum ^ nbytes)).
+ * The grid is persistent (one block of 512 threads per SM by default); wsync_cuda_launch_cfg_t
+ * picks how chunks are dealt to blocks (see below). C-callable; no state; thread safe. */
+#ifndef WSYNC_COPY_KERNEL_H
+#define WSYNC_COPY_KERNEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define WSYNC_CUDA_CHUNK_BYTES (64u << 10)
+#define WSYNC_CUDA_BLOCK_THREADS 512
+
+#define WSYNC_CUDA_OP_VEC 0x1u    /* 16-byte path: pointers, pitches and row bytes allow it */
+#define WSYNC_CUDA_OP_DIGEST 0x2u /* accumulate the op's wsync64 sum when verifying */
+
+/* One planned op (device-resident table). Built by wsync_cuda_plan_op only. */
+typedef struct wsync_cuda_op {
+    const unsigned char *src;
+    unsigned char *dst;
+    uint64_t src_pitch;
+    uint64_t dst_pitch;
+    uint64_t rows;
+    uint64_t row_bytes;
+    uint64_t chunk_begin;    /* first global chunk of this op */
+    uint64_t chunk_end;      /* one past its last chunk */
+    uint64_t chunks_per_row; /* > 1 when a row is split over several chunks */
+    uint32_t rows_per_chunk; /* > 1 when several short rows share one chunk */
+    uint32_t flags;          /* WSYNC_CUDA_OP_* */
+} wsync_cuda_op_t;
+
+/* Plan one 2-D op starting at global chunk `chunk_begin`: contiguous 2-D ops become 1-D, the
+ * vector path is chosen when alignment allows. Returns the op's chunk count (0 for an empty op). */
+uint64_t wsync_cuda_plan_op(wsync_cuda_op_t *op, const void *src, void *dst, uint64_t src_pitch,
+                            uint64_t dst_pitch, uint64_t rows, uint64_t row_bytes, int digest,
+                            uint64_t chunk_begin);
+
+/* Launch tuning. variant 0: contiguous chunk range per block; 1: the same with streaming
+ * (evict-first) loads and stores; 2: interleaved chunks (block b takes b, b + grid, ...);
+ * 3: interleaved and streaming; 4: contiguous, 4-deep unroll, 2 blocks per SM.
+ * blocks_per_sm 0 = the variant's default. cfg NULL = WSYNC_CUDA_DEFAULT_VARIANT. */
+#define WSYNC_CUDA_DEFAULT_VARIANT 3 /* consumer: source in another process (IPC mapping) */
+#define WSYNC_CUDA_STAGE_VARIANT 0   /* producer stage: local source and destination */
+typedef struct wsync_cuda_launch_cfg {
+    int blocks_per_sm;
+    int variant;
+} wsync_cuda_launch_cfg_t;
+
+/* Enqueue the copy of `n_ops` planned ops (device table `ops`, `total_chunks` = the last op's
+ * chunk_end) on `stream`. `sm_count` sizes the persistent grid. sums: device array of n_ops
+ * zeroed words, used when verify is non-zero (may be NULL otherwise). Non-blocking. */
+cudaError_t wsync_cuda_launch_copy(const wsync_cuda_op_t *ops, uint32_t n_ops,
+                                   uint64_t total_chunks, unsigned long long *sums, int verify,
+                                   int sm_count, const wsync_cuda_launch_cfg_t *cfg,
+                                   cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,156 @@
+/* Internal state of the CUDA backend (libwsync_cuda.so). Not part of the ABI.
+ *
+ * Threading: a consumer serialises copy_weights / record_consumed / close_handle with its mutex
+ * (the launch ring and per-mapping stream lists are shared state); open_handle goes through the
+ * cache's own lock. Lock order: consumer mutex, then cache lock. */
+#ifndef WSYNC_CUDA_H
+#define WSYNC_CUDA_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+
+#include "wsync_abi.h"
+#include "wsync_cache.h"
+#include "wsync_control.h"
+#include "wsync_copy_kernel.h"
+#include "wsync_shm.h"
+
+#define WSYNC_CUDA_MAX_STREAMS 16 /* distinct streams tracked per mapping */
+#define WSYNC_CUDA_RING_SLOTS 8   /* op tables in flight per consumer */
+#define WSYNC_CUDA_DEFAULT_TIMEOUT_MS 30000u
+#define WSYNC_CUDA_NO_DIGEST UINT64_MAX /* slot nbytes[] value: op has no digest to check */
+
+/* Fail with the CUDA error's name and text; `what` names the call and its arguments. */
+wsync_result_t wsync_cuda_fail(wsync_error_t *err, cudaError_t e, const char *where,
+                               const char *what);
+#define WSYNC_CUDA_TRY(err, call)                                                                  \
+    do {                                                                                           \
+        cudaError_t wsync_cuda_e_ = (call);                                                        \
+        if (wsync_cuda_e_ != cudaSuccess)                                                          \
+            return wsync_cuda_fail((err), wsync_cuda_e_, __func__, #call);                         \
+    } while (0)
+
+/* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" of `device` into out (WSYNC_DEVICE_MAX). */
+wsync_result_t wsync_cuda_device_uuid(int device, char *out, wsync_error_t *err);
+/* Check the ordinal against cudaGetDeviceCount and make it current. */
+wsync_result_t wsync_cuda_use_device(int device, wsync_error_t *err);
+
+/* NVTX ranges ("wsync:<phase>"); no-ops unless a tool is attached. */
+void wsync_cuda_range_push(const char *name);
+void wsync_cuda_range_pop(void);
+
+/* Process-wide counters. With WSYNC_CUDA_STATS=1 in the environment, record_consumed logs them
+ * at INFO ("wsync-cuda stats ipc_mem_opens=..."), so benchmarks can read IPC opens per sync. */
+typedef struct wsync_cuda_stats {
+    _Atomic uint64_t ipc_mem_opens;
+    _Atomic uint64_t ipc_mem_closes;
+    _Atomic uint64_t ipc_event_opens;
+    _Atomic uint64_t launches;
+    _Atomic uint64_t copy_calls;
+    _Atomic uint64_t records;
+} wsync_cuda_stats_t;
+extern wsync_cuda_stats_t wsync_cuda_stats;
+void wsync_cuda_stats_log(void);
+
+/* -------------------------------------------------------------- launch ring */
+
+/* One op table in flight. Pinned host image: [ops(n) | zero sums(n)] uploaded by one copy, and
+ * at ops_bytes(cap) + cap words the sums read back; device image [ops(n) | sums(n)]. `done` is
+ * recorded after the last device use, guarding reuse of both. A slot with an owner still holds
+ * digests to compare (record_consumed checks them). */
+typedef struct wsync_cuda_slot {
+    unsigned char *host;
+    unsigned char *dev;
+    size_t cap_ops;
+    cudaEvent_t done;
+    int used; /* done has been recorded at least once */
+    struct wsync_cuda_mapping *owner;
+    size_t n_ops;
+    uint64_t generation;
+    uint64_t *expected; /* malloc'd, cap_ops entries */
+    uint64_t *nbytes;
+    size_t *op_index; /* index of each planned op in the caller's ops[] */
+} wsync_cuda_slot_t;
+
+typedef struct wsync_cuda_ring {
+    wsync_cuda_slot_t slot[WSYNC_CUDA_RING_SLOTS];
+    unsigned next;
+} wsync_cuda_ring_t;
+
+/* Take the next slot with room for n ops: waits for its previous use (normally long done),
+ * finishes its pending digest check, grows it when needed. */
+wsync_result_t wsync_cuda_ring_take(wsync_cuda_ring_t *r, size_t n, wsync_cuda_slot_t **out,
+                                    wsync_error_t *err);
+/* Compare a finished slot's digests; DIGEST_MISMATCH names the first bad op. Frees the owner. */
+wsync_result_t wsync_cuda_slot_check(wsync_cuda_slot_t *s, wsync_error_t *err);
+void wsync_cuda_ring_free(wsync_cuda_ring_t *r);
+/* Layout of a slot image for n ops. */
+size_t wsync_cuda_slot_ops_bytes(size_t n);
+
+/* -------------------------------------------------------------- consumer */
+
+typedef struct wsync_cuda_stream_use {
+    cudaStream_t stream;
+    cudaEvent_t last; /* recorded after the last copy enqueued on `stream` */
+    int dirty;        /* copies since the last record_consumed */
+} wsync_cuda_stream_use_t;
+
+/* One IPC mapping of a producer buffer (the cache entry's payload). */
+typedef struct wsync_cuda_mapping {
+    struct wsync_consumer *consumer;
+    unsigned char *base;  /* cudaIpcOpenMemHandle result: start of the allocation */
+    uint64_t alloc_bytes; /* allocation size when the driver tells it, else 0 */
+    cudaEvent_t ready, consumed;
+    int has_ready, has_consumed;
+    wsync_shm_t control_shm;
+    wsync_control_t *control; /* NULL for foreign buffers */
+    wsync_cuda_stream_use_t streams[WSYNC_CUDA_MAX_STREAMS];
+    size_t n_streams;
+    uint64_t copied_generation; /* last generation enqueued */
+    int recorded;               /* copied_generation has been recorded consumed */
+    wsync_result_t deferred;    /* a digest failure found outside record_consumed */
+    char deferred_message[WSYNC_ERROR_MESSAGE_LEN];
+} wsync_cuda_mapping_t;
+
+/* What open_handle returns: a view (base_offset, bytes) of a cached mapping. */
+#define WSYNC_CUDA_HANDLE_MAGIC 0x57534844u
+struct wsync_handle {
+    uint32_t magic;
+    wsync_cache_entry_t *entry;
+    uint64_t base_offset;
+    uint64_t bytes;
+};
+
+struct wsync_consumer {
+    int device;
+    int sm_count;
+    char uuid[WSYNC_DEVICE_MAX];
+    uint32_t timeout_ms;
+    cudaStream_t default_stream;
+    cudaStream_t side_stream; /* fixture build only: where the early consumed is recorded */
+    wsync_cache_t *cache;
+    wsync_cuda_ring_t ring;
+    pthread_mutex_t lock;
+};
+
+wsync_result_t wsync_cuda_open_handle(struct wsync_consumer *c, const wsync_buffer_desc_t *desc,
+                                      struct wsync_handle **out, wsync_error_t *err);
+wsync_result_t wsync_cuda_close_handle(struct wsync_consumer *c, struct wsync_handle *h,
+                                       wsync_error_t *err);
+wsync_result_t wsync_cuda_copy_weights(struct wsync_consumer *c, struct wsync_handle *h,
+                                       wsync_stream_t stream, uint64_t generation,
+                                       const wsync_copy_op_t *ops, size_t n_ops, uint32_t flags,
+                                       wsync_error_t *err);
+wsync_result_t wsync_cuda_record_consumed(struct wsync_consumer *c, struct wsync_handle *h,
+                                          int wait, wsync_error_t *err);
+/* Cache callbacks (user = the consumer). */
+wsync_result_t wsync_cuda_map(void *user, const wsync_buffer_desc_t *desc, void **mapping,
+                              wsync_error_t *err);
+void wsync_cuda_unmap(void *user, void *mapping);
+
+extern const wsync_consumer_v1_t wsync_cuda_consumer_ops;
+extern const wsync_producer_v1_t wsync_cuda_producer_ops;
+
+#endif

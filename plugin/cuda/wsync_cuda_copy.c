@@ -1,0 +1,248 @@
+/* copy_weights and record_consumed: the consumer's hot path. One validated, stream-ordered launch
+ * per call; *consumed* recorded on the stream(s) that carried the copies, never another. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "wsync_cuda.h"
+#include "wsync_error.h"
+#include "wsync_log.h"
+#include "wsync_validate.h"
+
+static wsync_result_t check_handle(struct wsync_consumer *c, struct wsync_handle *h,
+                                   const char *where, wsync_error_t *err)
+{
+    if (c == NULL || h == NULL || h->magic != WSYNC_CUDA_HANDLE_MAGIC)
+        return wsync_fail(err, WSYNC_ERR_INVALID_ARGUMENT, where,
+                          "handle %p is not an open handle (open_handle first; closed handles "
+                          "cannot be reused)",
+                          (void *)h);
+    return WSYNC_OK;
+}
+
+/* The tracking entry of `s` in m, added when new (evicting an idle one when full). */
+static wsync_result_t stream_use(wsync_cuda_mapping_t *m, cudaStream_t s,
+                                 wsync_cuda_stream_use_t **out, wsync_error_t *err)
+{
+    for (size_t i = 0; i < m->n_streams; i++)
+        if (m->streams[i].stream == s) {
+            *out = &m->streams[i];
+            return WSYNC_OK;
+        }
+    wsync_cuda_stream_use_t *u = NULL;
+    if (m->n_streams < WSYNC_CUDA_MAX_STREAMS) {
+        u = &m->streams[m->n_streams];
+        WSYNC_CUDA_TRY(err, cudaEventCreateWithFlags(&u->last, cudaEventDisableTiming));
+        m->n_streams++;
+    } else {
+        for (size_t i = 0; i < m->n_streams && u == NULL; i++)
+            if (!m->streams[i].dirty)
+                u = &m->streams[i];
+        if (u == NULL)
+            return WSYNC_FAIL(err, WSYNC_ERR_BUSY,
+                              "%d streams copied from this buffer without record_consumed; call "
+                              "record_consumed before using more streams",
+                              WSYNC_CUDA_MAX_STREAMS);
+        WSYNC_CUDA_TRY(err, cudaEventSynchronize(u->last)); /* keeps close's wait complete */
+    }
+    u->stream = s;
+    u->dirty = 0;
+    *out = u;
+    return WSYNC_OK;
+}
+
+/* Tuning knobs read per call (docs/PERFORMANCE.md): WSYNC_CUDA_KERNEL_VARIANT and
+ * WSYNC_CUDA_BLOCKS_PER_SM; unset means the kernel's defaults. */
+static void launch_cfg(wsync_cuda_launch_cfg_t *cfg)
+{
+    const char *v = getenv("WSYNC_CUDA_KERNEL_VARIANT");
+    cfg->variant = v ? atoi(v) : WSYNC_CUDA_DEFAULT_VARIANT;
+    v = getenv("WSYNC_CUDA_BLOCKS_PER_SM");
+    cfg->blocks_per_sm = v ? atoi(v) : 0;
+}
+
+static wsync_result_t copy_locked(struct wsync_consumer *c, struct wsync_handle *h, cudaStream_t s,
+                                  uint64_t generation, const wsync_copy_op_t *ops, size_t n_ops,
+                                  uint32_t flags, wsync_error_t *err)
+{
+    wsync_cache_entry_t *entry = h->entry;
+    wsync_cuda_mapping_t *m = entry->mapping;
+    const int verify = (flags & WSYNC_COPY_VERIFY) != 0;
+    wsync_result_t rc = wsync_validate_copy_ops(ops, n_ops, h->bytes, err);
+    if (rc != WSYNC_OK)
+        return rc;
+    /* Several calls (e.g. one per stream) may carry one generation until it is recorded. */
+    uint64_t last = entry->last_generation;
+    if (!m->recorded && last != 0 && generation == last)
+        last = generation - 1;
+    rc = wsync_validate_generation(last, generation, err);
+    if (rc != WSYNC_OK)
+        return rc;
+    if (m->control != NULL && atomic_load(&m->control->ready_generation) < generation) {
+        /* The manifest normally arrives after ready was recorded; this only bounds a replay. */
+        rc = wsync_control_wait_ready(m->control, generation, c->timeout_ms,
+                                      m->control->producer_pid, err);
+        if (rc != WSYNC_OK)
+            return rc;
+    }
+    wsync_cuda_stream_use_t *use = NULL;
+    rc = stream_use(m, s, &use, err);
+    if (rc != WSYNC_OK)
+        return rc;
+    wsync_cuda_slot_t *slot = NULL;
+    rc = wsync_cuda_ring_take(&c->ring, n_ops, &slot, err);
+    if (rc != WSYNC_OK)
+        return rc;
+
+    wsync_cuda_op_t *table = (wsync_cuda_op_t *)slot->host;
+    const size_t ops_bytes = wsync_cuda_slot_ops_bytes(n_ops);
+    unsigned char *src_base = m->base + h->base_offset;
+    uint64_t chunks = 0;
+    for (size_t i = 0; i < n_ops; i++) {
+        const wsync_copy_op_t *o = &ops[i];
+        const int dig = verify && o->has_digest;
+        chunks += wsync_cuda_plan_op(&table[i], src_base + o->src_offset, o->dst, o->src_pitch,
+                                     o->dst_pitch, o->rows, o->row_bytes, dig, chunks);
+        if (verify) {
+            slot->expected[i] = o->digest;
+            slot->nbytes[i] = dig ? o->rows * o->row_bytes : WSYNC_CUDA_NO_DIGEST;
+            slot->op_index[i] = i;
+        }
+    }
+    if (verify)
+        memset(slot->host + ops_bytes, 0, n_ops * sizeof(uint64_t));
+    unsigned long long *sums = (unsigned long long *)(slot->dev + ops_bytes);
+
+    if (m->has_ready)
+        WSYNC_CUDA_TRY(err, cudaStreamWaitEvent(s, m->ready, 0));
+    if (n_ops > 0) {
+        size_t up = ops_bytes + (verify ? n_ops * sizeof(uint64_t) : 0);
+        WSYNC_CUDA_TRY(err, cudaMemcpyAsync(slot->dev, slot->host, up, cudaMemcpyHostToDevice, s));
+        wsync_cuda_launch_cfg_t cfg;
+        launch_cfg(&cfg);
+        WSYNC_CUDA_TRY(err,
+                       wsync_cuda_launch_copy((const wsync_cuda_op_t *)slot->dev, (uint32_t)n_ops,
+                                              chunks, sums, verify, c->sm_count, &cfg, s));
+        atomic_fetch_add(&wsync_cuda_stats.launches, 1);
+        if (verify) {
+            unsigned char *back =
+                slot->host + wsync_cuda_slot_ops_bytes(slot->cap_ops) + slot->cap_ops * 8u;
+            WSYNC_CUDA_TRY(err, cudaMemcpyAsync(back, sums, n_ops * sizeof(uint64_t),
+                                                cudaMemcpyDeviceToHost, s));
+            slot->owner = m;
+            slot->n_ops = n_ops;
+            slot->generation = generation;
+        }
+    }
+    WSYNC_CUDA_TRY(err, cudaEventRecord(slot->done, s));
+    slot->used = 1;
+    WSYNC_CUDA_TRY(err, cudaEventRecord(use->last, s));
+    use->dirty = 1;
+    entry->last_generation = generation;
+    m->copied_generation = generation;
+    m->recorded = 0;
+    atomic_fetch_add(&wsync_cuda_stats.copy_calls, 1);
+    return WSYNC_OK;
+}
+
+wsync_result_t wsync_cuda_copy_weights(struct wsync_consumer *c, struct wsync_handle *h,
+                                       wsync_stream_t stream, uint64_t generation,
+                                       const wsync_copy_op_t *ops, size_t n_ops, uint32_t flags,
+                                       wsync_error_t *err)
+{
+    wsync_result_t rc = check_handle(c, h, __func__, err);
+    if (rc != WSYNC_OK)
+        return rc;
+    if ((ops == NULL && n_ops > 0) || (flags & ~WSYNC_COPY_VERIFY) != 0 || n_ops > UINT32_MAX)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "copy_weights: ops %p with n_ops %zu, flags 0x%x (only "
+                          "WSYNC_COPY_VERIFY is defined)",
+                          (const void *)ops, n_ops, flags);
+    wsync_cuda_range_push("wsync:copy_weights");
+    cudaSetDevice(c->device);
+    pthread_mutex_lock(&c->lock);
+    rc = copy_locked(c, h, stream ? (cudaStream_t)stream : c->default_stream, generation, ops,
+                     n_ops, flags, err);
+    pthread_mutex_unlock(&c->lock);
+    wsync_cuda_range_pop();
+    return rc;
+}
+
+/* Check the digests of every finished (or, with wait, every) copy from m. */
+static wsync_result_t check_digests(struct wsync_consumer *c, wsync_cuda_mapping_t *m, int wait,
+                                    wsync_error_t *err)
+{
+    wsync_result_t rc = WSYNC_OK;
+    for (unsigned i = 0; i < WSYNC_CUDA_RING_SLOTS; i++) {
+        wsync_cuda_slot_t *s = &c->ring.slot[i];
+        if (s->owner != m)
+            continue;
+        if (wait) {
+            cudaError_t e = cudaEventSynchronize(s->done);
+            if (e != cudaSuccess)
+                return wsync_cuda_fail(err, e, __func__, "cudaEventSynchronize(copy done)");
+        } else if (cudaEventQuery(s->done) != cudaSuccess) {
+            continue; /* surfaces at the next record */
+        }
+        wsync_result_t r = wsync_cuda_slot_check(s, err);
+        if (rc == WSYNC_OK)
+            rc = r;
+    }
+    if (m->deferred != WSYNC_OK) {
+        wsync_result_t r = WSYNC_FAIL(err, m->deferred, "%s", m->deferred_message);
+        m->deferred = WSYNC_OK;
+        if (rc == WSYNC_OK)
+            rc = r;
+    }
+    return rc;
+}
+
+static wsync_result_t record_locked(struct wsync_consumer *c, struct wsync_handle *h, int wait,
+                                    wsync_error_t *err)
+{
+    wsync_cuda_mapping_t *m = h->entry->mapping;
+    wsync_cuda_stream_use_t *first = NULL;
+    for (size_t i = 0; i < m->n_streams; i++) {
+        wsync_cuda_stream_use_t *u = &m->streams[i];
+        if (!u->dirty)
+            continue;
+        if (first == NULL)
+            first = u;
+        else /* join: the first copy stream waits for every other one */
+            WSYNC_CUDA_TRY(err, cudaStreamWaitEvent(first->stream, u->last, 0));
+        u->dirty = 0;
+    }
+    if (first != NULL) {
+        if (m->has_consumed) {
+#ifdef WSYNC_FIXTURE_EARLY_CONSUMED
+            /* Deliberately broken (test fixture): the copy streams are not waited for. */
+            WSYNC_CUDA_TRY(err, cudaEventRecord(m->consumed, c->side_stream));
+#else
+            WSYNC_CUDA_TRY(err, cudaEventRecord(m->consumed, first->stream));
+#endif
+        }
+        WSYNC_CUDA_TRY(err, cudaEventRecord(first->last, first->stream));
+        m->recorded = 1;
+        if (m->control != NULL)
+            wsync_control_signal_consumed(m->control, m->copied_generation);
+        if (wait)
+            WSYNC_CUDA_TRY(err, cudaEventSynchronize(first->last));
+    }
+    atomic_fetch_add(&wsync_cuda_stats.records, 1);
+    return check_digests(c, m, wait, err);
+}
+
+wsync_result_t wsync_cuda_record_consumed(struct wsync_consumer *c, struct wsync_handle *h,
+                                          int wait, wsync_error_t *err)
+{
+    wsync_result_t rc = check_handle(c, h, __func__, err);
+    if (rc != WSYNC_OK)
+        return rc;
+    wsync_cuda_range_push("wsync:record_consumed");
+    cudaSetDevice(c->device);
+    pthread_mutex_lock(&c->lock);
+    rc = record_locked(c, h, wait, err);
+    pthread_mutex_unlock(&c->lock);
+    wsync_cuda_range_pop();
+    wsync_cuda_stats_log();
+    return rc;
+}

@@ -1,0 +1,216 @@
+/* Consumer mappings: open/close through the shared cache, so a buffer is IPC-opened once per
+ * process however many times the engine opens it, and closed when the last view goes. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "wsync_cuda.h"
+#include "wsync_error.h"
+#include "wsync_log.h"
+
+typedef int (*wsync_cu_mem_get_address_range_fn)(unsigned long long *base, size_t *size,
+                                                 unsigned long long ptr);
+
+/* Size of the allocation that starts at p, from the driver (0 when it cannot tell). */
+static uint64_t allocation_bytes(const void *p)
+{
+    static wsync_cu_mem_get_address_range_fn fn;
+    static int looked;
+    if (!looked) {
+        enum cudaDriverEntryPointQueryResult q;
+        void *f = NULL;
+        if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault,
+                                             &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (wsync_cu_mem_get_address_range_fn)f;
+        looked = 1;
+    }
+    unsigned long long base = 0;
+    size_t size = 0;
+    if (fn == NULL || fn(&base, &size, (unsigned long long)(uintptr_t)p) != 0)
+        return 0;
+    return (uint64_t)size - ((unsigned long long)(uintptr_t)p - base);
+}
+
+static void mapping_destroy(wsync_cuda_mapping_t *m)
+{
+    for (size_t i = 0; i < m->n_streams; i++) {
+        cudaEventSynchronize(m->streams[i].last); /* no copy may still read the buffer */
+        cudaEventDestroy(m->streams[i].last);
+    }
+    struct wsync_consumer *c = m->consumer;
+    for (unsigned i = 0; c && i < WSYNC_CUDA_RING_SLOTS; i++) {
+        wsync_cuda_slot_t *s = &c->ring.slot[i];
+        if (s->owner == m) {
+            cudaEventSynchronize(s->done);
+            wsync_error_t e = {.struct_size = sizeof(e)};
+            if (wsync_cuda_slot_check(s, &e) != WSYNC_OK)
+                WSYNC_LOG_WARN("closing a buffer with an unreported digest failure: %s", e.message);
+        }
+    }
+    if (m->has_ready)
+        cudaEventDestroy(m->ready);
+    if (m->has_consumed)
+        cudaEventDestroy(m->consumed);
+    if (m->base) {
+        cudaIpcCloseMemHandle(m->base);
+        atomic_fetch_add(&wsync_cuda_stats.ipc_mem_closes, 1);
+    }
+    if (m->control) {
+        wsync_control_detach(m->control);
+        wsync_shm_close(&m->control_shm);
+    }
+    free(m);
+}
+
+wsync_result_t wsync_cuda_map(void *user, const wsync_buffer_desc_t *desc, void **mapping,
+                              wsync_error_t *err)
+{
+    struct wsync_consumer *c = user;
+    wsync_result_t rc = WSYNC_OK;
+    cudaError_t e;
+    if (desc->kind != WSYNC_BUFFER_CUDA_IPC)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "buffer kind %d is not cuda_ipc: load the plugin that matches the "
+                          "producer (libwsync_host.so for host_shm)",
+                          (int)desc->kind);
+    if (desc->handle_len != sizeof(cudaIpcMemHandle_t))
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "cuda_ipc handle has %u bytes, expected %zu (cudaIpcMemHandle_t)",
+                          desc->handle_len, sizeof(cudaIpcMemHandle_t));
+    wsync_cuda_mapping_t *m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for a mapping");
+    m->consumer = c;
+    cudaIpcMemHandle_t h;
+    memcpy(&h, desc->handle, sizeof(h));
+    e = cudaIpcOpenMemHandle((void **)&m->base, h, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess) {
+        m->base = NULL;
+        rc = wsync_cuda_fail(err, e, __func__,
+                             "cudaIpcOpenMemHandle (is the producer alive, on this machine, and "
+                             "is the handle from another process?)");
+        goto fail;
+    }
+    atomic_fetch_add(&wsync_cuda_stats.ipc_mem_opens, 1);
+    m->alloc_bytes = allocation_bytes(m->base);
+    if (m->alloc_bytes != 0 &&
+        (desc->base_offset > m->alloc_bytes || desc->bytes > m->alloc_bytes - desc->base_offset)) {
+        rc = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_BOUNDS,
+                        "buffer base_offset %llu + bytes %llu exceeds the IPC allocation of %llu "
+                        "bytes: the manifest does not describe this allocation",
+                        (unsigned long long)desc->base_offset, (unsigned long long)desc->bytes,
+                        (unsigned long long)m->alloc_bytes);
+        goto fail;
+    }
+    if (desc->has_ready) {
+        cudaIpcEventHandle_t eh;
+        memcpy(&eh, desc->ready, sizeof(eh));
+        if (desc->ready_len != sizeof(eh) ||
+            (e = cudaIpcOpenEventHandle(&m->ready, eh)) != cudaSuccess) {
+            rc = desc->ready_len != sizeof(eh)
+                     ? WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                                  "ready event handle has %u bytes, expected %zu", desc->ready_len,
+                                  sizeof(eh))
+                     : wsync_cuda_fail(err, e, __func__, "cudaIpcOpenEventHandle(ready)");
+            goto fail;
+        }
+        m->has_ready = 1;
+        atomic_fetch_add(&wsync_cuda_stats.ipc_event_opens, 1);
+    }
+    if (desc->has_consumed) {
+        cudaIpcEventHandle_t eh;
+        memcpy(&eh, desc->consumed, sizeof(eh));
+        if (desc->consumed_len != sizeof(eh) ||
+            (e = cudaIpcOpenEventHandle(&m->consumed, eh)) != cudaSuccess) {
+            rc = desc->consumed_len != sizeof(eh)
+                     ? WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                                  "consumed event handle has %u bytes, expected %zu",
+                                  desc->consumed_len, sizeof(eh))
+                     : wsync_cuda_fail(err, e, __func__, "cudaIpcOpenEventHandle(consumed)");
+            goto fail;
+        }
+        m->has_consumed = 1;
+        atomic_fetch_add(&wsync_cuda_stats.ipc_event_opens, 1);
+    }
+    if (desc->control[0] != '\0') {
+        rc = wsync_shm_open(&m->control_shm, desc->control, sizeof(wsync_control_t), err);
+        if (rc != WSYNC_OK)
+            goto fail;
+        wsync_control_t *ctl = m->control_shm.addr;
+        rc = wsync_control_check(ctl, err);
+        if (rc != WSYNC_OK) {
+            wsync_shm_close(&m->control_shm);
+            goto fail;
+        }
+        if (atomic_load(&ctl->retired)) {
+            wsync_shm_close(&m->control_shm);
+            rc = WSYNC_FAIL(err, WSYNC_ERR_PEER_GONE,
+                            "the producer retired buffer %s; wait for its next manifest",
+                            desc->control);
+            goto fail;
+        }
+        rc = wsync_control_attach(ctl, err); /* the producer's retire waits for our detach */
+        if (rc != WSYNC_OK) {
+            wsync_shm_close(&m->control_shm);
+            goto fail;
+        }
+        atomic_store(&ctl->consumer_pid, (int64_t)getpid());
+        m->control = ctl;
+    }
+    *mapping = m;
+    return WSYNC_OK;
+fail:
+    m->consumer = NULL;
+    mapping_destroy(m);
+    return rc;
+}
+
+void wsync_cuda_unmap(void *user, void *mapping)
+{
+    (void)user;
+    mapping_destroy(mapping);
+}
+
+wsync_result_t wsync_cuda_open_handle(struct wsync_consumer *c, const wsync_buffer_desc_t *desc,
+                                      struct wsync_handle **out, wsync_error_t *err)
+{
+    if (c == NULL || desc == NULL || out == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "open_handle needs a consumer, a buffer desc and an out pointer");
+    struct wsync_handle *h = calloc(1, sizeof(*h));
+    if (h == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for a handle");
+    wsync_cuda_range_push("wsync:open_handle");
+    wsync_result_t rc = wsync_cuda_use_device(c->device, err);
+    if (rc == WSYNC_OK)
+        rc = wsync_cache_acquire(c->cache, desc, &h->entry, NULL, err);
+    wsync_cuda_range_pop();
+    if (rc != WSYNC_OK) {
+        free(h);
+        return rc;
+    }
+    h->magic = WSYNC_CUDA_HANDLE_MAGIC;
+    h->base_offset = desc->base_offset;
+    h->bytes = desc->bytes;
+    *out = h;
+    return WSYNC_OK;
+}
+
+wsync_result_t wsync_cuda_close_handle(struct wsync_consumer *c, struct wsync_handle *h,
+                                       wsync_error_t *err)
+{
+    if (c == NULL || h == NULL || h->magic != WSYNC_CUDA_HANDLE_MAGIC)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "close_handle got %p, which is not an open handle of this consumer",
+                          (void *)h);
+    wsync_cuda_range_push("wsync:close_handle");
+    cudaSetDevice(c->device);
+    pthread_mutex_lock(&c->lock);
+    wsync_cache_release(c->cache, h->entry);
+    pthread_mutex_unlock(&c->lock);
+    wsync_cuda_range_pop();
+    h->magic = 0;
+    free(h);
+    return WSYNC_OK;
+}

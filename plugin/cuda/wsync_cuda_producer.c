@@ -1,0 +1,404 @@
+/* Producer table: a retained cudaMalloc staging buffer exported once over legacy CUDA IPC, filled
+ * by the batched copy kernel with fused digests, published with a *ready* event record. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "wsync_cuda.h"
+#include "wsync_digest.h"
+#include "wsync_error.h"
+#include "wsync_layout.h"
+#include "wsync_log.h"
+#include "wsync_manifest.h"
+
+struct wsync_staging {
+    int device;
+    int sm_count;
+    uint32_t flags;
+    uint32_t timeout_ms;
+    unsigned char *dev; /* the staging buffer */
+    uint64_t bytes;
+    cudaIpcMemHandle_t mem_handle;
+    cudaEvent_t ready, consumed;
+    cudaIpcEventHandle_t ready_handle, consumed_handle;
+    char uuid[WSYNC_DEVICE_MAX];
+    wsync_shm_t control_shm;
+    wsync_control_t *control;
+    cudaStream_t default_stream;
+    /* the stage kernel's table: pinned [ops | zero sums] and [sums read back]; device the same */
+    unsigned char *table_host;
+    unsigned char *table_dev;
+    size_t cap;
+    cudaEvent_t staged; /* recorded after the stage kernel and the sums read-back */
+    int have_table_use;
+    wsync_layout_t retained; /* the fixed layout (WSYNC_STAGING_FIXED_LAYOUT) */
+    int have_retained;
+    wsync_layout_t current; /* the bucket staged, not yet published */
+    int have_current;
+    uint64_t generation; /* last published */
+    char *manifest_json;
+};
+
+static void staging_free(struct wsync_staging *s)
+{
+    if (s->have_table_use)
+        cudaEventSynchronize(s->staged);
+    if (s->staged)
+        cudaEventDestroy(s->staged);
+    if (s->ready)
+        cudaEventDestroy(s->ready);
+    if (s->consumed)
+        cudaEventDestroy(s->consumed);
+    if (s->table_host)
+        cudaFreeHost(s->table_host);
+    if (s->table_dev)
+        cudaFree(s->table_dev);
+    if (s->dev)
+        cudaFree(s->dev);
+    if (s->default_stream)
+        cudaStreamDestroy(s->default_stream);
+    if (s->control_shm.addr) {
+        wsync_shm_unlink(&s->control_shm);
+        wsync_shm_close(&s->control_shm);
+    }
+    if (s->have_retained)
+        wsync_layout_free(&s->retained);
+    if (s->have_current)
+        wsync_layout_free(&s->current);
+    free(s->manifest_json);
+    free(s);
+}
+
+static wsync_result_t staging_create(const wsync_staging_config_t *config,
+                                     struct wsync_staging **out, wsync_error_t *err)
+{
+    if (config == NULL || out == NULL || !WSYNC_HAS_FIELD(config, timeout_ms) || config->bytes == 0)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "create needs a config (struct_size >= %zu, bytes > 0) and out",
+                          sizeof(wsync_staging_config_v1_t));
+    if ((config->flags & ~WSYNC_STAGING_FIXED_LAYOUT) != 0)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "staging flags 0x%x: only WSYNC_STAGING_FIXED_LAYOUT is defined",
+                          config->flags);
+    wsync_result_t rc = wsync_cuda_use_device(config->device_ordinal, err);
+    if (rc != WSYNC_OK)
+        return rc;
+    struct wsync_staging *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for a staging buffer");
+    s->device = config->device_ordinal;
+    s->flags = config->flags;
+    s->timeout_ms = config->timeout_ms ? config->timeout_ms : WSYNC_CUDA_DEFAULT_TIMEOUT_MS;
+    s->bytes = config->bytes;
+    cudaError_t e;
+#define STAGING_TRY(call)                                                                          \
+    do {                                                                                           \
+        if ((e = (call)) != cudaSuccess) {                                                         \
+            rc = wsync_cuda_fail(err, e, "create", #call);                                         \
+            goto fail;                                                                             \
+        }                                                                                          \
+    } while (0)
+    STAGING_TRY(cudaDeviceGetAttribute(&s->sm_count, cudaDevAttrMultiProcessorCount, s->device));
+    STAGING_TRY(cudaMalloc((void **)&s->dev, s->bytes));
+    STAGING_TRY(cudaIpcGetMemHandle(&s->mem_handle, s->dev));
+    STAGING_TRY(
+        cudaEventCreateWithFlags(&s->ready, cudaEventInterprocess | cudaEventDisableTiming));
+    STAGING_TRY(
+        cudaEventCreateWithFlags(&s->consumed, cudaEventInterprocess | cudaEventDisableTiming));
+    STAGING_TRY(cudaIpcGetEventHandle(&s->ready_handle, s->ready));
+    STAGING_TRY(cudaIpcGetEventHandle(&s->consumed_handle, s->consumed));
+    STAGING_TRY(cudaEventCreateWithFlags(&s->staged, cudaEventDisableTiming));
+    STAGING_TRY(cudaStreamCreateWithFlags(&s->default_stream, cudaStreamNonBlocking));
+#undef STAGING_TRY
+    rc = wsync_cuda_device_uuid(s->device, s->uuid, err);
+    if (rc != WSYNC_OK)
+        goto fail;
+    rc = wsync_shm_create(&s->control_shm, "cuda", WSYNC_CONTROL_SIZE, err);
+    if (rc != WSYNC_OK)
+        goto fail;
+    s->control = s->control_shm.addr;
+    wsync_control_init(s->control, 0, s->bytes);
+    WSYNC_LOG_INFO("cuda staging of %llu bytes on %s, control %s", (unsigned long long)s->bytes,
+                   s->uuid, s->control_shm.name);
+    *out = s;
+    return WSYNC_OK;
+fail:
+    staging_free(s);
+    return rc;
+}
+
+static wsync_result_t table_reserve(struct wsync_staging *s, size_t n, wsync_error_t *err)
+{
+    if (s->have_table_use) /* the previous stage's upload must be done before the rewrite */
+        WSYNC_CUDA_TRY(err, cudaEventSynchronize(s->staged));
+    if (n <= s->cap)
+        return WSYNC_OK;
+    size_t cap = n < 256 ? 256 : n * 2;
+    if (s->table_host)
+        cudaFreeHost(s->table_host);
+    if (s->table_dev)
+        cudaFree(s->table_dev);
+    s->table_host = s->table_dev = NULL;
+    s->cap = 0;
+    size_t ops = wsync_cuda_slot_ops_bytes(cap);
+    WSYNC_CUDA_TRY(err, cudaHostAlloc((void **)&s->table_host, ops + 2 * cap * sizeof(uint64_t),
+                                      cudaHostAllocDefault));
+    WSYNC_CUDA_TRY(err, cudaMalloc((void **)&s->table_dev, ops + cap * sizeof(uint64_t)));
+    s->cap = cap;
+    return WSYNC_OK;
+}
+
+static uint64_t *sums_back(struct wsync_staging *s)
+{
+    return (uint64_t *)(s->table_host + wsync_cuda_slot_ops_bytes(s->cap)) + s->cap;
+}
+
+static wsync_result_t stage_body(struct wsync_staging *s, cudaStream_t st,
+                                 const wsync_stage_tensor_t *t, size_t n, wsync_error_t *err)
+{
+    wsync_layout_t lay;
+    wsync_result_t rc = wsync_layout_build(t, n, s->bytes, &lay, err);
+    if (rc != WSYNC_OK)
+        return rc;
+    if ((s->flags & WSYNC_STAGING_FIXED_LAYOUT) && s->have_retained) {
+        rc = wsync_layout_compare(&s->retained, &lay, err);
+        if (rc != WSYNC_OK)
+            goto out;
+    }
+    rc = table_reserve(s, n, err);
+    if (rc != WSYNC_OK)
+        goto out;
+    wsync_cuda_op_t *table = (wsync_cuda_op_t *)s->table_host;
+    uint64_t chunks = 0;
+    for (size_t i = 0; i < n; i++)
+        chunks += wsync_cuda_plan_op(&table[i], t[i].src, s->dev + lay.tensors[i].offset,
+                                     lay.tensors[i].nbytes, lay.tensors[i].nbytes, 1,
+                                     lay.tensors[i].nbytes, 1, chunks);
+    const size_t ops = wsync_cuda_slot_ops_bytes(n);
+    memset(s->table_host + ops, 0, n * sizeof(uint64_t));
+    unsigned long long *sums = (unsigned long long *)(s->table_dev + ops);
+    cudaError_t e = cudaSuccess;
+    if (n > 0) {
+        e = cudaMemcpyAsync(s->table_dev, s->table_host, ops + n * sizeof(uint64_t),
+                            cudaMemcpyHostToDevice, st);
+        /* local memory: contiguous chunk ranges measured fastest (docs/PERFORMANCE.md) */
+        const wsync_cuda_launch_cfg_t cfg = {.variant = WSYNC_CUDA_STAGE_VARIANT};
+        if (e == cudaSuccess)
+            e = wsync_cuda_launch_copy((const wsync_cuda_op_t *)s->table_dev, (uint32_t)n, chunks,
+                                       sums, 1, s->sm_count, &cfg, st);
+        if (e == cudaSuccess)
+            e = cudaMemcpyAsync(sums_back(s), sums, n * sizeof(uint64_t), cudaMemcpyDeviceToHost,
+                                st);
+    }
+    if (e == cudaSuccess)
+        e = cudaEventRecord(s->staged, st);
+    if (e != cudaSuccess) {
+        rc = wsync_cuda_fail(err, e, "stage", "enqueueing the stage copy");
+        goto out;
+    }
+    s->have_table_use = 1;
+    atomic_fetch_add(&wsync_cuda_stats.launches, 1);
+    if ((s->flags & WSYNC_STAGING_FIXED_LAYOUT) && !s->have_retained) {
+        /* keep the first bucket's layout for life; the current one is a second build */
+        s->retained = lay;
+        s->have_retained = 1;
+        rc = wsync_layout_build(t, n, s->bytes, &lay, err);
+        if (rc != WSYNC_OK)
+            return rc;
+    }
+    if (s->have_current)
+        wsync_layout_free(&s->current);
+    s->current = lay;
+    s->have_current = 1;
+    return WSYNC_OK;
+out:
+    wsync_layout_free(&lay);
+    return rc;
+}
+
+static wsync_result_t staging_stage(struct wsync_staging *s, wsync_stream_t stream,
+                                    const wsync_stage_tensor_t *t, size_t n, wsync_error_t *err)
+{
+    if (s == NULL || (t == NULL && n > 0) || n > UINT32_MAX)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "stage needs a staging and tensors");
+    wsync_cuda_range_push("wsync:stage");
+    cudaSetDevice(s->device);
+    wsync_result_t rc = stage_body(s, stream ? (cudaStream_t)stream : s->default_stream, t, n, err);
+    wsync_cuda_range_pop();
+    return rc;
+}
+
+static wsync_result_t publish_body(struct wsync_staging *s, cudaStream_t st, int finished,
+                                   const char **json, uint64_t *generation, wsync_error_t *err)
+{
+    static const wsync_tensor_desc_t none;
+    /* ready follows the stage work even when publish uses another stream */
+    if (s->have_table_use)
+        WSYNC_CUDA_TRY(err, cudaStreamWaitEvent(st, s->staged, 0));
+    WSYNC_CUDA_TRY(err, cudaEventRecord(s->ready, st));
+    /* The digests were summed by the stage kernel: one small read-back, waited for here. */
+    if (s->have_table_use)
+        WSYNC_CUDA_TRY(err, cudaEventSynchronize(s->staged));
+    wsync_manifest_t m;
+    memset(&m, 0, sizeof(m));
+    m.struct_size = sizeof(m);
+    m.schema = WSYNC_MANIFEST_SCHEMA;
+    m.generation = s->generation + 1;
+    m.finished = finished != 0;
+    wsync_buffer_desc_t *b = &m.buffer;
+    b->struct_size = sizeof(*b);
+    b->kind = WSYNC_BUFFER_CUDA_IPC;
+    memcpy(b->handle, &s->mem_handle, sizeof(s->mem_handle));
+    b->handle_len = sizeof(s->mem_handle);
+    b->bytes = s->bytes;
+    b->pid = (int64_t)getpid();
+    snprintf(b->device, sizeof(b->device), "%s", s->uuid);
+    memcpy(b->ready, &s->ready_handle, sizeof(s->ready_handle));
+    b->ready_len = sizeof(s->ready_handle);
+    b->has_ready = 1;
+    memcpy(b->consumed, &s->consumed_handle, sizeof(s->consumed_handle));
+    b->consumed_len = sizeof(s->consumed_handle);
+    b->has_consumed = 1;
+    snprintf(b->control, sizeof(b->control), "%s", s->control_shm.name);
+    if (s->have_current) {
+        const uint64_t *sums = sums_back(s);
+        for (size_t i = 0; i < s->current.n; i++) {
+            s->current.tensors[i].digest = wsync_mix64(sums[i] ^ s->current.tensors[i].nbytes);
+            s->current.tensors[i].has_digest = 1;
+        }
+        m.n_tensors = s->current.n;
+        m.tensors = s->current.tensors;
+    } else {
+        m.tensors = &none;
+    }
+    char *text = NULL;
+    wsync_result_t rc = wsync_manifest_emit(&m, &text, err);
+    if (rc != WSYNC_OK)
+        return rc;
+    free(s->manifest_json);
+    s->manifest_json = text;
+    s->generation = m.generation;
+    wsync_control_signal_ready(s->control, s->generation);
+    if (s->have_current) {
+        wsync_layout_free(&s->current);
+        s->have_current = 0;
+    }
+    *json = s->manifest_json;
+    if (generation)
+        *generation = s->generation;
+    return WSYNC_OK;
+}
+
+static wsync_result_t staging_publish(struct wsync_staging *s, wsync_stream_t stream, int finished,
+                                      const char **json, uint64_t *generation, wsync_error_t *err)
+{
+    if (s == NULL || json == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "publish needs a staging and json");
+    wsync_cuda_range_push("wsync:publish");
+    cudaSetDevice(s->device);
+    wsync_result_t rc = publish_body(s, stream ? (cudaStream_t)stream : s->default_stream, finished,
+                                     json, generation, err);
+    wsync_cuda_range_pop();
+    return rc;
+}
+
+static wsync_result_t staging_wait_consumed(struct wsync_staging *s, wsync_stream_t stream,
+                                            uint64_t generation, wsync_error_t *err)
+{
+    if (s == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "wait_consumed(NULL)");
+    if (generation == 0 || generation > s->generation)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "wait_consumed(%llu): only generations 1..%llu were published",
+                          (unsigned long long)generation, (unsigned long long)s->generation);
+    /* The consumer records *consumed* and then bumps the control word; after its ack this
+     * returns at once. Legacy IPC events carry only their latest record, so the stream wait
+     * below must come after that record: the control word guarantees it. */
+    wsync_result_t rc = wsync_control_wait_consumed(s->control, generation, s->timeout_ms,
+                                                    atomic_load(&s->control->consumer_pid), err);
+    if (rc != WSYNC_OK)
+        return rc;
+    cudaSetDevice(s->device);
+    WSYNC_CUDA_TRY(err, cudaStreamWaitEvent(stream ? (cudaStream_t)stream : s->default_stream,
+                                            s->consumed, 0));
+    return WSYNC_OK;
+}
+
+static wsync_result_t staging_retire(struct wsync_staging *s, wsync_error_t *err)
+{
+    if (s == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "retire(NULL)");
+    int64_t holder = 0;
+    uint32_t mapped = wsync_control_live_mappers(s->control, &holder);
+    if (mapped > 0)
+        return WSYNC_FAIL(err, WSYNC_ERR_BUSY,
+                          "staging buffer %s is still mapped by %u consumer(s) (pid %lld): the "
+                          "consumer must close_handle and ack before the producer retires",
+                          s->control_shm.name, mapped, (long long)holder);
+    atomic_store(&s->control->retired, 1);
+    cudaSetDevice(s->device);
+    staging_free(s);
+    return WSYNC_OK;
+}
+
+static wsync_result_t staging_stream_create(struct wsync_staging *s, wsync_stream_t *out,
+                                            wsync_error_t *err)
+{
+    if (s == NULL || out == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "stream_create needs s and out");
+    cudaSetDevice(s->device);
+    cudaStream_t st;
+    WSYNC_CUDA_TRY(err, cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    *out = st;
+    return WSYNC_OK;
+}
+
+static wsync_result_t staging_stream_destroy(struct wsync_staging *s, wsync_stream_t st,
+                                             wsync_error_t *err)
+{
+    if (s == NULL || st == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "stream_destroy needs a stream made by stream_create");
+    WSYNC_CUDA_TRY(err, cudaStreamDestroy((cudaStream_t)st));
+    return WSYNC_OK;
+}
+
+static wsync_result_t staging_stream_synchronize(struct wsync_staging *s, wsync_stream_t st,
+                                                 wsync_error_t *err)
+{
+    if (s == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "stream_synchronize(NULL)");
+    WSYNC_CUDA_TRY(err, cudaStreamSynchronize(st ? (cudaStream_t)st : s->default_stream));
+    return WSYNC_OK;
+}
+
+static wsync_result_t staging_read_back(struct wsync_staging *s, uint64_t offset, void *dst,
+                                        size_t bytes, wsync_error_t *err)
+{
+    if (s == NULL || (dst == NULL && bytes > 0))
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "read_back needs s and dst");
+    if (offset > s->bytes || bytes > s->bytes - offset)
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_BOUNDS,
+                          "read_back offset %llu + %zu bytes exceeds the staging size %llu",
+                          (unsigned long long)offset, bytes, (unsigned long long)s->bytes);
+    cudaSetDevice(s->device);
+    if (s->have_table_use)
+        WSYNC_CUDA_TRY(err, cudaEventSynchronize(s->staged));
+    WSYNC_CUDA_TRY(err, cudaMemcpy(dst, s->dev + offset, bytes, cudaMemcpyDeviceToHost));
+    return WSYNC_OK;
+}
+
+const wsync_producer_v1_t wsync_cuda_producer_ops = {
+    .struct_size = sizeof(wsync_producer_v1_t),
+    .abi_version = WSYNC_ABI_VERSION_1,
+    .create = staging_create,
+    .stage = staging_stage,
+    .publish = staging_publish,
+    .wait_consumed = staging_wait_consumed,
+    .retire = staging_retire,
+    .stream_create = staging_stream_create,
+    .stream_destroy = staging_stream_destroy,
+    .stream_synchronize = staging_stream_synchronize,
+    .read_back = staging_read_back,
+};

@@ -1,0 +1,81 @@
+/* CUDA error text, device identity, NVTX ranges and process-wide counters. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nvtx3/nvToolsExt.h>
+
+#include "wsync_cuda.h"
+#include "wsync_error.h"
+#include "wsync_log.h"
+
+wsync_cuda_stats_t wsync_cuda_stats;
+
+wsync_result_t wsync_cuda_fail(wsync_error_t *err, cudaError_t e, const char *where,
+                               const char *what)
+{
+    wsync_result_t code = WSYNC_ERR_SYSTEM;
+    if (e == cudaErrorMemoryAllocation)
+        code = WSYNC_ERR_OUT_OF_MEMORY;
+    else if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver)
+        code = WSYNC_ERR_NO_DEVICE;
+    (void)cudaGetLastError(); /* clear a sticky launch error so the next call is not blamed */
+    return wsync_fail(err, code, where, "%s failed: %s (%s, CUDA error %d)", what,
+                      cudaGetErrorString(e), cudaGetErrorName(e), (int)e);
+}
+
+wsync_result_t wsync_cuda_use_device(int device, wsync_error_t *err)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess)
+        return wsync_cuda_fail(err, e, __func__, "cudaGetDeviceCount");
+    if (device < 0 || device >= n)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "device_ordinal %d is not a CUDA device here (this process sees %d); "
+                          "pass an ordinal in [0, %d)",
+                          device, n, n);
+    WSYNC_CUDA_TRY(err, cudaSetDevice(device));
+    return WSYNC_OK;
+}
+
+wsync_result_t wsync_cuda_device_uuid(int device, char *out, wsync_error_t *err)
+{
+    struct cudaDeviceProp p;
+    WSYNC_CUDA_TRY(err, cudaGetDeviceProperties(&p, device));
+    const unsigned char *u = (const unsigned char *)p.uuid.bytes;
+    snprintf(out, WSYNC_DEVICE_MAX,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+             u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14],
+             u[15]);
+    return WSYNC_OK;
+}
+
+void wsync_cuda_range_push(const char *name)
+{
+    nvtxRangePushA(name);
+}
+
+void wsync_cuda_range_pop(void)
+{
+    nvtxRangePop();
+}
+
+void wsync_cuda_stats_log(void)
+{
+    static int enabled = -1;
+    if (enabled < 0) {
+        const char *v = getenv("WSYNC_CUDA_STATS");
+        enabled = v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
+    }
+    if (!enabled)
+        return;
+    WSYNC_LOG_INFO("wsync-cuda stats ipc_mem_opens=%llu ipc_mem_closes=%llu ipc_event_opens=%llu "
+                   "launches=%llu copy_calls=%llu records=%llu",
+                   (unsigned long long)atomic_load(&wsync_cuda_stats.ipc_mem_opens),
+                   (unsigned long long)atomic_load(&wsync_cuda_stats.ipc_mem_closes),
+                   (unsigned long long)atomic_load(&wsync_cuda_stats.ipc_event_opens),
+                   (unsigned long long)atomic_load(&wsync_cuda_stats.launches),
+                   (unsigned long long)atomic_load(&wsync_cuda_stats.copy_calls),
+                   (unsigned long long)atomic_load(&wsync_cuda_stats.records));
+}

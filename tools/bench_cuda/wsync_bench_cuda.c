@@ -1,0 +1,747 @@
+/* wsync-bench-cuda: throughput of libwsync_cuda.so against the limits measured in the same run.
+ *
+ *   wsync-bench-cuda [--layout dense|moe|both] [--iters N] [--plugin PATH] [--layers L]
+ *                    [--scale S] [--bucket-mib M]
+ *
+ * One consumer process per layout measures, with CUDA events (median of N after warm-up):
+ *   (a) one cudaMemcpyAsync of the whole packed payload (the limit),
+ *   (b) one cudaMemcpyAsync per tensor,
+ *   the plugin's copy_weights from a staging buffer exported by a producer process into
+ *   separate per-tensor allocations (like engine parameters), without and with verification,
+ *   the bare kernel at each launch variant,
+ *   (c) a full colocated sync, trainer params -> 1 GiB staging (reused) -> engine params,
+ *   through the plugin in two processes (ms per sync, wall clock until the engine stream is
+ *   done), and (d) IPC opens per sync in steady state (the plugin's stats line).
+ * The producer is this program re-executed with --role producer. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cuda_runtime_api.h>
+
+#include "wsync_abi.h"
+#include "wsync_bench_layout.h"
+#include "wsync_copy_kernel.h"
+#include "wsync_cuda_harness.h"
+
+#define WB_SEED 0x5eedu
+#define WB_WARMUP 3
+
+typedef struct wb_opts {
+    const char *layout;
+    const char *plugin;
+    const char *role;
+    int fd;
+    unsigned iters, layers, scale;
+    uint64_t bucket;
+} wb_opts_t;
+
+static char wb_self[PATH_MAX];
+
+#define WB_CK(call)                                                                                \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "wsync-bench-cuda: %s:%d %s: %s\n", __FILE__, __LINE__, #call,         \
+                    cudaGetErrorString(e_));                                                       \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+#define WB_OK(call)                                                                                \
+    do {                                                                                           \
+        wsync_error_t err_ = {.struct_size = sizeof(err_)};                                        \
+        wsync_error_t *err = &err_;                                                                \
+        wsync_result_t r_ = (call);                                                                \
+        if (r_ != WSYNC_OK) {                                                                      \
+            fprintf(stderr, "wsync-bench-cuda: %s:%d %s: %s: %s\n", __FILE__, __LINE__, #call,     \
+                    wsync_strerror(r_), err_.message);                                             \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static double wb_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static int wb_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double wb_median(double *v, unsigned n)
+{
+    qsort(v, n, sizeof(*v), wb_cmp);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void wb_recv_expect(int fd, const char *what, char **out)
+{
+    char *m = NULL;
+    if (wh_recv(fd, &m, NULL) != 0) {
+        fprintf(stderr, "wsync-bench-cuda: peer closed while waiting for %s\n", what);
+        exit(1);
+    }
+    *out = m;
+}
+
+/* ------------------------------------------------------------------ producer */
+
+static void wb_stage_pieces(const wsync_plugin_t *p, wsync_staging_t *s, cudaStream_t st,
+                            const wb_layout_t *l, const wb_plan_t *plan, size_t b,
+                            unsigned char *trainer)
+{
+    const wb_bucket_t *bk = &plan->b[b];
+    wsync_stage_tensor_t *t = calloc(bk->count, sizeof(*t));
+    char(*names)[128] = calloc(bk->count, sizeof(*names));
+    for (size_t k = 0; k < bk->count; k++) {
+        const wb_piece_t *pc = &plan->p[bk->first + k];
+        const wb_tensor_t *x = &l->t[pc->tensor];
+        if (pc->r0 == 0 && pc->rows == x->rows)
+            snprintf(names[k], sizeof(names[k]), "%s", x->name);
+        else
+            snprintf(names[k], sizeof(names[k]), "%s@%lld", x->name, (long long)pc->r0);
+        t[k].struct_size = sizeof(t[k]);
+        t[k].name = names[k];
+        t[k].dtype = WSYNC_DTYPE_BF16;
+        t[k].ndim = 2;
+        t[k].shape[0] = pc->rows;
+        t[k].shape[1] = x->cols;
+        t[k].src = trainer + x->offset + (uint64_t)pc->r0 * (uint64_t)x->cols * 2u;
+    }
+    WB_OK(p->producer->stage(s, st, t, bk->count, err));
+    free(t);
+    free(names);
+}
+
+/* Messages: consumer -> producer "retire" | "sync" | "quit"; producer -> consumer manifests,
+ * "retired", "synced". */
+static int wb_producer_main(const wb_opts_t *o)
+{
+    wb_layout_t l;
+    char why[512];
+    const wsync_plugin_t *p;
+    if (wb_layout_build(o->layout, o->layers, o->scale, &l) != 0)
+        return 1;
+    if (wh_load(o->plugin, &p, why, sizeof(why)) != WSYNC_OK) {
+        fprintf(stderr, "wsync-bench-cuda producer: %s\n", why);
+        return 1;
+    }
+    WB_CK(cudaSetDevice(0));
+    unsigned char *trainer;
+    WB_CK(cudaMalloc((void **)&trainer, l.packed));
+    WB_CK(wh_fill(trainer, l.packed, WB_SEED, 0));
+    WB_CK(cudaDeviceSynchronize()); /* benchmark set-up only, never on the plugin's path */
+    cudaStream_t st;
+    WB_CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    /* The raw trainer buffer too, so the consumer can time plain copies from IPC memory. */
+    cudaIpcMemHandle_t th;
+    WB_CK(cudaIpcGetMemHandle(&th, trainer));
+    wh_send(o->fd, &th, sizeof(th));
+
+    /* Phase 1: the whole layout in one staging buffer, for the copy measurements. */
+    wsync_staging_config_t cfg = {.struct_size = sizeof(cfg), .bytes = l.packed};
+    wsync_staging_t *whole;
+    WB_OK(p->producer->create(&cfg, &whole, err));
+    wb_plan_t one;
+    if (wb_plan_build(&l, l.packed, &one) != 0 || one.nb != 1)
+        return 1;
+    wb_stage_pieces(p, whole, st, &l, &one, 0, trainer);
+    const char *json;
+    uint64_t gen;
+    WB_OK(p->producer->publish(whole, st, 1, &json, &gen, err));
+    wh_send_str(o->fd, json);
+    char *m;
+    wb_recv_expect(o->fd, "retire", &m);
+    free(m);
+    wsync_error_t e = {.struct_size = sizeof(e)};
+    wsync_result_t rr = p->producer->retire(whole, &e);
+    wh_send_str(o->fd, rr == WSYNC_OK ? "retired" : e.message);
+    wb_plan_free(&one);
+
+    /* Phase 2: 1 GiB buckets through one reused staging buffer. */
+    wb_plan_t plan;
+    if (wb_plan_build(&l, o->bucket, &plan) != 0)
+        return 1;
+    cfg.bytes = o->bucket;
+    cfg.flags = 0;
+    wsync_staging_t *sg[2];
+    uint64_t last[2] = {0, 0};
+    for (int k = 0; k < 2; k++)
+        WB_OK(p->producer->create(&cfg, &sg[k], err));
+    double tw = 0, ts = 0, tp = 0, ta = 0;
+    unsigned syncs = 0;
+    for (;;) {
+        /* "sync1": one staging buffer reused for every bucket; "sync2": two, alternating */
+        wb_recv_expect(o->fd, "sync", &m);
+        int quit = strcmp(m, "quit") == 0;
+        int nbuf = strcmp(m, "sync2") == 0 ? 2 : 1;
+        free(m);
+        if (quit)
+            break;
+        syncs++;
+        for (size_t b = 0; b < plan.nb; b++) {
+            wsync_staging_t *s = sg[b % nbuf];
+            uint64_t *lg = &last[b % nbuf];
+            double t0 = wb_now_ms();
+            if (*lg > 0) /* the consumer acked that generation: order the reuse after it */
+                WB_OK(p->producer->wait_consumed(s, st, *lg, err));
+            double t1 = wb_now_ms();
+            wb_stage_pieces(p, s, st, &l, &plan, b, trainer);
+            double t2 = wb_now_ms();
+            WB_OK(p->producer->publish(s, st, b + 1 == plan.nb, &json, lg, err));
+            double t3 = wb_now_ms();
+            wh_send_str(o->fd, json);
+            if (nbuf == 1 || b + 1 == plan.nb) {
+                wb_recv_expect(o->fd, "ack", &m);
+                free(m);
+            }
+            double t4 = wb_now_ms();
+            tw += t1 - t0, ts += t2 - t1, tp += t3 - t2, ta += t4 - t3;
+        }
+        if (nbuf == 2)
+            for (size_t b = 0; b + 1 < plan.nb; b++) {
+                wb_recv_expect(o->fd, "ack", &m);
+                free(m);
+            }
+    }
+    if (syncs)
+        printf("  producer host ms per sync: wait_consumed %.2f, stage %.2f, publish (waits for "
+               "the stage kernel) %.2f, send + ack %.2f\n",
+               tw / syncs, ts / syncs, tp / syncs, ta / syncs);
+    fflush(stdout);
+    WB_CK(cudaStreamSynchronize(st));
+    for (int k = 0; k < 2; k++) {
+        wsync_result_t r2;
+        do { /* the consumer closes its handles before quitting; wait for its close */
+            e.code = WSYNC_OK;
+            r2 = p->producer->retire(sg[k], &e);
+            if (r2 == WSYNC_ERR_BUSY)
+                usleep(1000);
+        } while (r2 == WSYNC_ERR_BUSY);
+    }
+    cudaFree(trainer);
+    wb_plan_free(&plan);
+    wb_layout_free(&l);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ consumer */
+
+typedef struct wb_engine {
+    const wsync_plugin_t *p;
+    wsync_consumer_t *c;
+    cudaStream_t st;
+    cudaEvent_t e0, e1;
+    wb_layout_t l;
+    void **dst; /* per-tensor "engine parameters" */
+} wb_engine_t;
+
+static double wb_time_events(wb_engine_t *E, unsigned iters, void (*fn)(void *), void *arg)
+{
+    double *t = calloc(iters, sizeof(*t));
+    for (unsigned i = 0; i < WB_WARMUP + iters; i++) {
+        WB_CK(cudaEventRecord(E->e0, E->st));
+        fn(arg);
+        WB_CK(cudaEventRecord(E->e1, E->st));
+        WB_CK(cudaEventSynchronize(E->e1));
+        float ms;
+        WB_CK(cudaEventElapsedTime(&ms, E->e0, E->e1));
+        if (i >= WB_WARMUP)
+            t[i - WB_WARMUP] = ms;
+    }
+    double med = wb_median(t, iters);
+    free(t);
+    return med;
+}
+
+typedef struct wb_copy_arg {
+    wb_engine_t *E;
+    void *src, *dst;
+    wsync_handle_t *h;
+    wsync_copy_op_t *ops;
+    size_t n_ops;
+    uint64_t gen;
+    uint32_t flags;
+    wsync_cuda_op_t *kops;
+    uint64_t chunks;
+    wsync_cuda_launch_cfg_t cfg;
+    int sm;
+} wb_copy_arg_t;
+
+static void wb_memcpy_whole(void *a)
+{
+    wb_copy_arg_t *x = a;
+    WB_CK(cudaMemcpyAsync(x->dst, x->src, x->E->l.packed, cudaMemcpyDeviceToDevice, x->E->st));
+}
+
+static void wb_memcpy_each(void *a)
+{
+    wb_copy_arg_t *x = a;
+    for (size_t i = 0; i < x->E->l.n; i++)
+        WB_CK(cudaMemcpyAsync(x->E->dst[i], (unsigned char *)x->src + x->E->l.t[i].offset,
+                              x->E->l.t[i].bytes, cudaMemcpyDeviceToDevice, x->E->st));
+}
+
+static void wb_plugin_copy(void *a)
+{
+    wb_copy_arg_t *x = a;
+    WB_OK(x->E->p->consumer->copy_weights(x->E->c, x->h, x->E->st, x->gen, x->ops, x->n_ops,
+                                          x->flags, err));
+}
+
+static void wb_kernel_copy(void *a)
+{
+    wb_copy_arg_t *x = a;
+    WB_CK(wsync_cuda_launch_copy(x->kops, (uint32_t)x->n_ops, x->chunks, NULL, 0, x->sm, &x->cfg,
+                                 x->E->st));
+}
+
+static void wb_row(const char *what, double ms, uint64_t bytes, double limit_ms, double each_ms)
+{
+    printf("  %-34s %9.3f %9.1f %10.3f %12.3f\n", what, ms, bytes / ms / 1e6, limit_ms / ms,
+           each_ms / ms);
+}
+
+static unsigned long long wb_count_bad(wb_engine_t *E, unsigned long long *bad_dev)
+{
+    WB_CK(cudaMemsetAsync(bad_dev, 0, sizeof(*bad_dev), E->st));
+    for (size_t i = 0; i < E->l.n; i++)
+        WB_CK(wh_count_bad(E->dst[i], E->l.t[i].bytes, WB_SEED + E->l.t[i].offset / 8, bad_dev,
+                           E->st));
+    unsigned long long bad = 0;
+    WB_CK(cudaMemcpyAsync(&bad, bad_dev, sizeof(bad), cudaMemcpyDeviceToHost, E->st));
+    WB_CK(cudaStreamSynchronize(E->st));
+    return bad;
+}
+
+/* ops of bucket b of `plan` against the parsed manifest m (pieces in order, names checked) */
+static wsync_copy_op_t *wb_bucket_ops(wb_engine_t *E, const wb_plan_t *plan, size_t b,
+                                      const wsync_manifest_t *m)
+{
+    const wb_bucket_t *bk = &plan->b[b];
+    if (m->n_tensors != bk->count) {
+        fprintf(stderr, "wsync-bench-cuda: bucket %zu has %zu tensors, manifest %zu\n", b,
+                bk->count, m->n_tensors);
+        exit(1);
+    }
+    wsync_copy_op_t *ops = calloc(bk->count, sizeof(*ops));
+    for (size_t k = 0; k < bk->count; k++) {
+        const wb_piece_t *pc = &plan->p[bk->first + k];
+        const wb_tensor_t *x = &E->l.t[pc->tensor];
+        if (strncmp(m->tensors[k].name, x->name, strlen(x->name)) != 0) {
+            fprintf(stderr, "wsync-bench-cuda: manifest tensor %s is not %s\n", m->tensors[k].name,
+                    x->name);
+            exit(1);
+        }
+        uint64_t skip = (uint64_t)pc->r0 * (uint64_t)x->cols * 2u;
+        ops[k].src_offset = m->tensors[k].offset;
+        ops[k].rows = 1;
+        ops[k].row_bytes = m->tensors[k].nbytes;
+        ops[k].src_pitch = ops[k].dst_pitch = ops[k].row_bytes;
+        ops[k].dst = (unsigned char *)E->dst[pc->tensor] + skip;
+        ops[k].dst_extent = x->bytes - skip;
+        ops[k].digest = m->tensors[k].digest;
+        ops[k].has_digest = m->tensors[k].has_digest;
+    }
+    return ops;
+}
+
+/* One full sync: ask the producer, copy every bucket as it arrives. Returns wall ms until the
+ * engine stream has finished the last copy. */
+static double wb_ct[6]; /* consumer host ms: recv, parse, open, copy, record, close+ack */
+
+static double wb_sync(wb_engine_t *E, int fd, const wb_plan_t *plan, uint32_t flags, int nbuf,
+                      wsync_handle_t **keep, int *digest_failures)
+{
+    double t0 = wb_now_ms();
+    wh_send_str(fd, nbuf == 2 ? "sync2" : "sync1");
+    for (size_t b = 0; b < plan->nb; b++) {
+        char *json;
+        size_t len;
+        double q0 = wb_now_ms();
+        if (wh_recv(fd, &json, &len) != 0)
+            exit(1);
+        double q1 = wb_now_ms();
+        const wsync_manifest_t *m;
+        WB_OK(E->p->consumer->parse_manifest(E->c, json, len, &m, err));
+        double q2 = wb_now_ms();
+        wsync_handle_t *h;
+        WB_OK(E->p->consumer->open_handle(E->c, &m->buffer, &h, err));
+        if (keep[b % nbuf] == NULL) /* the engine keeps a reference: the mapping stays cached */
+            WB_OK(E->p->consumer->open_handle(E->c, &m->buffer, &keep[b % nbuf], err));
+        wsync_copy_op_t *ops = wb_bucket_ops(E, plan, b, m);
+        double q3 = wb_now_ms();
+        WB_OK(E->p->consumer->copy_weights(E->c, h, E->st, m->generation, ops, m->n_tensors, flags,
+                                           err));
+        double q4 = wb_now_ms();
+        wsync_error_t e = {.struct_size = sizeof(e)};
+        wsync_result_t r = E->p->consumer->record_consumed(E->c, h, flags != 0, &e);
+        double q5 = wb_now_ms();
+        if (r == WSYNC_ERR_DIGEST_MISMATCH)
+            (*digest_failures)++;
+        else if (r != WSYNC_OK) {
+            fprintf(stderr, "wsync-bench-cuda: record_consumed: %s\n", e.message);
+            exit(1);
+        }
+        WB_OK(E->p->consumer->close_handle(E->c, h, err));
+        E->p->consumer->manifest_free(E->c, m);
+        free(ops);
+        free(json);
+        wh_send_str(fd, "ack");
+        double q6 = wb_now_ms();
+        wb_ct[0] += q1 - q0, wb_ct[1] += q2 - q1, wb_ct[2] += q3 - q2, wb_ct[3] += q4 - q3;
+        wb_ct[4] += q5 - q4, wb_ct[5] += q6 - q5;
+    }
+    WB_CK(cudaStreamSynchronize(E->st));
+    return wb_now_ms() - t0;
+}
+
+static int wb_spawn_producer(const wb_opts_t *o, int fd, pid_t *pid)
+{
+    char fds[16], iters[16], layers[16], scale[16], bucket[32];
+    snprintf(fds, sizeof(fds), "%d", fd);
+    snprintf(iters, sizeof(iters), "%u", o->iters);
+    snprintf(layers, sizeof(layers), "%u", o->layers);
+    snprintf(scale, sizeof(scale), "%u", o->scale);
+    snprintf(bucket, sizeof(bucket), "%llu", (unsigned long long)(o->bucket >> 20));
+    *pid = fork();
+    if (*pid == 0) {
+        execl(wb_self, wb_self, "--role", "producer", "--fd", fds, "--layout", o->layout,
+              "--plugin", o->plugin, "--iters", iters, "--layers", layers, "--scale", scale,
+              "--bucket-mib", bucket, (char *)NULL);
+        _exit(127);
+    }
+    return *pid > 0 ? 0 : -1;
+}
+
+static int wb_consumer_main(const wb_opts_t *o)
+{
+    wb_engine_t E;
+    memset(&E, 0, sizeof(E));
+    char why[512];
+    if (wb_layout_build(o->layout, o->layers, o->scale, &E.l) != 0)
+        return 1;
+    int sv[2];
+    pid_t prod;
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+        return 1;
+    int child_fd = dup(sv[1]); /* without CLOEXEC: the producer inherits it */
+    if (wb_spawn_producer(o, child_fd, &prod) != 0)
+        return 1;
+    close(child_fd);
+    close(sv[1]);
+    int fd = sv[0];
+
+    setenv("WSYNC_CUDA_STATS", "1", 1);
+    if (wh_load(o->plugin, &E.p, why, sizeof(why)) != WSYNC_OK) {
+        fprintf(stderr, "wsync-bench-cuda: %s\n", why);
+        return 1;
+    }
+    WB_CK(cudaSetDevice(0));
+    wsync_consumer_config_t cc = {.struct_size = sizeof(cc), .device_ordinal = 0};
+    WB_OK(E.p->consumer->create(&cc, &E.c, err));
+    WB_CK(cudaStreamCreateWithFlags(&E.st, cudaStreamNonBlocking));
+    WB_CK(cudaEventCreate(&E.e0));
+    WB_CK(cudaEventCreate(&E.e1));
+    int sm = 0;
+    WB_CK(cudaDeviceGetAttribute(&sm, cudaDevAttrMultiProcessorCount, 0));
+    struct cudaDeviceProp prop;
+    WB_CK(cudaGetDeviceProperties(&prop, 0));
+
+    void *src, *whole;
+    WB_CK(cudaMalloc(&src, E.l.packed));
+    WB_CK(cudaMalloc(&whole, E.l.packed));
+    E.dst = calloc(E.l.n, sizeof(*E.dst));
+    for (size_t i = 0; i < E.l.n; i++)
+        WB_CK(cudaMalloc(&E.dst[i], E.l.t[i].bytes ? E.l.t[i].bytes : 1));
+    WB_CK(wh_fill(src, E.l.packed, WB_SEED, E.st));
+    unsigned long long *bad_dev;
+    WB_CK(cudaMalloc((void **)&bad_dev, sizeof(*bad_dev)));
+    WB_CK(cudaStreamSynchronize(E.st));
+
+    wb_copy_arg_t A = {.E = &E, .src = src, .dst = whole, .sm = sm};
+    double ms_whole = wb_time_events(&E, o->iters, wb_memcpy_whole, &A);
+    double ms_each = wb_time_events(&E, o->iters, wb_memcpy_each, &A);
+
+    /* The bare kernel on the local buffers, per launch variant (tuning record). */
+    wsync_cuda_op_t *kops_h = malloc(E.l.n * sizeof(*kops_h));
+    uint64_t chunks = 0;
+    for (size_t i = 0; i < E.l.n; i++)
+        chunks += wsync_cuda_plan_op(&kops_h[i], (unsigned char *)src + E.l.t[i].offset, E.dst[i],
+                                     E.l.t[i].bytes, E.l.t[i].bytes, 1, E.l.t[i].bytes, 0, chunks);
+    WB_CK(cudaMalloc((void **)&A.kops, E.l.n * sizeof(*kops_h)));
+    WB_CK(cudaMemcpy(A.kops, kops_h, E.l.n * sizeof(*kops_h), cudaMemcpyHostToDevice));
+    A.n_ops = E.l.n;
+    A.chunks = chunks;
+#define WB_NVAR 5
+    double ms_var[WB_NVAR], ms_var_ipc[WB_NVAR], ms_plugin_var[WB_NVAR];
+    for (int v = 0; v < WB_NVAR; v++) {
+        A.cfg.variant = v;
+        ms_var[v] = wb_time_events(&E, o->iters, wb_kernel_copy, &A);
+    }
+    /* The same from memory another process exported (legacy IPC), like the staging buffer. */
+    cudaIpcMemHandle_t th;
+    char *thb;
+    size_t thl;
+    if (wh_recv(fd, &thb, &thl) != 0 || thl != sizeof(th))
+        return 1;
+    memcpy(&th, thb, sizeof(th));
+    free(thb);
+    void *ipc_src;
+    WB_CK(cudaIpcOpenMemHandle(&ipc_src, th, cudaIpcMemLazyEnablePeerAccess));
+    A.src = ipc_src;
+    double ms_whole_ipc = wb_time_events(&E, o->iters, wb_memcpy_whole, &A);
+    for (size_t i = 0; i < E.l.n; i++)
+        kops_h[i].src = (const unsigned char *)ipc_src + E.l.t[i].offset;
+    WB_CK(cudaMemcpy(A.kops, kops_h, E.l.n * sizeof(*kops_h), cudaMemcpyHostToDevice));
+    for (int v = 0; v < WB_NVAR; v++) {
+        A.cfg.variant = v;
+        ms_var_ipc[v] = wb_time_events(&E, o->iters, wb_kernel_copy, &A);
+    }
+    A.src = src;
+
+    /* The plugin's copy from the producer's exported staging buffer. */
+    char *json;
+    size_t len;
+    if (wh_recv(fd, &json, &len) != 0)
+        return 1;
+    const wsync_manifest_t *m;
+    WB_OK(E.p->consumer->parse_manifest(E.c, json, len, &m, err));
+    wsync_handle_t *h;
+    WB_OK(E.p->consumer->open_handle(E.c, &m->buffer, &h, err));
+    wb_plan_t one;
+    if (wb_plan_build(&E.l, E.l.packed, &one) != 0)
+        return 1;
+    A.h = h;
+    A.ops = wb_bucket_ops(&E, &one, 0, m);
+    A.n_ops = m->n_tensors;
+    A.gen = m->generation;
+    A.flags = 0;
+    for (int v = 0; v < WB_NVAR; v++) { /* the plugin reads its tuning knob per call */
+        char vs[8];
+        snprintf(vs, sizeof(vs), "%d", v);
+        setenv("WSYNC_CUDA_KERNEL_VARIANT", vs, 1);
+        ms_plugin_var[v] = wb_time_events(&E, o->iters, wb_plugin_copy, &A);
+    }
+    unsetenv("WSYNC_CUDA_KERNEL_VARIANT");
+    double ms_plugin = wb_time_events(&E, o->iters, wb_plugin_copy, &A);
+    A.flags = WSYNC_COPY_VERIFY;
+    double ms_verify = wb_time_events(&E, o->iters, wb_plugin_copy, &A);
+    wsync_error_t e = {.struct_size = sizeof(e)};
+    wsync_result_t r = E.p->consumer->record_consumed(E.c, h, 1, &e);
+    unsigned long long bad = wb_count_bad(&E, bad_dev);
+    printf("wsync-bench-cuda: layout %s on %s (%d SMs): %zu tensors, %.2f GB payload, %u "
+           "iters (median, CUDA events)\n",
+           o->layout, prop.name, sm, E.l.n, E.l.payload / 1e9, o->iters);
+    printf("  copy check: digests %s%s, %llu wrong words in engine params\n",
+           r == WSYNC_OK ? "ok" : "FAILED: ", r == WSYNC_OK ? "" : e.message, bad);
+    WB_OK(E.p->consumer->close_handle(E.c, h, err));
+    E.p->consumer->manifest_free(E.c, m);
+    free(json);
+    free(A.ops);
+    wb_plan_free(&one);
+    wh_send_str(fd, "retire");
+    char *ans;
+    wb_recv_expect(fd, "retired", &ans);
+    printf("  retire after close: %s\n", ans);
+    free(ans);
+
+    printf("  %-34s %9s %9s %10s %12s\n", "method", "ms", "GB/s", "vs memcpy", "vs per-tensor");
+    wb_row("(a) cudaMemcpyAsync, whole payload", ms_whole, E.l.payload, ms_whole, ms_each);
+    wb_row("(b) cudaMemcpyAsync per tensor", ms_each, E.l.payload, ms_whole, ms_each);
+    wb_row("copy_weights", ms_plugin, E.l.payload, ms_whole, ms_each);
+    wb_row("copy_weights + verify", ms_verify, E.l.payload, ms_whole, ms_each);
+    wb_row("(a') cudaMemcpyAsync, from IPC memory", ms_whole_ipc, E.l.payload, ms_whole, ms_each);
+    for (int v = 0; v < WB_NVAR; v++) {
+        char what[64];
+        snprintf(what, sizeof(what), "kernel variant %d, local src", v);
+        wb_row(what, ms_var[v], E.l.payload, ms_whole, ms_each);
+        snprintf(what, sizeof(what), "kernel variant %d, IPC src", v);
+        wb_row(what, ms_var_ipc[v], E.l.payload, ms_whole, ms_each);
+        snprintf(what, sizeof(what), "copy_weights, variant %d", v);
+        wb_row(what, ms_plugin_var[v], E.l.payload, ms_whole, ms_each);
+    }
+
+    /* (c) + (d): full syncs through 1 GiB buckets: one staging buffer reused for every bucket,
+     * then two used alternately (stage of bucket b+1 overlaps the copy of bucket b). */
+    wb_plan_t plan;
+    if (wb_plan_build(&E.l, o->bucket, &plan) != 0)
+        return 1;
+    wsync_handle_t *keep[2] = {NULL, NULL};
+    int failures = 0;
+    double *t = calloc(o->iters, sizeof(*t));
+    double ms_sync[3] = {0, 0, 0};
+    unsigned long long opens_per[3] = {0, 0, 0};
+    for (int nbuf = 1; nbuf <= 2; nbuf++) {
+        unsigned long long opens0 = 0;
+        memset(wb_ct, 0, sizeof(wb_ct));
+        for (unsigned i = 0; i < WB_WARMUP + o->iters; i++) {
+            if (i == WB_WARMUP)
+                opens0 = wh_stats.ipc_mem_opens;
+            double ms = wb_sync(&E, fd, &plan, 0, nbuf, keep, &failures);
+            if (i >= WB_WARMUP)
+                t[i - WB_WARMUP] = ms;
+        }
+        opens_per[nbuf] = wh_stats.ipc_mem_opens - opens0;
+        ms_sync[nbuf] = wb_median(t, o->iters);
+        unsigned nsync = WB_WARMUP + o->iters;
+        printf("  (c) full sync, %zu buckets of <= %llu MiB through %d staging buffer%s, %.2f GB: "
+               "median %.2f ms, %.1f GB/s end to end\n",
+               plan.nb, (unsigned long long)(o->bucket >> 20), nbuf, nbuf > 1 ? "s" : "",
+               E.l.payload / 1e9, ms_sync[nbuf], E.l.payload / ms_sync[nbuf] / 1e6);
+        printf("      consumer host ms per sync: recv wait %.2f, parse %.2f, open %.2f, "
+               "copy_weights %.2f, record_consumed %.2f, close + ack %.2f\n",
+               wb_ct[0] / nsync, wb_ct[1] / nsync, wb_ct[2] / nsync, wb_ct[3] / nsync,
+               wb_ct[4] / nsync, wb_ct[5] / nsync);
+        printf("  (d) IPC opens per sync in steady state: %.3f (%llu opens over %u syncs; %s)\n",
+               (double)opens_per[nbuf] / o->iters, opens_per[nbuf], o->iters,
+               wh_stats.seen ? "plugin stats" : "NO stats line seen");
+    }
+    WB_CK(cudaMemsetAsync(bad_dev, 0, sizeof(*bad_dev), E.st));
+    for (size_t i = 0; i < E.l.n; i++) /* poison, so the verified sync must rewrite it all */
+        WB_CK(cudaMemsetAsync(E.dst[i], 0xA5, E.l.t[i].bytes, E.st));
+    double ms_vsync = wb_sync(&E, fd, &plan, WSYNC_COPY_VERIFY, 1, keep, &failures);
+    bad = wb_count_bad(&E, bad_dev);
+    printf("  verified sync (one buffer, record_consumed waits per bucket): %.2f ms, %d digest "
+           "failures, %llu wrong words in engine params\n",
+           ms_vsync, failures, bad);
+    printf("  summary %s: copy_weights %.3fx memcpy, verify %.3fx, sync %.2f ms (1 buffer) "
+           "%.2f ms (2 buffers), opens/sync %.3f\n",
+           o->layout, ms_whole / ms_plugin, ms_whole / ms_verify, ms_sync[1], ms_sync[2],
+           (double)(opens_per[1] + opens_per[2]) / (2 * o->iters));
+    fflush(stdout);
+    for (int k = 0; k < 2; k++)
+        if (keep[k])
+            WB_OK(E.p->consumer->close_handle(E.c, keep[k], err));
+    WB_CK(cudaIpcCloseMemHandle(ipc_src));
+    wh_send_str(fd, "quit");
+    int st = 0;
+    waitpid(prod, &st, 0);
+    WB_OK(E.p->consumer->finalize(E.c, err));
+    free(t);
+    wb_plan_free(&plan);
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0 && failures == 0 && bad == 0 ? 0 : 1;
+}
+
+static void wb_usage(FILE *f)
+{
+    fprintf(f, "usage: wsync-bench-cuda [--layout dense|moe|both] [--iters N] [--plugin PATH]\n"
+               "                        [--layers L] [--scale S] [--bucket-mib M]\n");
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option lo[] = {
+        {"layout", required_argument, NULL, 'l'}, {"iters", required_argument, NULL, 'i'},
+        {"plugin", required_argument, NULL, 'p'}, {"layers", required_argument, NULL, 'L'},
+        {"scale", required_argument, NULL, 'S'},  {"bucket-mib", required_argument, NULL, 'b'},
+        {"role", required_argument, NULL, 'r'},   {"fd", required_argument, NULL, 'f'},
+        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0}};
+    wb_opts_t o = {.layout = "both", .iters = 20, .scale = 1, .bucket = 1ull << 30, .fd = -1};
+    int c;
+    while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+        switch (c) {
+        case 'l':
+            o.layout = optarg;
+            break;
+        case 'i':
+            o.iters = (unsigned)strtoul(optarg, NULL, 10);
+            break;
+        case 'p':
+            o.plugin = optarg;
+            break;
+        case 'L':
+            o.layers = (unsigned)strtoul(optarg, NULL, 10);
+            break;
+        case 'S':
+            o.scale = (unsigned)strtoul(optarg, NULL, 10);
+            break;
+        case 'b':
+            o.bucket = strtoull(optarg, NULL, 10) << 20;
+            break;
+        case 'r':
+            o.role = optarg;
+            break;
+        case 'f':
+            o.fd = atoi(optarg);
+            break;
+        case 'h':
+            wb_usage(stdout);
+            return 0;
+        default:
+            wb_usage(stderr);
+            return 2;
+        }
+    }
+    if (o.iters < 1 || o.scale < 1 || o.bucket == 0 ||
+        (strcmp(o.layout, "dense") && strcmp(o.layout, "moe") && strcmp(o.layout, "both"))) {
+        wb_usage(stderr);
+        return 2;
+    }
+    ssize_t n = readlink("/proc/self/exe", wb_self, sizeof(wb_self) - 1);
+    if (n <= 0)
+        return 1;
+    wb_self[n] = '\0';
+    static char plugin[PATH_MAX + 64];
+    if (o.plugin == NULL || strchr(o.plugin, '/') == NULL) {
+        /* a bare name resolves next to this program: <bin>/../lib/<name> */
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof(dir), "%s", wb_self);
+        char *slash = strrchr(dir, '/');
+        if (slash)
+            *slash = '\0';
+        snprintf(plugin, sizeof(plugin), "%s/../lib/%s", dir,
+                 o.plugin ? o.plugin : "libwsync_cuda.so");
+        o.plugin = plugin;
+    }
+    if (o.role && strcmp(o.role, "producer") == 0)
+        return wb_producer_main(&o);
+    if (o.role && strcmp(o.role, "consumer") == 0)
+        return wb_consumer_main(&o);
+
+    char why[512];
+    int pr = wh_probe(o.plugin, why, sizeof(why));
+    if (pr != 0) {
+        fprintf(stderr, "wsync-bench-cuda: %s: %s\n", pr == 77 ? "no CUDA device" : "cannot load",
+                why);
+        return pr;
+    }
+    int rc = 0;
+    const char *layouts[2] = {"dense", "moe"};
+    for (int k = 0; k < 2; k++) {
+        if (strcmp(o.layout, "both") != 0 && strcmp(o.layout, layouts[k]) != 0)
+            continue;
+        /* one fresh consumer process per layout */
+        pid_t pid = fork();
+        if (pid == 0) {
+            char iters[16], layers[16], scale[16], bucket[32];
+            snprintf(iters, sizeof(iters), "%u", o.iters);
+            snprintf(layers, sizeof(layers), "%u", o.layers);
+            snprintf(scale, sizeof(scale), "%u", o.scale);
+            snprintf(bucket, sizeof(bucket), "%llu", (unsigned long long)(o.bucket >> 20));
+            execl(wb_self, wb_self, "--role", "consumer", "--layout", layouts[k], "--plugin",
+                  o.plugin, "--iters", iters, "--layers", layers, "--scale", scale, "--bucket-mib",
+                  bucket, (char *)NULL);
+            _exit(127);
+        }
+        int st = 0;
+        if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            fprintf(stderr, "wsync-bench-cuda: layout %s failed\n", layouts[k]);
+            rc = 1;
+        }
+    }
+    return rc;
+}

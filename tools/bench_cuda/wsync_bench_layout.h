@@ -1,0 +1,48 @@
+/* Model layouts of the CUDA benchmark (Qwen3-8B dense, Qwen3-30B-A3B MoE shapes) and their
+ * split into staging buckets. Deterministic: producer and consumer compute the same plan. */
+#ifndef WSYNC_BENCH_LAYOUT_H
+#define WSYNC_BENCH_LAYOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct wb_tensor {
+    char name[96];
+    int64_t rows, cols; /* bf16, row-major; 1-D tensors have rows = 1 */
+    uint64_t bytes;
+    uint64_t offset; /* in a packed buffer (256-byte aligned) */
+} wb_tensor_t;
+
+typedef struct wb_layout {
+    wb_tensor_t *t;
+    size_t n;
+    uint64_t payload; /* sum of bytes */
+    uint64_t packed;  /* packed buffer size */
+} wb_layout_t;
+
+/* A piece of a tensor in a bucket: rows [r0, r0 + rows). */
+typedef struct wb_piece {
+    size_t tensor;
+    int64_t r0, rows;
+} wb_piece_t;
+
+typedef struct wb_bucket {
+    size_t first, count; /* into the plan's pieces */
+} wb_bucket_t;
+
+typedef struct wb_plan {
+    wb_piece_t *p;
+    size_t np;
+    wb_bucket_t *b;
+    size_t nb;
+} wb_plan_t;
+
+/* kind "dense" or "moe"; layers 0 = the model's own (36 / 12); scale divides every row count. */
+int wb_layout_build(const char *kind, unsigned layers, unsigned scale, wb_layout_t *out);
+void wb_layout_free(wb_layout_t *l);
+/* Buckets of at most bucket_bytes (each piece 256-byte aligned in it); big tensors are split by
+ * rows. */
+int wb_plan_build(const wb_layout_t *l, uint64_t bucket_bytes, wb_plan_t *out);
+void wb_plan_free(wb_plan_t *p);
+
+#endif

@@ -1,0 +1,138 @@
+/* Host side of the harness. See wsync_cuda_harness.h. */
+#include "wsync_cuda_harness.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+wh_stats_t wh_stats;
+
+static void wh_log(void *user, wsync_log_level_t level, const char *file, int line, const char *fmt,
+                   ...)
+{
+    (void)user;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    const char *st = strstr(msg, "wsync-cuda stats ");
+    if (st) {
+        if (sscanf(st,
+                   "wsync-cuda stats ipc_mem_opens=%llu ipc_mem_closes=%llu ipc_event_opens=%llu "
+                   "launches=%llu",
+                   &wh_stats.ipc_mem_opens, &wh_stats.ipc_mem_closes, &wh_stats.ipc_event_opens,
+                   &wh_stats.launches) == 4)
+            wh_stats.seen = 1;
+        return;
+    }
+    if (level <= WSYNC_LOG_WARN)
+        fprintf(stderr, "[plugin %s %s:%d] %s\n", level == WSYNC_LOG_ERROR ? "error" : "warn", file,
+                line, msg);
+}
+
+wsync_result_t wh_load(const char *path, const wsync_plugin_t **out, char *why, size_t why_len)
+{
+    static wsync_host_t host;
+    void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (dl == NULL) {
+        snprintf(why, why_len, "dlopen %s: %s", path, dlerror());
+        return WSYNC_ERR_NOT_FOUND;
+    }
+    wsync_plugin_init_fn_t init = (wsync_plugin_init_fn_t)dlsym(dl, WSYNC_PLUGIN_INIT_SYMBOL);
+    if (init == NULL) {
+        snprintf(why, why_len, "%s has no %s", path, WSYNC_PLUGIN_INIT_SYMBOL);
+        return WSYNC_ERR_NOT_FOUND;
+    }
+    host.struct_size = sizeof(host);
+    host.log = wh_log;
+    host.log_level = WSYNC_LOG_INFO;
+    uint32_t v = WSYNC_ABI_VERSION;
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    wsync_result_t rc = init(&v, &host, out, &err);
+    if (rc != WSYNC_OK)
+        snprintf(why, why_len, "%s: %s", wsync_strerror(rc), err.message);
+    return rc;
+}
+
+int wh_probe(const char *path, char *why, size_t why_len)
+{
+    int fds[2];
+    if (pipe(fds) != 0) {
+        snprintf(why, why_len, "pipe: %s", strerror(errno));
+        return 1;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fds[0]);
+        const wsync_plugin_t *p;
+        char msg[512] = "";
+        wsync_result_t rc = wh_load(path, &p, msg, sizeof(msg));
+        if (write(fds[1], msg, strlen(msg)) < 0)
+            _exit(1);
+        _exit(rc == WSYNC_OK ? 0 : rc == WSYNC_ERR_NO_DEVICE ? 77 : 1);
+    }
+    close(fds[1]);
+    ssize_t n = read(fds[0], why, why_len - 1);
+    why[n > 0 ? n : 0] = '\0';
+    close(fds[0]);
+    int st = 0;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st))
+        return 1;
+    return WEXITSTATUS(st);
+}
+
+static int wh_io(int fd, void *buf, size_t len, int writing)
+{
+    unsigned char *p = buf;
+    while (len > 0) {
+        ssize_t n = writing ? write(fd, p, len) : read(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+int wh_send(int fd, const void *buf, size_t len)
+{
+    uint32_t n = (uint32_t)len;
+    if (wh_io(fd, &n, sizeof(n), 1) != 0)
+        return -1;
+    return wh_io(fd, (void *)buf, len, 1);
+}
+
+int wh_send_str(int fd, const char *s)
+{
+    return wh_send(fd, s, strlen(s));
+}
+
+void wh_free(void *buf)
+{
+    free(buf);
+}
+
+int wh_recv(int fd, char **buf, size_t *len)
+{
+    uint32_t n;
+    if (wh_io(fd, &n, sizeof(n), 0) != 0)
+        return -1;
+    char *b = malloc((size_t)n + 1);
+    if (b == NULL || wh_io(fd, b, n, 0) != 0) {
+        free(b);
+        return -1;
+    }
+    b[n] = '\0';
+    *buf = b;
+    if (len)
+        *len = n;
+    return 0;
+}

@@ -1,0 +1,54 @@
+/* Harness shared by wsync-bench-cuda and the GPU tests: plugin loading, a logger that captures
+ * the plugin's stats line, length-prefixed messages over a socket, and small device kernels
+ * (fill, compare, spin). Uses the ABI only to reach the plugin. Not thread safe. */
+#ifndef WSYNC_CUDA_HARNESS_H
+#define WSYNC_CUDA_HARNESS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+
+#include "wsync_abi.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Counters parsed from the plugin's last "wsync-cuda stats" log line (WSYNC_CUDA_STATS=1). */
+typedef struct wh_stats {
+    unsigned long long ipc_mem_opens, ipc_mem_closes, ipc_event_opens, launches;
+    int seen;
+} wh_stats_t;
+extern wh_stats_t wh_stats;
+
+/* dlopen `path` and initialise it (logging WARN and above to stderr, INFO stats captured).
+ * Returns the init result; on failure `why` holds the reason. */
+wsync_result_t wh_load(const char *path, const wsync_plugin_t **out, char *why, size_t why_len);
+
+/* Load and init `path` in a forked child, so the caller's process never touches CUDA before it
+ * forks its own workers. Returns 0 when usable, 77 when there is no device (why says why), 1 on
+ * other failures. */
+int wh_probe(const char *path, char *why, size_t why_len);
+
+/* Length-prefixed messages over a stream socket. Blocking. recv: *buf malloc'd, NUL-terminated.
+ * Both return 0 on success, -1 on error or orderly close. */
+int wh_send(int fd, const void *buf, size_t len);
+int wh_recv(int fd, char **buf, size_t *len);
+int wh_send_str(int fd, const char *s);
+/* Free a buffer from wh_recv (callers built with cmocka's malloc wrappers must use this). */
+void wh_free(void *buf);
+
+/* Device helpers, enqueued on `s`. Word i of a filled buffer is mix(seed + i); bytes past the
+ * last full word are the low bytes of the next word. */
+cudaError_t wh_fill(void *p, size_t bytes, uint64_t seed, cudaStream_t s);
+/* Adds to *bad (device counter) the number of 8-byte words that differ from the fill pattern. */
+cudaError_t wh_count_bad(const void *p, size_t bytes, uint64_t seed, unsigned long long *bad,
+                         cudaStream_t s);
+/* One block that spins for about `ns` nanoseconds (keeps a stream busy). */
+cudaError_t wh_spin(uint64_t ns, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
