@@ -7,3 +7,17 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
     echo "wsync: no GPU on this machine: tests labelled 'gpu' will be reported as skipped"
 fi
 ctest --test-dir "$WSYNC_BUILD" --output-on-failure -j2 --timeout 600
+
+# Reliability (docs/RELIABILITY.md): the same suites under ASan+UBSan with leak checking, then
+# every parser fuzzed for a bounded time. WSYNC_SKIP_ASAN=1 / WSYNC_SKIP_FUZZ=1 skip a step
+# (visibly) for quick local runs; WSYNC_FUZZ_SECONDS sets the time per fuzz target (default 30).
+if [ "${WSYNC_SKIP_ASAN:-0}" = 1 ]; then
+    echo "wsync: SKIPPED: ASan/UBSan build (WSYNC_SKIP_ASAN=1)"
+else
+    wsync_test_asan
+fi
+if [ "${WSYNC_SKIP_FUZZ:-0}" = 1 ]; then
+    echo "wsync: SKIPPED: fuzzing (WSYNC_SKIP_FUZZ=1)"
+else
+    wsync_fuzz_all
+fi

@@ -6,6 +6,8 @@ set -euo pipefail
 WSYNC_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WSYNC_BUILD="${WSYNC_BUILD:-$WSYNC_ROOT/build}"
 WSYNC_PACKAGES=(build-essential cmake pkg-config libjansson-dev libcmocka-dev binutils)
+# The fuzz build (tests/run.sh): clang and its libFuzzer/sanitizer runtimes.
+WSYNC_FUZZ_PACKAGES=(clang libclang-rt-14-dev)
 
 wsync_install_missing() {
     local missing=() p
@@ -26,4 +28,64 @@ wsync_build() {
     wsync_install_missing "${WSYNC_PACKAGES[@]}"
     cmake -S "$WSYNC_ROOT" -B "$WSYNC_BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
     cmake --build "$WSYNC_BUILD" -j"$(nproc)"
+}
+
+# Sanitizer options for every ASan/UBSan process (tests/run.sh, docs/RELIABILITY.md): leaks are
+# errors, UB aborts with a stack.
+wsync_sanitizer_env() {
+    export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1:check_initialization_order=1}"
+    export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+    export LSAN_OPTIONS="${LSAN_OPTIONS:-print_suppressions=0}"
+}
+
+# wsync_test_asan: the unit and conformance tests under ASan+UBSan (host plugin only) in
+# $WSYNC_BUILD_ASAN (default build-asan/), run with ctest.
+wsync_test_asan() {
+    local dir="${WSYNC_BUILD_ASAN:-$WSYNC_ROOT/build-asan}"
+    cmake -S "$WSYNC_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DWSYNC_SANITIZE=ON \
+        -DWSYNC_WITH_CUDA=OFF >/dev/null
+    cmake --build "$dir" -j"$(nproc)"
+    (wsync_sanitizer_env && ctest --test-dir "$dir" --output-on-failure -j2 --timeout 900)
+}
+
+# wsync_fuzz_all [seconds]: build every libFuzzer target with clang in $WSYNC_BUILD_FUZZ (default
+# build-fuzz/) and run each for a bounded time on a copy of its checked-in corpus. Any crash,
+# leak, timeout or out-of-memory fails. Prints one line per target (executions, corpus, cover).
+wsync_fuzz_all() {
+    local secs="${1:-${WSYNC_FUZZ_SECONDS:-30}}"
+    local dir="${WSYNC_BUILD_FUZZ:-$WSYNC_ROOT/build-fuzz}"
+    local src="$WSYNC_ROOT/tests/fuzz" failed=0 total=0 f name log runs
+    wsync_install_missing "${WSYNC_FUZZ_PACKAGES[@]}"
+    cmake -S "$WSYNC_ROOT" -B "$dir" -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+        -DWSYNC_FUZZ=ON -DWSYNC_WITH_CUDA=OFF >/dev/null
+    cmake --build "$dir" -j"$(nproc)" --target wsync_fuzz
+    rm -rf "$dir/fuzz-run"
+    for f in "$dir"/fuzz/fuzz_*; do
+        [ -x "$f" ] || continue
+        name="$(basename "$f")"
+        mkdir -p "$dir/fuzz-run/$name/corpus" "$dir/fuzz-run/$name/artifacts"
+        cp -r "$src/corpus/$name/." "$dir/fuzz-run/$name/corpus/"
+        local dict=()
+        case "$name" in
+            fuzz_manifest) dict=(-dict="$src/manifest.dict") ;;
+            fuzz_peft_config) dict=(-dict="$src/peft.dict") ;;
+            fuzz_safetensors) dict=(-dict="$src/safetensors.dict") ;;
+            fuzz_shim_*) dict=(-dict="$src/shim.dict") ;;
+        esac
+        log="$dir/fuzz-run/$name/log.txt"
+        if (wsync_sanitizer_env && "$f" "${dict[@]}" -max_total_time="$secs" -rss_limit_mb=2048 \
+            -timeout=10 -print_final_stats=1 -artifact_prefix="$dir/fuzz-run/$name/artifacts/" \
+            "$dir/fuzz-run/$name/corpus" >"$log" 2>&1); then
+            runs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")"
+            total=$((total + ${runs:-0}))
+            echo "wsync fuzz: $name: ${runs:-?} executions in ${secs}s, no findings ($(grep -o 'cov: [0-9]*' "$log" | tail -1), corpus $(ls "$dir/fuzz-run/$name/corpus" | wc -l) inputs)"
+        else
+            failed=1
+            echo "wsync fuzz: $name: FAILED (crash, leak, timeout or OOM); last lines of $log:"
+            tail -40 "$log"
+            ls "$dir/fuzz-run/$name/artifacts/"
+        fi
+    done
+    echo "wsync fuzz: $total executions in total"
+    return $failed
 }
