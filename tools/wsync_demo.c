@@ -25,7 +25,9 @@ static void wsync_demo_usage(FILE *out)
             "  --scale      divide large dims by S (default 8: a few hundred MB)\n"
             "  --layers     layers (default: dense 36, moe 12)\n"
             "  --verify     copy with digest verification and read every tensor back (default)\n"
-            "  --timeout-ms bound on every wait (default 30000)\n");
+            "  --timeout-ms bound on every wait (default 30000)\n"
+            "  --engine sglang|vllm|lmdeploy [--tp N] [--packed]: push through that engine's\n"
+            "               request format and shim to N reference engine processes (wsync-engine)\n");
 }
 
 static int wsync_demo_parse(int argc, char **argv, wsync_demo_options_t *o)
@@ -168,8 +170,36 @@ static int wsync_demo_supervise(pid_t engine, pid_t trainer, const wsync_demo_op
     return rcs[0] != 0 || rcs[1] != 0;
 }
 
+/* --engine sglang|vllm|lmdeploy: the trainer speaks that engine's request format to one reference
+ * engine process per TP rank (--tp N). That demo lives with the shims: run wsync-engine demo
+ * (engine-shims/engine/) from this executable's directory with the same arguments. */
+static int wsync_demo_exec_engine(int argc, char **argv)
+{
+    char self[4096], tool[4200];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    char **args = calloc((size_t)argc + 2, sizeof(*args));
+
+    if (n <= 0 || args == NULL)
+        return 1;
+    self[n] = '\0';
+    snprintf(tool, sizeof(tool), "%.*s/wsync-engine", (int)(strrchr(self, '/') - self), self);
+    args[0] = tool;
+    args[1] = "demo";
+    for (int i = 1; i < argc; i++)
+        args[i + 1] = argv[i];
+    fflush(stdout);
+    execv(tool, args);
+    fprintf(stderr, "wsync demo: --engine needs %s: %s\n", tool, strerror(errno));
+    free(args);
+    return 1;
+}
+
 int wsync_cmd_demo(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--engine") == 0 || strncmp(argv[i], "--engine=", 9) == 0)
+            return wsync_demo_exec_engine(argc, argv);
+
     wsync_demo_options_t o;
     char dir[] = "/tmp/wsync-demo-XXXXXX";
     pid_t engine, trainer;

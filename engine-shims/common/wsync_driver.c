@@ -1,0 +1,362 @@
+/* The request driver. Contract in wsync_driver.h. */
+#include "wsync_driver.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "wsync_host_error.h"
+#include "wsync_loader.h"
+#include "wsync_manifest.h"
+
+/* One producer buffer this engine has consumed from. */
+typedef struct wsync_driver_buffer {
+    wsync_buffer_desc_t key;
+    struct wsync_handle *handle; /* NULL in native mode */
+    uint64_t last_generation;
+} wsync_driver_buffer_t;
+
+struct wsync_driver {
+    wsync_driver_config_t cfg;
+    wsync_host_t host;
+    wsync_loader_t loader;
+    const wsync_consumer_ops_t *ops; /* NULL: native fallback */
+    struct wsync_consumer *consumer;
+    char native_why[WSYNC_ERROR_MESSAGE_LEN + 64];
+    wsync_driver_buffer_t *buffers;
+    size_t n_buffers, cap_buffers;
+};
+
+void wsync_driver_log(wsync_driver_t *d, wsync_log_level_t level, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+
+    if (d == NULL || d->cfg.log == NULL || level > d->cfg.log_level)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    d->cfg.log(d->cfg.log_user, level, __FILE__, __LINE__, "%s", msg);
+}
+
+static void wsync_driver_fall_back(wsync_driver_t *d, const char *step, const wsync_error_t *e)
+{
+    snprintf(d->native_why, sizeof(d->native_why), "%s: %s: %s", step, wsync_strerror(e->code),
+             e->message);
+    wsync_driver_log(d, WSYNC_LOG_WARN,
+                     "wsync: plugin unusable (%s); falling back to the engine's native loader",
+                     d->native_why);
+}
+
+wsync_result_t wsync_driver_open(const wsync_driver_config_t *cfg, wsync_driver_t **out,
+                                 wsync_error_t *err)
+{
+    wsync_error_t lerr = {.struct_size = sizeof(lerr)};
+    wsync_driver_t *d;
+
+    if (cfg == NULL || out == NULL || cfg->engine == NULL || cfg->map == NULL ||
+        cfg->engine->param == NULL || cfg->engine->tp == NULL || cfg->engine->dims == NULL)
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                               "driver config needs engine ops with param, tp and dims, and a "
+                               "mapping table");
+    d = calloc(1, sizeof(*d));
+    if (d == NULL)
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "driver: out of memory");
+    d->cfg = *cfg;
+    d->host = (wsync_host_t){.struct_size = sizeof(wsync_host_t),
+                             .log = cfg->log,
+                             .log_user = cfg->log_user,
+                             .log_level = cfg->log_level};
+
+    if (wsync_loader_open(&d->loader, cfg->plugin_path, &d->host, &lerr) != WSYNC_OK) {
+        wsync_driver_fall_back(d, "load", &lerr);
+    } else {
+        const wsync_consumer_ops_t *ops = d->loader.plugin->consumer;
+        wsync_consumer_config_t cc = {.struct_size = sizeof(cc),
+                                      .device_ordinal = cfg->device_ordinal,
+                                      .timeout_ms = cfg->timeout_ms};
+        if (!WSYNC_HAS_OP(ops, create) || !WSYNC_HAS_OP(ops, parse_manifest) ||
+            !WSYNC_HAS_OP(ops, open_handle) || !WSYNC_HAS_OP(ops, copy_weights) ||
+            !WSYNC_HAS_OP(ops, record_consumed)) {
+            wsync_host_fail(&lerr, WSYNC_ERR_INCOMPATIBLE, "open",
+                            "%s lacks a consumer member the shims need", d->loader.path);
+            wsync_driver_fall_back(d, "consumer table", &lerr);
+            wsync_loader_close(&d->loader);
+        } else if (ops->create(&cc, &d->consumer, &lerr) != WSYNC_OK) {
+            wsync_driver_fall_back(d, "consumer create", &lerr);
+            wsync_loader_close(&d->loader);
+        } else {
+            d->ops = ops;
+        }
+    }
+    *out = d;
+    return WSYNC_OK;
+}
+
+int wsync_driver_native(const wsync_driver_t *d, const char **why)
+{
+    if (why != NULL)
+        *why = d->ops == NULL ? d->native_why : NULL;
+    return d->ops == NULL;
+}
+
+const wsync_plugin_t *wsync_driver_plugin(const wsync_driver_t *d)
+{
+    return d->ops != NULL ? d->loader.plugin : NULL;
+}
+
+struct wsync_consumer *wsync_driver_consumer(const wsync_driver_t *d)
+{
+    return d->consumer;
+}
+
+static wsync_stream_t wsync_driver_stream(const wsync_driver_t *d)
+{
+    const wsync_engine_ops_t *e = d->cfg.engine;
+    return WSYNC_HAS_FIELD(e, stream) && e->stream != NULL ? e->stream(e->user) : NULL;
+}
+
+static int wsync_driver_same_buffer(const wsync_buffer_desc_t *a, const wsync_buffer_desc_t *b)
+{
+    return a->kind == b->kind && a->handle_len == b->handle_len &&
+           memcmp(a->handle, b->handle, a->handle_len) == 0 && a->pid == b->pid &&
+           strncmp(a->device, b->device, sizeof(a->device)) == 0;
+}
+
+static wsync_driver_buffer_t *wsync_driver_find(wsync_driver_t *d, const wsync_buffer_desc_t *b)
+{
+    for (size_t i = 0; i < d->n_buffers; i++)
+        if (wsync_driver_same_buffer(&d->buffers[i].key, b))
+            return &d->buffers[i];
+    return NULL;
+}
+
+/* Printable buffer name for messages: the shm name, or the first handle bytes in hex. */
+static void wsync_driver_buffer_name(const wsync_buffer_desc_t *b, char *buf, size_t len)
+{
+    if (b->kind == WSYNC_BUFFER_HOST_SHM) {
+        size_t i;
+        for (i = 0; i < b->handle_len && i + 1 < len; i++)
+            buf[i] = b->handle[i] >= 0x20 && b->handle[i] < 0x7f ? (char)b->handle[i] : '?';
+        buf[i] = '\0';
+        return;
+    }
+    size_t off = (size_t)snprintf(buf, len, "ipc:");
+    for (uint32_t i = 0; i < b->handle_len && i < 8 && off + 3 < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, "%02x", b->handle[i]);
+}
+
+static wsync_result_t wsync_driver_parse(wsync_driver_t *d, const char *json, size_t len,
+                                         const wsync_manifest_t **out, wsync_error_t *err)
+{
+    if (d->ops != NULL)
+        return d->ops->parse_manifest(d->consumer, json, len, out, err);
+    wsync_manifest_owned_t *m = NULL;
+    wsync_result_t rc = wsync_manifest_parse(json, len, &m, err);
+    *out = rc == WSYNC_OK ? &m->view : NULL;
+    return rc;
+}
+
+static void wsync_driver_free_manifest(wsync_driver_t *d, const wsync_manifest_t *m)
+{
+    if (m == NULL)
+        return;
+    if (d->ops != NULL)
+        d->ops->manifest_free(d->consumer, m);
+    else
+        wsync_manifest_free(wsync_manifest_owned_from_view(m));
+}
+
+/* Step 2 of apply: everything checked, nothing written. ops[k] is the plan of tensor k in
+ * manifest order. */
+static wsync_result_t wsync_driver_validate(wsync_driver_t *d, const wsync_manifest_t *const *m,
+                                            size_t n, wsync_copy_op_t *ops, wsync_error_t *err)
+{
+    char bname[64];
+    size_t k = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        wsync_driver_buffer_t *known = wsync_driver_find(d, &m[i]->buffer);
+        for (size_t j = 0; j < i; j++)
+            if (wsync_driver_same_buffer(&m[j]->buffer, &m[i]->buffer)) {
+                wsync_driver_buffer_name(&m[i]->buffer, bname, sizeof(bname));
+                return WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                                       "buckets %zu and %zu of one request name the same buffer "
+                                       "%s; send one bucket per buffer per request",
+                                       j, i, bname);
+            }
+        if (known != NULL && m[i]->generation <= known->last_generation) {
+            wsync_driver_buffer_name(&m[i]->buffer, bname, sizeof(bname));
+            return WSYNC_HOST_FAIL(err, WSYNC_ERR_STALE_GENERATION,
+                                   "stale generation %" PRIu64 " for buffer %s: this engine "
+                                   "already consumed generation %" PRIu64
+                                   " from it; publish a newer bucket",
+                                   m[i]->generation, bname, known->last_generation);
+        }
+        for (size_t t = 0; t < m[i]->n_tensors; t++, k++) {
+            wsync_result_t rc =
+                wsync_map_plan(d->cfg.map, d->cfg.engine, &m[i]->tensors[t], &ops[k], err);
+            if (rc != WSYNC_OK)
+                return rc;
+            const wsync_copy_op_t *op = &ops[k];
+            uint64_t last = op->src_offset + (op->rows - 1) * op->src_pitch + op->row_bytes;
+            if (op->row_bytes > 0 && last > m[i]->buffer.bytes)
+                return WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_BOUNDS,
+                                       "tensor \"%s\" reads up to byte %" PRIu64 " of a %" PRIu64
+                                       "-byte buffer",
+                                       m[i]->tensors[t].name, last, m[i]->buffer.bytes);
+        }
+    }
+    return WSYNC_OK;
+}
+
+static wsync_driver_buffer_t *wsync_driver_remember(wsync_driver_t *d, const wsync_buffer_desc_t *b)
+{
+    wsync_driver_buffer_t *e = wsync_driver_find(d, b);
+    if (e != NULL)
+        return e;
+    if (d->n_buffers == d->cap_buffers) {
+        size_t cap = d->cap_buffers ? d->cap_buffers * 2 : 8;
+        void *p = realloc(d->buffers, cap * sizeof(*d->buffers));
+        if (p == NULL)
+            return NULL;
+        d->buffers = p;
+        d->cap_buffers = cap;
+    }
+    e = &d->buffers[d->n_buffers++];
+    memset(e, 0, sizeof(*e));
+    e->key = *b;
+    return e;
+}
+
+/* Step 3 of apply, one bucket. */
+static wsync_result_t wsync_driver_execute(wsync_driver_t *d, const wsync_manifest_t *m,
+                                           const wsync_copy_op_t *ops, wsync_error_t *err)
+{
+    wsync_driver_buffer_t *e = wsync_driver_remember(d, &m->buffer);
+    wsync_result_t rc;
+
+    if (e == NULL)
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "driver: out of memory");
+    if (d->ops == NULL) {
+        const wsync_engine_ops_t *eng = d->cfg.engine;
+        if (!WSYNC_HAS_FIELD(eng, native_copy) || eng->native_copy == NULL)
+            return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
+                                   "no plugin (%s) and the engine gave no native loader",
+                                   d->native_why);
+        rc = eng->native_copy(eng->user, &m->buffer, m->generation, ops, m->n_tensors, err);
+    } else {
+        if (e->handle == NULL) {
+            rc = d->ops->open_handle(d->consumer, &m->buffer, &e->handle, err);
+            if (rc != WSYNC_OK)
+                return rc;
+        }
+        rc = d->ops->copy_weights(d->consumer, e->handle, wsync_driver_stream(d), m->generation,
+                                  ops, m->n_tensors, d->cfg.copy_flags, err);
+        if (rc == WSYNC_OK)
+            rc = d->ops->record_consumed(d->consumer, e->handle,
+                                         (d->cfg.copy_flags & WSYNC_COPY_VERIFY) != 0, err);
+    }
+    if (rc == WSYNC_OK)
+        e->last_generation = m->generation;
+    return rc;
+}
+
+wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifests,
+                                  const size_t *lens, size_t n, uint64_t *generation,
+                                  wsync_error_t *err)
+{
+    const wsync_manifest_t **m;
+    wsync_copy_op_t *ops = NULL;
+    size_t total = 0, k = 0;
+    uint64_t gen = 0;
+    wsync_result_t rc = WSYNC_OK;
+
+    if (d == NULL || (n > 0 && (manifests == NULL || lens == NULL)))
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "apply: NULL driver or manifests");
+    m = calloc(n ? n : 1, sizeof(*m));
+    if (m == NULL)
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "apply: out of memory");
+    for (size_t i = 0; i < n && rc == WSYNC_OK; i++) {
+        rc = wsync_driver_parse(d, manifests[i], lens[i], &m[i], err);
+        if (rc == WSYNC_OK)
+            total += m[i]->n_tensors;
+    }
+    if (rc == WSYNC_OK) {
+        ops = calloc(total ? total : 1, sizeof(*ops));
+        if (ops == NULL)
+            rc = WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "apply: %zu ops", total);
+    }
+    if (rc == WSYNC_OK)
+        rc = wsync_driver_validate(d, m, n, ops, err);
+    for (size_t i = 0; i < n && rc == WSYNC_OK; i++) {
+        rc = wsync_driver_execute(d, m[i], ops + k, err);
+        k += m[i]->n_tensors;
+        if (m[i]->generation > gen)
+            gen = m[i]->generation;
+    }
+    if (rc == WSYNC_OK && generation != NULL)
+        *generation = gen;
+    if (rc != WSYNC_OK)
+        wsync_driver_log(d, WSYNC_LOG_ERROR, "wsync: request refused: %s: %s", wsync_strerror(rc),
+                         err != NULL ? err->message : "");
+    for (size_t i = 0; i < n; i++)
+        wsync_driver_free_manifest(d, m[i]);
+    free(ops);
+    free(m);
+    return rc;
+}
+
+wsync_result_t wsync_driver_drain(wsync_driver_t *d, wsync_error_t *err)
+{
+    if (d->ops == NULL)
+        return WSYNC_OK; /* native copies are blocking */
+    if (!WSYNC_HAS_OP(d->ops, stream_synchronize))
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED, "plugin %s has no stream_synchronize",
+                               d->loader.path);
+    return d->ops->stream_synchronize(d->consumer, wsync_driver_stream(d), err);
+}
+
+wsync_result_t wsync_driver_release(wsync_driver_t *d, wsync_error_t *err)
+{
+    wsync_result_t rc = wsync_driver_drain(d, err);
+    for (size_t i = 0; i < d->n_buffers; i++) {
+        if (d->buffers[i].handle != NULL && d->ops != NULL) {
+            wsync_result_t r = d->ops->close_handle(d->consumer, d->buffers[i].handle, err);
+            if (rc == WSYNC_OK)
+                rc = r;
+        }
+        d->buffers[i].handle = NULL; /* generations stay remembered: replays are still refused */
+    }
+    return rc;
+}
+
+void wsync_driver_flush_cache(wsync_driver_t *d)
+{
+    const wsync_engine_ops_t *e = d->cfg.engine;
+    if (WSYNC_HAS_FIELD(e, flush_cache) && e->flush_cache != NULL)
+        e->flush_cache(e->user);
+}
+
+void wsync_driver_post_load(wsync_driver_t *d)
+{
+    const wsync_engine_ops_t *e = d->cfg.engine;
+    if (WSYNC_HAS_FIELD(e, post_load) && e->post_load != NULL)
+        e->post_load(e->user);
+}
+
+void wsync_driver_close(wsync_driver_t *d)
+{
+    if (d == NULL)
+        return;
+    if (d->ops != NULL) {
+        wsync_driver_release(d, NULL);
+        d->ops->finalize(d->consumer, NULL);
+    }
+    wsync_loader_close(&d->loader);
+    free(d->buffers);
+    free(d);
+}

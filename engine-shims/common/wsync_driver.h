@@ -1,0 +1,76 @@
+/* The request driver every shim ends in. A shim turns its engine's request into wsync manifests
+ * (one per staging buffer); the driver
+ *   1. parses each through the plugin's parse_manifest (or, in native fallback, the same parser
+ *      linked in),
+ *   2. validates and plans EVERYTHING before any byte moves: every tensor name known, every
+ *      shape and dtype right, every source inside its buffer, every generation newer than the
+ *      last one consumed from that buffer,
+ *   3. opens each buffer once (the mapping stays cached across requests), enqueues the copies on
+ *      the engine's stream and records *consumed* (on the copy stream, by the plugin's contract).
+ * A bad request returns its error and leaves every engine parameter untouched.
+ *
+ * Plugin loading never fails the driver: when the plugin is missing, lacks the symbol, speaks
+ * an incompatible ABI or fails init/create, the driver logs why and runs every request through
+ * the engine's native_copy instead.
+ *
+ * Not thread safe: one driver per engine worker, called from one thread. */
+#ifndef WSYNC_DRIVER_H
+#define WSYNC_DRIVER_H
+
+#include <stddef.h>
+#include "wsync_abi.h"
+#include "wsync_mapping.h"
+#include "wsync_registry.h"
+
+typedef struct wsync_driver wsync_driver_t;
+
+typedef struct wsync_driver_config {
+    const char *plugin_path;          /* the engine's config flag; NULL: $WSYNC_PLUGIN, default */
+    const wsync_engine_ops_t *engine; /* borrowed for the driver's life */
+    const wsync_map_table_t *map;     /* the shim's table; borrowed (static data) */
+    wsync_log_fn_t log;               /* NULL: silent; also handed to the plugin */
+    void *log_user;
+    wsync_log_level_t log_level;
+    int device_ordinal;
+    uint32_t timeout_ms; /* consumer waits (0 = plugin default) */
+    uint32_t copy_flags; /* WSYNC_COPY_VERIFY to check wsync64 digests while copying */
+} wsync_driver_config_t;
+
+/* Fails only on invalid arguments or out of memory; a plugin that cannot be used selects the
+ * native fallback (see wsync_driver_native). */
+wsync_result_t wsync_driver_open(const wsync_driver_config_t *cfg, wsync_driver_t **out,
+                                 wsync_error_t *err);
+/* Closes every cached mapping, finalizes the consumer, unloads the plugin. */
+void wsync_driver_close(wsync_driver_t *d);
+
+/* 1 when requests go to the engine's native loader; *why (may be NULL) gets the reason. */
+int wsync_driver_native(const wsync_driver_t *d, const char **why);
+/* The loaded plugin and its consumer (NULL in native mode): engines allocate parameters with
+ * the consumer's mem_alloc so they live where the plugin copies. */
+const wsync_plugin_t *wsync_driver_plugin(const wsync_driver_t *d);
+struct wsync_consumer *wsync_driver_consumer(const wsync_driver_t *d);
+
+/* Apply one request: `n` manifests (JSON text, each naming a distinct buffer). All are parsed,
+ * validated and planned before the first copy. Non-blocking with a plugin (copies enqueued,
+ * consumed recorded); blocking in native mode. On success *generation (may be NULL) gets the
+ * highest generation applied. */
+wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifests,
+                                  const size_t *lens, size_t n, uint64_t *generation,
+                                  wsync_error_t *err);
+
+/* Wait until every copy enqueued on the engine stream is done. Blocking. */
+wsync_result_t wsync_driver_drain(wsync_driver_t *d, wsync_error_t *err);
+
+/* Drain, then close every cached mapping (the engine's half of the retire handshake: close,
+ * ack, then the producer may free its staging). Blocking. */
+wsync_result_t wsync_driver_release(wsync_driver_t *d, wsync_error_t *err);
+
+/* Engine hooks, forwarded when the engine gave them (drained first). */
+void wsync_driver_flush_cache(wsync_driver_t *d);
+void wsync_driver_post_load(wsync_driver_t *d);
+
+/* Log through the configured logger (shims use it for their own messages). */
+void wsync_driver_log(wsync_driver_t *d, wsync_log_level_t level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#endif

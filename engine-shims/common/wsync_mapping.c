@@ -1,0 +1,320 @@
+/* Mapping and TP narrowing. Contract in wsync_mapping.h. */
+#include "wsync_mapping.h"
+
+#include <ctype.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "wsync_dtype.h"
+#include "wsync_host_error.h"
+
+/* Does `name` (from its start) match `pat` exactly? '#' matches [0-9]+ and stores the value. */
+static int wsync_map_match(const char *name, const char *pat, int64_t *expert)
+{
+    while (*pat != '\0') {
+        if (*pat == '#') {
+            char *end;
+            if (!isdigit((unsigned char)*name))
+                return 0;
+            *expert = strtoll(name, &end, 10);
+            name = end;
+            pat++;
+            continue;
+        }
+        if (*name != *pat)
+            return 0;
+        name++;
+        pat++;
+    }
+    return *name == '\0';
+}
+
+/* Try every '.'-boundary suffix of hf_name against one rule. */
+static int wsync_map_rule_matches(const wsync_map_rule_t *r, const char *hf_name, size_t *prefix,
+                                  int64_t *expert)
+{
+    for (size_t p = 0; hf_name[p] != '\0'; p++) {
+        if (p != 0 && hf_name[p - 1] != '.')
+            continue;
+        *expert = -1;
+        if (wsync_map_match(hf_name + p, r->hf_suffix, expert)) {
+            *prefix = p;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+wsync_result_t wsync_map_resolve(const wsync_map_table_t *table, const char *hf_name,
+                                 wsync_map_target_t *out, wsync_error_t *err)
+{
+    const char *engine = table != NULL ? table->engine : "?";
+
+    for (const wsync_map_table_t *t = table; t != NULL; t = t->next) {
+        for (size_t i = 0; i < t->n_rules; i++) {
+            size_t prefix;
+            int64_t expert;
+            if (!wsync_map_rule_matches(&t->rules[i], hf_name, &prefix, &expert))
+                continue;
+            if (snprintf(out->engine_name, sizeof(out->engine_name), "%.*s%s", (int)prefix, hf_name,
+                         t->rules[i].engine_suffix) >= (int)sizeof(out->engine_name))
+                return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                                       "tensor \"%s\": engine name longer than %d bytes", hf_name,
+                                       WSYNC_MAP_NAME_MAX - 1);
+            out->rule = &t->rules[i];
+            out->expert = expert;
+            return WSYNC_OK;
+        }
+    }
+    return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_FOUND,
+                           "unknown tensor \"%s\": no %s mapping rule matches it; send HF "
+                           "checkpoint names the engine's model has",
+                           hf_name, engine);
+}
+
+/* Geometry of one planned copy, in elements, before it becomes bytes. */
+typedef struct wsync_map_geom {
+    int64_t hf_rows, hf_cols; /* the shape the HF tensor must have */
+    int64_t src_row, src_col; /* first source element read */
+    int64_t rows, cols;       /* block copied */
+    int64_t dst_base;         /* element offset of the destination block in the parameter */
+    int64_t dst_cols;         /* row length of the destination */
+    int64_t param_rows;       /* rows of the parameter's 2-D view the block lands in */
+    int64_t dst_row;          /* row offset inside that view */
+} wsync_map_geom_t;
+
+static int64_t wsync_map_elems(const wsync_param_info_t *p)
+{
+    int64_t n = 1;
+    for (uint32_t i = 0; i < p->ndim; i++)
+        n *= p->shape[i];
+    return n;
+}
+
+#define WSYNC_MAP_REQUIRE(cond, ...)                                                               \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, __VA_ARGS__);                  \
+    } while (0)
+
+/* Rows of part `part` for this rank: how many, where the rank's range starts in the HF tensor,
+ * and where it lands in the fused parameter. */
+static wsync_result_t wsync_map_column_part(wsync_map_part_t part, const wsync_model_dims_t *d,
+                                            uint32_t r, uint32_t n, const char *pname,
+                                            int64_t *hf_rows, int64_t *src_row, int64_t *rows,
+                                            int64_t *dst_row, wsync_error_t *err)
+{
+    int64_t q, kvpr, head0, inter;
+
+    switch (part) {
+    case WSYNC_PART_Q:
+    case WSYNC_PART_K:
+    case WSYNC_PART_V:
+        WSYNC_MAP_REQUIRE(d->heads % n == 0 && d->kv_heads > 0 &&
+                              (d->kv_heads % n == 0 || n % d->kv_heads == 0),
+                          "%s: tp %u does not divide heads %" PRId64 " / kv_heads %" PRId64, pname,
+                          n, d->heads, d->kv_heads);
+        q = d->heads / n * d->head_dim;
+        kvpr = d->kv_heads >= n ? d->kv_heads / n : 1;
+        head0 = d->kv_heads >= n ? (int64_t)r * kvpr : (int64_t)r / (n / d->kv_heads);
+        if (part == WSYNC_PART_Q) {
+            *hf_rows = d->heads * d->head_dim, *src_row = r * q, *rows = q, *dst_row = 0;
+        } else {
+            *hf_rows = d->kv_heads * d->head_dim;
+            *src_row = head0 * d->head_dim;
+            *rows = kvpr * d->head_dim;
+            *dst_row = q + (part == WSYNC_PART_V ? *rows : 0);
+        }
+        return WSYNC_OK;
+    case WSYNC_PART_GATE:
+    case WSYNC_PART_UP:
+    case WSYNC_PART_EXPERT_W1:
+    case WSYNC_PART_EXPERT_W3:
+        inter = (part == WSYNC_PART_GATE || part == WSYNC_PART_UP) ? d->intermediate
+                                                                   : d->moe_intermediate;
+        WSYNC_MAP_REQUIRE(inter % n == 0, "%s: tp %u does not divide intermediate %" PRId64, pname,
+                          n, inter);
+        *hf_rows = inter;
+        *rows = inter / n;
+        *src_row = r * *rows;
+        *dst_row = (part == WSYNC_PART_UP || part == WSYNC_PART_EXPERT_W3) ? *rows : 0;
+        return WSYNC_OK;
+    default:
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INTERNAL, "%s: part %d is not a column part", pname,
+                               (int)part);
+    }
+}
+
+static wsync_result_t wsync_map_geometry(const wsync_map_target_t *tg, const wsync_param_info_t *p,
+                                         const wsync_model_dims_t *d, uint32_t r, uint32_t n,
+                                         wsync_map_geom_t *g, wsync_error_t *err)
+{
+    const char *pname = tg->engine_name;
+    int expert = tg->rule->part >= WSYNC_PART_EXPERT_W1;
+    uint32_t base = expert ? 1 : 0; /* dims before the 2-D view */
+
+    memset(g, 0, sizeof(*g));
+    if (expert) {
+        WSYNC_MAP_REQUIRE(p->ndim == 3, "%s: expert parameter must be 3-D, the engine has %u-D",
+                          pname, p->ndim);
+        if (tg->expert < 0 || tg->expert >= p->shape[0])
+            return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_FOUND,
+                                   "expert %" PRId64 " does not exist in %s (%" PRId64
+                                   " experts); send expert ids below %" PRId64,
+                                   tg->expert, pname, p->shape[0], p->shape[0]);
+        g->dst_base = tg->expert * p->shape[1] * p->shape[2];
+    }
+
+    if (tg->rule->split == WSYNC_TP_REPLICATED) {
+        /* Whole tensor, any rank: viewed as one row. */
+        g->hf_rows = -1; /* shape compared dimension by dimension by the caller */
+        g->rows = 1;
+        g->cols = wsync_map_elems(p);
+        g->dst_cols = g->cols;
+        g->param_rows = 1;
+        return WSYNC_OK;
+    }
+    WSYNC_MAP_REQUIRE(p->ndim == base + 2, "%s: a %s-parallel parameter must be %u-D, it is %u-D",
+                      pname, tg->rule->split == WSYNC_TP_COLUMN ? "column" : "row", base + 2,
+                      p->ndim);
+    g->param_rows = p->shape[base];
+    g->dst_cols = p->shape[base + 1];
+
+    if (tg->rule->split == WSYNC_TP_ROW) {
+        g->hf_rows = p->shape[base];
+        g->hf_cols = p->shape[base + 1] * n;
+        g->rows = p->shape[base];
+        g->cols = p->shape[base + 1];
+        g->src_col = (int64_t)r * g->cols;
+        return WSYNC_OK;
+    }
+    /* Column-parallel. */
+    g->hf_cols = g->cols = p->shape[base + 1];
+    if (tg->rule->part == WSYNC_PART_WHOLE) {
+        g->rows = p->shape[base];
+        g->hf_rows = g->rows * n;
+        g->src_row = (int64_t)r * g->rows;
+        return WSYNC_OK;
+    }
+    return wsync_map_column_part(tg->rule->part, d, r, n, pname, &g->hf_rows, &g->src_row, &g->rows,
+                                 &g->dst_row, err);
+}
+
+static void wsync_map_shape_str(const int64_t *shape, uint32_t ndim, char *buf, size_t len)
+{
+    size_t off = 0;
+    off += (size_t)snprintf(buf + off, len - off, "[");
+    for (uint32_t i = 0; i < ndim && off < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, "%s%" PRId64, i ? ", " : "", shape[i]);
+    if (off < len)
+        snprintf(buf + off, len - off, "]");
+}
+
+static wsync_result_t wsync_map_check_shape(const wsync_tensor_desc_t *t,
+                                            const wsync_map_target_t *tg,
+                                            const wsync_param_info_t *p, const wsync_map_geom_t *g,
+                                            wsync_error_t *err)
+{
+    int64_t want[WSYNC_MAX_DIMS];
+    uint32_t ndim;
+    char got_s[128], want_s[128];
+
+    if (g->hf_rows < 0) {
+        ndim = p->ndim;
+        memcpy(want, p->shape, sizeof(want));
+    } else {
+        ndim = 2;
+        want[0] = g->hf_rows;
+        want[1] = g->hf_cols;
+    }
+    int ok = t->ndim == ndim;
+    for (uint32_t i = 0; ok && i < ndim; i++)
+        ok = t->shape[i] == want[i];
+    if (ok)
+        return WSYNC_OK;
+    wsync_map_shape_str(t->shape, t->ndim, got_s, sizeof(got_s));
+    wsync_map_shape_str(want, ndim, want_s, sizeof(want_s));
+    return WSYNC_HOST_FAIL(err, WSYNC_ERR_LAYOUT_MISMATCH,
+                           "wrong shape for tensor \"%s\": got %s, the engine parameter %s needs "
+                           "%s; send the unsharded HF tensor",
+                           t->name, got_s, tg->engine_name, want_s);
+}
+
+wsync_result_t wsync_map_plan(const wsync_map_table_t *table, const wsync_engine_ops_t *eng,
+                              const wsync_tensor_desc_t *t, wsync_copy_op_t *op, wsync_error_t *err)
+{
+    wsync_map_target_t tg;
+    wsync_param_info_t p;
+    wsync_model_dims_t d;
+    wsync_map_geom_t g;
+    uint32_t rank = 0, size = 1;
+    size_t es;
+    wsync_result_t rc;
+
+    rc = wsync_map_resolve(table, t->name, &tg, err);
+    if (rc != WSYNC_OK)
+        return rc;
+    memset(&p, 0, sizeof(p));
+    if (eng->param(eng->user, tg.engine_name, &p) != 0)
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_FOUND,
+                               "unknown tensor \"%s\": it maps to engine parameter \"%s\", which "
+                               "this %s engine does not have",
+                               t->name, tg.engine_name, table->engine);
+    if (t->dtype != p.dtype)
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_LAYOUT_MISMATCH,
+                               "wrong dtype for tensor \"%s\": got %s, the engine parameter %s is "
+                               "%s; convert before sending (the engine does not cast)",
+                               t->name, wsync_dtype_name(t->dtype), tg.engine_name,
+                               wsync_dtype_name(p.dtype));
+    memset(&d, 0, sizeof(d));
+    eng->dims(eng->user, &d);
+    eng->tp(eng->user, &rank, &size);
+    if (size == 0 || rank >= size)
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                               "engine reports tp rank %u of size %u", rank, size);
+    rc = wsync_map_geometry(&tg, &p, &d, rank, size, &g, err);
+    if (rc != WSYNC_OK)
+        return rc;
+    rc = wsync_map_check_shape(t, &tg, &p, &g, err);
+    if (rc != WSYNC_OK)
+        return rc;
+    if (g.cols != g.dst_cols && tg.rule->split != WSYNC_TP_ROW)
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_LAYOUT_MISMATCH,
+                               "wrong shape for tensor \"%s\": %" PRId64
+                               " columns, engine parameter %s has %" PRId64,
+                               t->name, g.cols, tg.engine_name, g.dst_cols);
+    if (g.dst_row + g.rows > g.param_rows && tg.rule->split == WSYNC_TP_COLUMN)
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_LAYOUT_MISMATCH,
+                               "tensor \"%s\" rows [%" PRId64 ", %" PRId64
+                               ") fall outside engine parameter %s (%" PRId64
+                               " rows); the engine's model dims disagree with its parameters",
+                               t->name, g.dst_row, g.dst_row + g.rows, tg.engine_name,
+                               g.param_rows);
+
+    es = wsync_dtype_size(p.dtype);
+    uint64_t param_bytes = (uint64_t)wsync_map_elems(&p) * es;
+    uint64_t dst_off = (uint64_t)(g.dst_base + g.dst_row * g.dst_cols) * es;
+    memset(op, 0, sizeof(*op));
+    op->dst = (uint8_t *)p.ptr + dst_off;
+    op->dst_extent = param_bytes - dst_off;
+    if (tg.rule->split == WSYNC_TP_ROW) {
+        op->rows = (uint64_t)g.rows;
+        op->row_bytes = (uint64_t)g.cols * es;
+        op->src_pitch = (uint64_t)g.hf_cols * es;
+        op->dst_pitch = (uint64_t)g.dst_cols * es;
+        op->src_offset = t->offset + (uint64_t)g.src_col * es;
+    } else {
+        /* A contiguous range of whole rows: one 1-D op. */
+        op->rows = 1;
+        op->row_bytes = (uint64_t)(g.rows * g.cols) * es;
+        op->src_pitch = op->dst_pitch = op->row_bytes;
+        op->src_offset = t->offset + (uint64_t)(g.src_row * g.cols) * es;
+    }
+    if (t->has_digest && op->rows == 1 && op->row_bytes == t->nbytes) {
+        op->digest = t->digest;
+        op->has_digest = 1;
+    }
+    return WSYNC_OK;
+}

@@ -1,0 +1,79 @@
+/* HF checkpoint names -> engine parameters, table-driven (the "stacked params mapping" of SGLang
+ * and vLLM, LMDeploy's params_mapping), and tensor-parallel narrowing. One rule per HF suffix;
+ * a shim's table is its own rules chained to the shared ones (wsync_map_rules.h).
+ *
+ * Planning turns one HF tensor of a manifest into exactly one copy op into the engine parameter
+ * it belongs to, for this worker's TP rank:
+ *   column-parallel (qkv, gate_up, experts w1/w3, vocab rows): a contiguous dim-0 range, 1-D op;
+ *   row-parallel (o_proj, down_proj, experts w2): a dim-1 slice, a 2-D op with pitches;
+ *   replicated (norms, router): the whole tensor;
+ *   k/v heads: split when tp <= kv_heads, replicated (rank r takes head r / (tp / kv_heads))
+ *   when tp > kv_heads.
+ * Pure functions of their inputs; thread safe. */
+#ifndef WSYNC_MAPPING_H
+#define WSYNC_MAPPING_H
+
+#include <stddef.h>
+#include "wsync_abi.h"
+#include "wsync_registry.h"
+
+#define WSYNC_MAP_NAME_MAX 256
+
+/* Where an HF tensor lands inside its engine parameter (the shard id). */
+typedef enum wsync_map_part {
+    WSYNC_PART_WHOLE = 0,     /* the engine parameter is this tensor (narrowed for TP) */
+    WSYNC_PART_Q = 1,         /* qkv_proj rows [0, q) */
+    WSYNC_PART_K = 2,         /* qkv_proj rows [q, q + kv) */
+    WSYNC_PART_V = 3,         /* qkv_proj rows [q + kv, q + 2 kv) */
+    WSYNC_PART_GATE = 4,      /* gate_up_proj rows [0, i) */
+    WSYNC_PART_UP = 5,        /* gate_up_proj rows [i, 2 i) */
+    WSYNC_PART_EXPERT_W1 = 6, /* w13[e] rows [0, mi) (gate_proj of expert e) */
+    WSYNC_PART_EXPERT_W3 = 7, /* w13[e] rows [mi, 2 mi) (up_proj of expert e) */
+    WSYNC_PART_EXPERT_W2 = 8  /* w2[e] (down_proj of expert e), row-parallel */
+} wsync_map_part_t;
+
+typedef enum wsync_tp_split {
+    WSYNC_TP_REPLICATED = 0,
+    WSYNC_TP_COLUMN = 1, /* narrow dim 0 */
+    WSYNC_TP_ROW = 2     /* narrow dim 1 */
+} wsync_tp_split_t;
+
+/* `hf_suffix` matches the end of an HF name at a '.' boundary; '#' in it matches one decimal
+ * index (the expert id). The engine name is the matched prefix + `engine_suffix`. */
+typedef struct wsync_map_rule {
+    const char *hf_suffix;
+    const char *engine_suffix;
+    wsync_map_part_t part;
+    wsync_tp_split_t split;
+} wsync_map_rule_t;
+
+/* Rules are tried in order, then `next`'s: put specific rules (experts) before general ones. */
+typedef struct wsync_map_table {
+    const char *engine; /* "sglang", ... (messages) */
+    const wsync_map_rule_t *rules;
+    size_t n_rules;
+    const struct wsync_map_table *next;
+} wsync_map_table_t;
+
+/* The engine parameter an HF name maps to. */
+typedef struct wsync_map_target {
+    const wsync_map_rule_t *rule;
+    char engine_name[WSYNC_MAP_NAME_MAX];
+    int64_t expert; /* -1 unless the rule captured '#' */
+} wsync_map_target_t;
+
+/* Find the rule for `hf_name`. NOT_FOUND (naming the tensor and the engine) when none matches. */
+wsync_result_t wsync_map_resolve(const wsync_map_table_t *table, const char *hf_name,
+                                 wsync_map_target_t *out, wsync_error_t *err);
+
+/* Plan the copy of tensor `t` (offsets relative to its buffer's usable region) into the engine:
+ * resolve, look the parameter up through `eng`, check dtype and the HF shape the parameter
+ * implies, and fill *op (dst_extent = bytes of the parameter from op->dst). Nothing is written
+ * anywhere but *op. Errors: NOT_FOUND (no rule, or the engine lacks the parameter),
+ * LAYOUT_MISMATCH (shape or dtype; the message says which), INVALID_ARGUMENT (dims that the TP
+ * size does not divide). */
+wsync_result_t wsync_map_plan(const wsync_map_table_t *table, const wsync_engine_ops_t *eng,
+                              const wsync_tensor_desc_t *t, wsync_copy_op_t *op,
+                              wsync_error_t *err);
+
+#endif

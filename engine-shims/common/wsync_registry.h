@@ -1,0 +1,67 @@
+/* What an engine gives a shim: its parameter registry (name -> storage, dtype, shape), its tensor
+ * parallel position, the model dimensions the fused layouts depend on, the stream weight copies
+ * run on, and its hooks (cache flush, post-load, native loader). A struct of function pointers
+ * plus one user pointer, so an engine written in any language can fill it.
+ *
+ * Lifetime: the engine owns the struct and everything its callbacks return; it must outlive the
+ * driver that holds it. Callbacks are invoked from the thread that calls the driver, never
+ * concurrently with each other. */
+#ifndef WSYNC_REGISTRY_H
+#define WSYNC_REGISTRY_H
+
+#include <stdint.h>
+#include "wsync_abi.h"
+
+/* One engine parameter. `ptr` is plugin memory (device memory for CUDA); the address must stay
+ * fixed for the life of the engine (updates are in place, CUDA graphs stay valid). */
+typedef struct wsync_param_info {
+    void *ptr;
+    wsync_dtype_t dtype;
+    uint32_t ndim;
+    int64_t shape[WSYNC_MAX_DIMS];
+} wsync_param_info_t;
+
+/* The unsharded model dimensions. The mapping derives fused-part row offsets (k inside qkv_proj,
+ * up inside gate_up_proj) and the expected HF shapes from them. experts = 0: dense model. */
+typedef struct wsync_model_dims {
+    int64_t hidden;
+    int64_t heads;
+    int64_t kv_heads;
+    int64_t head_dim;
+    int64_t intermediate;
+    int64_t experts;
+    int64_t moe_intermediate;
+    int64_t vocab;
+} wsync_model_dims_t;
+
+typedef struct wsync_engine_ops {
+    size_t struct_size;
+    void *user;
+
+    /* Engine parameter `name` (engine naming, e.g. "model.layers.0.self_attn.qkv_proj.weight").
+     * Returns 0 and fills *out when known, -1 when the engine has no such parameter. Required. */
+    int (*param)(void *user, const char *name, wsync_param_info_t *out);
+    /* This engine worker's tensor-parallel rank and size (size >= 1). Required. */
+    void (*tp)(void *user, uint32_t *rank, uint32_t *size);
+    /* Model dimensions. Required. */
+    void (*dims)(void *user, wsync_model_dims_t *out);
+    /* The stream weight copies must run on (the engine's load stream); NULL = the plugin's
+     * default stream. Optional. */
+    wsync_stream_t (*stream)(void *user);
+    /* Drop cached state derived from the weights (SGLang flush_cache, vLLM prefix-cache reset).
+     * Called after the copies of a request are enqueued and the stream drained. Optional. */
+    void (*flush_cache)(void *user);
+    /* Post-processing once a weight version is complete (LMDeploy `finished`, vLLM
+     * finish_weight_update). Called with the stream drained. Optional. */
+    void (*post_load)(void *user);
+    /* The engine's own loader, used when no plugin could be loaded. It receives ops the driver
+     * validated and planned exactly as for the plugin (src offsets into `buffer`'s usable region,
+     * dst inside engine parameters) and must perform them itself, including any ready/consumed
+     * handshake the buffer carries. Blocking. Optional: without it a plugin failure makes
+     * every request fail with NOT_SUPPORTED instead of falling back. */
+    wsync_result_t (*native_copy)(void *user, const wsync_buffer_desc_t *buffer,
+                                  uint64_t generation, const wsync_copy_op_t *ops, size_t n_ops,
+                                  wsync_error_t *err);
+} wsync_engine_ops_t;
+
+#endif

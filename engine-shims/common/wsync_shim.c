@@ -1,0 +1,99 @@
+/* Shim dispatch and the helpers shims share. Contract in wsync_shim.h. */
+#include "wsync_shim.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "wsync_host_error.h"
+#include "wsync_request.h"
+
+const wsync_shim_t *wsync_shim_find(const char *engine)
+{
+    static const wsync_shim_t *const all[] = {&wsync_shim_sglang, &wsync_shim_vllm,
+                                              &wsync_shim_lmdeploy};
+    for (size_t i = 0; engine != NULL && i < sizeof(all) / sizeof(all[0]); i++)
+        if (strcmp(all[i]->engine, engine) == 0)
+            return all[i];
+    return NULL;
+}
+
+void wsync_shim_ctx_init(wsync_shim_ctx_t *ctx, wsync_driver_t *d, uint32_t rank, uint32_t size)
+{
+    ctx->driver = d;
+    ctx->tp_rank = rank;
+    ctx->tp_size = size ? size : 1;
+    ctx->state = json_object();
+}
+
+void wsync_shim_ctx_free(wsync_shim_ctx_t *ctx)
+{
+    json_decref(ctx->state);
+    ctx->state = NULL;
+}
+
+char *wsync_shim_serve(const wsync_shim_t *s, wsync_shim_ctx_t *ctx, const char *text, size_t len,
+                       wsync_result_t *rc_out, wsync_error_t *err)
+{
+    wsync_error_t local = {.struct_size = sizeof(local)};
+    wsync_error_t *e = err != NULL ? err : &local;
+    json_error_t jerr;
+    json_t *req = json_loadb(text, len, 0, &jerr), *extra = NULL, *reply;
+    const char *method = NULL;
+    wsync_result_t rc;
+    char *out;
+
+    if (req == NULL)
+        rc = WSYNC_HOST_FAIL(e, WSYNC_ERR_BAD_MANIFEST, "%s request is not JSON: %s (line %d)",
+                             s->engine, jerr.text, jerr.line);
+    else if ((method = json_string_value(json_object_get(req, "method"))) == NULL)
+        rc = WSYNC_HOST_FAIL(e, WSYNC_ERR_BAD_MANIFEST, "%s request has no \"method\" string",
+                             s->engine);
+    else
+        rc = s->handle(ctx, method, req, &extra, e);
+    reply =
+        rc == WSYNC_OK ? wsync_req_reply_ok(method, extra) : wsync_req_reply_error(method, rc, e);
+    if (rc != WSYNC_OK)
+        json_decref(extra);
+    out = reply != NULL ? json_dumps(reply, JSON_COMPACT) : NULL;
+    json_decref(reply);
+    json_decref(req);
+    if (rc_out != NULL)
+        *rc_out = rc;
+    return out;
+}
+
+wsync_result_t wsync_shim_apply(wsync_shim_ctx_t *ctx, json_t **manifests, size_t n,
+                                uint64_t *generation, wsync_error_t *err)
+{
+    char **text = calloc(n ? n : 1, sizeof(*text));
+    size_t *lens = calloc(n ? n : 1, sizeof(*lens));
+    wsync_result_t rc =
+        text && lens ? WSYNC_OK : WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "apply: OOM");
+
+    for (size_t i = 0; i < n && rc == WSYNC_OK; i++)
+        rc = wsync_req_dump(manifests[i], &text[i], &lens[i], err);
+    if (rc == WSYNC_OK)
+        rc = wsync_driver_apply(ctx->driver, (const char *const *)text, lens, n, generation, err);
+    for (size_t i = 0; i < n; i++) {
+        if (text != NULL)
+            free(text[i]);
+        json_decref(manifests[i]);
+    }
+    free(text);
+    free(lens);
+    return rc;
+}
+
+json_t *wsync_shim_rank_buckets(const wsync_shim_encode_t *in, int with_buffer, wsync_error_t *err)
+{
+    json_t *list = json_array();
+    for (size_t r = 0; list != NULL && r < in->n_ranks; r++) {
+        json_t *b = wsync_req_bucket_encode(in->manifests[r], with_buffer, err);
+        if (b == NULL) {
+            json_decref(list);
+            return NULL;
+        }
+        json_array_append_new(list, b);
+    }
+    return list;
+}

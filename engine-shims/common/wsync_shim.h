@@ -1,0 +1,67 @@
+/* The shape of a shim. Each engine shim is a table: its mapping rules, an engine-side handler
+ * for its request messages and a trainer-side encoder producing them. What they share (manifest
+ * building, bucket codec, the driver) lives in this folder; the tables live in
+ * engine-shims/<engine>/.
+ *
+ * Messages are JSON objects with a "method" member naming the engine API they mirror
+ * (e.g. "update_weights_from_tensor"); replies are {"ok": true|false, "method", ...}. */
+#ifndef WSYNC_SHIM_H
+#define WSYNC_SHIM_H
+
+#include <jansson.h>
+#include "wsync_driver.h"
+#include "wsync_mapping.h"
+
+/* Per-worker state of one shim. Owned by the engine; `state` is a JSON object the shim keeps
+ * between requests (LMDeploy's persistent buffer, vLLM's open update), created by
+ * wsync_shim_ctx_init and freed by wsync_shim_ctx_free. */
+typedef struct wsync_shim_ctx {
+    wsync_driver_t *driver;
+    uint32_t tp_rank, tp_size;
+    json_t *state;
+} wsync_shim_ctx_t;
+
+/* Trainer-side input for one bucket. */
+typedef struct wsync_shim_encode {
+    const char *const *manifests; /* what publish returned, one per TP rank (or one for all) */
+    size_t n_ranks;
+    int first;                  /* first bucket of a weight version */
+    int finished;               /* last bucket of a weight version */
+    const char *weight_version; /* NULL: none */
+    int packed;                 /* vLLM: packed bucket (1) or per-tensor IPC handles (0) */
+    int with_buffer;            /* LMDeploy: send the flattened tensor (first use of a buffer) */
+} wsync_shim_encode_t;
+
+typedef struct wsync_shim {
+    const char *engine; /* "sglang", "vllm", "lmdeploy" */
+    const wsync_map_table_t *map;
+    /* Engine side: handle one request. *extra (may stay NULL) is merged into the OK reply. */
+    wsync_result_t (*handle)(wsync_shim_ctx_t *ctx, const char *method, json_t *req, json_t **extra,
+                             wsync_error_t *err);
+    /* Trainer side: the messages for one bucket, to send in order (each gets a reply). */
+    wsync_result_t (*encode)(const wsync_shim_encode_t *in, json_t **msgs, wsync_error_t *err);
+} wsync_shim_t;
+
+extern const wsync_shim_t wsync_shim_sglang;
+extern const wsync_shim_t wsync_shim_vllm;
+extern const wsync_shim_t wsync_shim_lmdeploy;
+
+/* "sglang" / "vllm" / "lmdeploy" -> shim, NULL when unknown. */
+const wsync_shim_t *wsync_shim_find(const char *engine);
+
+void wsync_shim_ctx_init(wsync_shim_ctx_t *ctx, wsync_driver_t *d, uint32_t rank, uint32_t size);
+void wsync_shim_ctx_free(wsync_shim_ctx_t *ctx);
+
+/* Engine side, whole message: parse `text`, dispatch to the shim, return the reply as JSON text
+ * (malloc'd, never NULL unless out of memory). *rc (may be NULL) gets the result. */
+char *wsync_shim_serve(const wsync_shim_t *s, wsync_shim_ctx_t *ctx, const char *text, size_t len,
+                       wsync_result_t *rc, wsync_error_t *err);
+
+/* For shims: hand decoded manifests (stolen) to the driver. *generation may be NULL. */
+wsync_result_t wsync_shim_apply(wsync_shim_ctx_t *ctx, json_t **manifests, size_t n,
+                                uint64_t *generation, wsync_error_t *err);
+
+/* For encoders: a JSON array with `bucket_of(manifest)` for every rank. */
+json_t *wsync_shim_rank_buckets(const wsync_shim_encode_t *in, int with_buffer, wsync_error_t *err);
+
+#endif

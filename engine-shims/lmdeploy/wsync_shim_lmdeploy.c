@@ -1,0 +1,100 @@
+/* LMDeploy shim. Mirrors the PyTorch engine's update_params(UpdateParamsRequest):
+ *   {"method": "update_params",
+ *    "serialized_named_tensors": [<bucket of TP rank 0>, ...],   (or one for all)
+ *    "load_format": "flattened_bucket", "finished": false}
+ * with a persistent staging buffer: the first bucket carries "flattened_tensor" (the buffer);
+ * later buckets carry only metadata and a newer generation, and the engine reuses the mapping.
+ * The ready/consumed ping-pong is the plugin's: copies wait for *ready*, and *consumed* is
+ * recorded on the stream that did the copies (the fix for torn weights when the trainer reuses
+ * the buffer). On "finished" the engine's post-load hook runs once the copies are done.
+ * LMDeploy names fused experts experts.gate_up / experts.down. */
+#include <string.h>
+
+#include "wsync_host_error.h"
+#include "wsync_map_rules.h"
+#include "wsync_request.h"
+#include "wsync_shim.h"
+
+static const wsync_map_rule_t wsync_lmdeploy_rules[] = {
+    {"mlp.experts.#.gate_proj.weight", "mlp.experts.gate_up.weight", WSYNC_PART_EXPERT_W1,
+     WSYNC_TP_COLUMN},
+    {"mlp.experts.#.up_proj.weight", "mlp.experts.gate_up.weight", WSYNC_PART_EXPERT_W3,
+     WSYNC_TP_COLUMN},
+    {"mlp.experts.#.down_proj.weight", "mlp.experts.down.weight", WSYNC_PART_EXPERT_W2,
+     WSYNC_TP_ROW},
+};
+
+static const wsync_map_table_t wsync_lmdeploy_map = {
+    .engine = "lmdeploy",
+    .rules = wsync_lmdeploy_rules,
+    .n_rules = sizeof(wsync_lmdeploy_rules) / sizeof(wsync_lmdeploy_rules[0]),
+    .next = &wsync_map_dense,
+};
+
+static wsync_result_t wsync_lmdeploy_update(wsync_shim_ctx_t *ctx, json_t *req, json_t **extra,
+                                            wsync_error_t *err)
+{
+    const char *fmt = json_string_value(json_object_get(req, "load_format"));
+    int finished = json_is_true(json_object_get(req, "finished"));
+    json_t *bucket, *fresh, *manifest;
+    uint64_t gen = 0;
+    wsync_result_t rc;
+
+    if (fmt == NULL || strcmp(fmt, "flattened_bucket") != 0)
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
+                               "load_format \"%s\" is not supported by the wsync path; send "
+                               "load_format=\"flattened_bucket\"",
+                               fmt ? fmt : "(none)");
+    bucket = wsync_req_pick_rank(json_object_get(req, "serialized_named_tensors"), ctx->tp_rank,
+                                 ctx->tp_size, "serialized_named_tensors", err);
+    if (bucket == NULL)
+        return WSYNC_ERR_BAD_MANIFEST;
+    fresh = json_object_get(json_object_get(bucket, "flattened_tensor"), "buffer");
+    rc = wsync_req_bucket_decode(bucket,
+                                 fresh ? fresh : json_object_get(ctx->state, "persistent_buffer"),
+                                 finished, &manifest, err);
+    if (rc == WSYNC_OK)
+        rc = wsync_shim_apply(ctx, &manifest, 1, &gen, err);
+    if (rc != WSYNC_OK)
+        return rc;
+    /* Remember the buffer only once a bucket from it was accepted. */
+    if (fresh != NULL)
+        json_object_set(ctx->state, "persistent_buffer", fresh);
+    if (finished) {
+        rc = wsync_driver_drain(ctx->driver, err);
+        if (rc != WSYNC_OK)
+            return rc;
+        wsync_driver_post_load(ctx->driver);
+    }
+    *extra = json_pack("{s:I, s:b}", "generation", (json_int_t)gen, "finished", finished);
+    return WSYNC_OK;
+}
+
+static wsync_result_t wsync_lmdeploy_handle(wsync_shim_ctx_t *ctx, const char *method, json_t *req,
+                                            json_t **extra, wsync_error_t *err)
+{
+    if (strcmp(method, "update_params") == 0)
+        return wsync_lmdeploy_update(ctx, req, extra, err);
+    return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
+                           "lmdeploy shim: unknown method \"%s\"; use update_params", method);
+}
+
+static wsync_result_t wsync_lmdeploy_encode(const wsync_shim_encode_t *in, json_t **msgs,
+                                            wsync_error_t *err)
+{
+    json_t *buckets = wsync_shim_rank_buckets(in, in->with_buffer, err);
+    if (buckets == NULL)
+        return err != NULL ? err->code : WSYNC_ERR_BAD_MANIFEST;
+    *msgs =
+        json_pack("[{s:s, s:o, s:s, s:b}]", "method", "update_params", "serialized_named_tensors",
+                  buckets, "load_format", "flattened_bucket", "finished", in->finished);
+    return *msgs != NULL ? WSYNC_OK
+                         : WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "lmdeploy encode: OOM");
+}
+
+const wsync_shim_t wsync_shim_lmdeploy = {
+    .engine = "lmdeploy",
+    .map = &wsync_lmdeploy_map,
+    .handle = wsync_lmdeploy_handle,
+    .encode = wsync_lmdeploy_encode,
+};

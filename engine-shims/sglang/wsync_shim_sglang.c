@@ -1,0 +1,90 @@
+/* SGLang shim. Mirrors Engine.update_weights_from_tensor(UpdateWeightsFromTensorReqInput):
+ *   {"method": "update_weights_from_tensor",
+ *    "serialized_named_tensors": [<bucket of TP rank 0>, <rank 1>, ...],   (or one for all)
+ *    "load_format": "flattened_bucket", "flush_cache": true, "weight_version": "step-7"}
+ * where a bucket is a FlattenedTensorBucket (wsync_request.h). Names are HF checkpoint names;
+ * the engine maps them with its stacked_params_mapping (q/k/v -> qkv_proj, gate/up ->
+ * gate_up_proj) and expert_params_mapping (experts -> w13_weight / w2_weight), then narrows for
+ * its TP rank. flush_cache runs the engine's flush hook after the copies are done. */
+#include <string.h>
+
+#include "wsync_host_error.h"
+#include "wsync_map_rules.h"
+#include "wsync_request.h"
+#include "wsync_shim.h"
+
+static const wsync_map_table_t wsync_sglang_map = {
+    .engine = "sglang", .rules = NULL, .n_rules = 0, .next = &wsync_map_fused_moe_w13};
+
+static wsync_result_t wsync_sglang_update(wsync_shim_ctx_t *ctx, json_t *req, json_t **extra,
+                                          wsync_error_t *err)
+{
+    const char *fmt = json_string_value(json_object_get(req, "load_format"));
+    const char *version = json_string_value(json_object_get(req, "weight_version"));
+    json_t *flush = json_object_get(req, "flush_cache");
+    json_t *bucket, *manifest;
+    uint64_t gen = 0;
+    wsync_result_t rc;
+
+    if (fmt == NULL || strcmp(fmt, "flattened_bucket") != 0)
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
+                               "load_format \"%s\" is not supported by the wsync path; send "
+                               "load_format=\"flattened_bucket\"",
+                               fmt ? fmt : "(none)");
+    bucket = wsync_req_pick_rank(json_object_get(req, "serialized_named_tensors"), ctx->tp_rank,
+                                 ctx->tp_size, "serialized_named_tensors", err);
+    if (bucket == NULL)
+        return WSYNC_ERR_BAD_MANIFEST;
+    rc = wsync_req_bucket_decode(bucket, NULL, 0, &manifest, err);
+    if (rc == WSYNC_OK)
+        rc = wsync_shim_apply(ctx, &manifest, 1, &gen, err);
+    if (rc != WSYNC_OK)
+        return rc;
+    /* SGLang's default is flush_cache=True. */
+    if (flush == NULL || json_is_true(flush)) {
+        rc = wsync_driver_drain(ctx->driver, err);
+        if (rc != WSYNC_OK)
+            return rc;
+        wsync_driver_flush_cache(ctx->driver);
+    }
+    if (version != NULL)
+        json_object_set_new(ctx->state, "weight_version", json_string(version));
+    *extra = json_pack("{s:I, s:O?}", "generation", (json_int_t)gen, "weight_version",
+                       json_object_get(ctx->state, "weight_version"));
+    return WSYNC_OK;
+}
+
+static wsync_result_t wsync_sglang_handle(wsync_shim_ctx_t *ctx, const char *method, json_t *req,
+                                          json_t **extra, wsync_error_t *err)
+{
+    if (strcmp(method, "update_weights_from_tensor") == 0)
+        return wsync_sglang_update(ctx, req, extra, err);
+    if (strcmp(method, "get_weight_version") == 0) {
+        *extra =
+            json_pack("{s:O?}", "weight_version", json_object_get(ctx->state, "weight_version"));
+        return WSYNC_OK;
+    }
+    return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
+                           "sglang shim: unknown method \"%s\"; use update_weights_from_tensor",
+                           method);
+}
+
+static wsync_result_t wsync_sglang_encode(const wsync_shim_encode_t *in, json_t **msgs,
+                                          wsync_error_t *err)
+{
+    json_t *buckets = wsync_shim_rank_buckets(in, 1, err);
+    if (buckets == NULL)
+        return err != NULL ? err->code : WSYNC_ERR_BAD_MANIFEST;
+    *msgs = json_pack("[{s:s, s:o, s:s, s:b, s:s?}]", "method", "update_weights_from_tensor",
+                      "serialized_named_tensors", buckets, "load_format", "flattened_bucket",
+                      "flush_cache", in->finished, "weight_version", in->weight_version);
+    return *msgs != NULL ? WSYNC_OK
+                         : WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "sglang encode: OOM");
+}
+
+const wsync_shim_t wsync_shim_sglang = {
+    .engine = "sglang",
+    .map = &wsync_sglang_map,
+    .handle = wsync_sglang_handle,
+    .encode = wsync_sglang_encode,
+};

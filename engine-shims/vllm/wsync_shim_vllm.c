@@ -1,0 +1,226 @@
+/* vLLM shim. Mirrors the native weight-transfer protocol (IPC backend):
+ *   {"method": "start_weight_update", "is_checkpoint_format": true}
+ *   {"method": "update_weights", "update_info": {
+ *        "names": [...], "dtype_names": [...], "shapes": [[...], ...], "generation": g,
+ *        "packed": true,  "packed_buffers": [{"buffer": {...}} per TP rank], "offsets": [...]
+ *      | "packed": false, "ipc_handles": [[{"buffer": {...}, "offset": o} per TP rank]
+ *                                         per tensor] }}        (one or more times)
+ *   {"method": "finish_weight_update"}
+ * Per-tensor handles that name the same allocation are grouped into one bucket, so the mapping
+ * is opened once and the copies go out as one batch. finish_weight_update drains the copies, runs
+ * the post-load hook (process_weights_after_loading) and resets the prefix cache. vLLM names
+ * fused experts w13_weight / w2_weight, like SGLang. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "wsync_host_error.h"
+#include "wsync_map_rules.h"
+#include "wsync_request.h"
+#include "wsync_shim.h"
+
+static const wsync_map_table_t wsync_vllm_map = {
+    .engine = "vllm", .rules = NULL, .n_rules = 0, .next = &wsync_map_fused_moe_w13};
+
+/* Add tensor i of update_info to the manifest of its buffer (created on first use). */
+static wsync_result_t wsync_vllm_add(json_t *groups, json_t *info, size_t i, json_t *buffer,
+                                     uint64_t offset, uint64_t gen, wsync_error_t *err)
+{
+    const char *name = json_string_value(json_array_get(json_object_get(info, "names"), i));
+    const char *dtype = json_string_value(json_array_get(json_object_get(info, "dtype_names"), i));
+    json_t *shape = json_array_get(json_object_get(info, "shapes"), i), *m = NULL, *g;
+    uint64_t nbytes = 0;
+    size_t k;
+
+    if (name == NULL || dtype == NULL || shape == NULL)
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                               "update_info: names, dtype_names and shapes must have an entry "
+                               "for tensor %zu",
+                               i);
+    if (!json_is_object(buffer))
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                               "update_info: tensor \"%s\" has no buffer", name);
+    json_array_foreach(groups, k, g) if (json_equal(json_object_get(g, "buffer"), buffer)) m = g;
+    if (m == NULL) {
+        m = wsync_req_manifest_new(buffer, gen, 0);
+        json_array_append_new(groups, m);
+    }
+    wsync_req_tensor_bytes(dtype, shape, &nbytes);
+    return wsync_req_add_tensor(m, name, dtype, shape, -1, offset, offset + nbytes, NULL, err);
+}
+
+static wsync_result_t wsync_vllm_update(wsync_shim_ctx_t *ctx, json_t *req, json_t **extra,
+                                        wsync_error_t *err)
+{
+    json_t *info = json_object_get(req, "update_info"), *groups, *names;
+    int packed = json_is_true(json_object_get(info, "packed"));
+    wsync_result_t rc = WSYNC_OK;
+    uint64_t gen = 0;
+    size_t n;
+
+    if (!json_is_true(json_object_get(ctx->state, "updating")))
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                               "update_weights outside an update; call start_weight_update "
+                               "first");
+    names = json_object_get(info, "names");
+    if (!json_is_array(names) || wsync_req_get_u64(info, "generation", &gen, err) != 0)
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                               "update_info needs a names array and a generation");
+    n = json_array_size(names);
+    groups = json_array();
+    if (packed) {
+        json_t *pb = wsync_req_pick_rank(json_object_get(info, "packed_buffers"), ctx->tp_rank,
+                                         ctx->tp_size, "packed_buffers", err);
+        json_t *offsets = json_object_get(info, "offsets");
+        if (pb == NULL)
+            rc = WSYNC_ERR_BAD_MANIFEST;
+        else if (json_array_size(offsets) != n)
+            rc = WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                                 "update_info: %zu offsets for %zu names", json_array_size(offsets),
+                                 n);
+        for (size_t i = 0; i < n && rc == WSYNC_OK; i++)
+            rc = wsync_vllm_add(groups, info, i, json_object_get(pb, "buffer"),
+                                (uint64_t)json_integer_value(json_array_get(offsets, i)), gen, err);
+    } else {
+        json_t *handles = json_object_get(info, "ipc_handles");
+        if (json_array_size(handles) != n)
+            rc = WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                                 "update_info: %zu ipc_handles for %zu names",
+                                 json_array_size(handles), n);
+        for (size_t i = 0; i < n && rc == WSYNC_OK; i++) {
+            json_t *h = wsync_req_pick_rank(json_array_get(handles, i), ctx->tp_rank, ctx->tp_size,
+                                            "ipc_handles[i]", err);
+            rc = h == NULL
+                     ? WSYNC_ERR_BAD_MANIFEST
+                     : wsync_vllm_add(groups, info, i, json_object_get(h, "buffer"),
+                                      (uint64_t)json_integer_value(json_object_get(h, "offset")),
+                                      gen, err);
+        }
+    }
+    if (rc == WSYNC_OK) {
+        size_t ng = json_array_size(groups);
+        json_t **m = calloc(ng ? ng : 1, sizeof(*m));
+        for (size_t i = 0; m != NULL && i < ng; i++)
+            m[i] = json_incref(json_array_get(groups, i));
+        rc = m == NULL ? WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "update_weights: OOM")
+                       : wsync_shim_apply(ctx, m, ng, &gen, err);
+        free(m);
+    }
+    json_decref(groups);
+    if (rc == WSYNC_OK)
+        *extra = json_pack("{s:I}", "generation", (json_int_t)gen);
+    return rc;
+}
+
+static wsync_result_t wsync_vllm_handle(wsync_shim_ctx_t *ctx, const char *method, json_t *req,
+                                        json_t **extra, wsync_error_t *err)
+{
+    int updating = json_is_true(json_object_get(ctx->state, "updating"));
+    wsync_result_t rc;
+
+    if (strcmp(method, "update_weights") == 0)
+        return wsync_vllm_update(ctx, req, extra, err);
+    if (strcmp(method, "start_weight_update") == 0) {
+        if (updating)
+            return WSYNC_HOST_FAIL(err, WSYNC_ERR_BUSY,
+                                   "start_weight_update while an update is open; call "
+                                   "finish_weight_update first");
+        json_object_set_new(ctx->state, "updating", json_true());
+        return WSYNC_OK;
+    }
+    if (strcmp(method, "finish_weight_update") == 0) {
+        if (!updating)
+            return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                                   "finish_weight_update without start_weight_update");
+        json_object_set_new(ctx->state, "updating", json_false());
+        rc = wsync_driver_drain(ctx->driver, err);
+        if (rc != WSYNC_OK)
+            return rc;
+        wsync_driver_post_load(ctx->driver);
+        wsync_driver_flush_cache(ctx->driver);
+        return WSYNC_OK;
+    }
+    return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
+                           "vllm shim: unknown method \"%s\"; use start_weight_update, "
+                           "update_weights, finish_weight_update",
+                           method);
+}
+
+/* update_info for one bucket; every rank's manifest has the same tensors in the same order. */
+static json_t *wsync_vllm_info(const wsync_shim_encode_t *in, json_t *const *m)
+{
+    json_t *tensors = json_object_get(m[0], "tensors"), *t;
+    json_t *info =
+        json_pack("{s:[], s:[], s:[], s:O, s:b}", "names", "dtype_names", "shapes", "generation",
+                  json_object_get(m[0], "generation"), "packed", in->packed);
+    json_t *offsets = json_array(), *handles = json_array(), *buffers = json_array();
+    size_t i;
+
+    json_array_foreach(tensors, i, t)
+    {
+        json_t *per_rank = json_array();
+        json_array_append(json_object_get(info, "names"), json_object_get(t, "name"));
+        json_array_append(json_object_get(info, "dtype_names"), json_object_get(t, "dtype"));
+        json_array_append(json_object_get(info, "shapes"), json_object_get(t, "shape"));
+        json_array_append(offsets, json_object_get(t, "offset"));
+        for (size_t r = 0; r < in->n_ranks; r++) {
+            json_t *rt = json_array_get(json_object_get(m[r], "tensors"), i);
+            json_array_append_new(per_rank,
+                                  json_pack("{s:O, s:O}", "buffer", json_object_get(m[r], "buffer"),
+                                            "offset", json_object_get(rt, "offset")));
+        }
+        json_array_append_new(handles, per_rank);
+    }
+    for (size_t r = 0; r < in->n_ranks; r++)
+        json_array_append_new(buffers,
+                              json_pack("{s:O}", "buffer", json_object_get(m[r], "buffer")));
+    if (in->packed) {
+        json_object_set_new(info, "packed_buffers", buffers);
+        json_object_set_new(info, "offsets", offsets);
+        json_decref(handles);
+    } else {
+        json_object_set_new(info, "ipc_handles", handles);
+        json_decref(buffers);
+        json_decref(offsets);
+    }
+    return info;
+}
+
+static wsync_result_t wsync_vllm_encode(const wsync_shim_encode_t *in, json_t **msgs,
+                                        wsync_error_t *err)
+{
+    json_t **m = calloc(in->n_ranks ? in->n_ranks : 1, sizeof(*m));
+    wsync_result_t rc = WSYNC_OK;
+
+    *msgs = json_array();
+    for (size_t r = 0; r < in->n_ranks && rc == WSYNC_OK; r++) {
+        json_error_t jerr;
+        m[r] = json_loads(in->manifests[r], 0, &jerr);
+        if (m[r] == NULL)
+            rc = WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "manifest %zu is not JSON: %s", r,
+                                 jerr.text);
+    }
+    if (rc == WSYNC_OK) {
+        if (in->first)
+            json_array_append_new(*msgs, json_pack("{s:s, s:b}", "method", "start_weight_update",
+                                                   "is_checkpoint_format", 1));
+        json_array_append_new(*msgs, json_pack("{s:s, s:o}", "method", "update_weights",
+                                               "update_info", wsync_vllm_info(in, m)));
+        if (in->finished)
+            json_array_append_new(*msgs, json_pack("{s:s}", "method", "finish_weight_update"));
+    }
+    for (size_t r = 0; r < in->n_ranks; r++)
+        json_decref(m[r]);
+    free(m);
+    if (rc != WSYNC_OK) {
+        json_decref(*msgs);
+        *msgs = NULL;
+    }
+    return rc;
+}
+
+const wsync_shim_t wsync_shim_vllm = {
+    .engine = "vllm",
+    .map = &wsync_vllm_map,
+    .handle = wsync_vllm_handle,
+    .encode = wsync_vllm_encode,
+};

@@ -1,0 +1,216 @@
+/* Mapping rules and TP narrowing (engine-shims/common/wsync_mapping.c): the ops planned for each
+ * kind of HF tensor, checked against offsets worked out by hand for a tiny model. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <string.h>
+
+#include "fake_engine.h"
+#include "wsync_map_rules.h"
+#include "wsync_mapping.h"
+
+static fake_engine_t eng;
+static wsync_engine_ops_t ops = {.struct_size = sizeof(wsync_engine_ops_t),
+                                 .user = &eng,
+                                 .param = fake_param_cb,
+                                 .tp = fake_tp_cb,
+                                 .dims = fake_dims_cb};
+
+static wsync_tensor_desc_t tensor(const char *name, int64_t d0, int64_t d1, uint64_t offset)
+{
+    wsync_tensor_desc_t t = {.struct_size = sizeof(t),
+                             .name = name,
+                             .dtype = WSYNC_DTYPE_BF16,
+                             .ndim = d1 > 0 ? 2 : 1,
+                             .offset = offset};
+    t.shape[0] = d0;
+    t.shape[1] = d1;
+    t.nbytes = 2u * (uint64_t)d0 * (uint64_t)(d1 > 0 ? d1 : 1);
+    return t;
+}
+
+static void test_resolve(void **state)
+{
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    wsync_map_target_t tg;
+    (void)state;
+
+    assert_int_equal(wsync_map_resolve(&wsync_map_fused_moe_w13,
+                                       "model.layers.3.self_attn.k_proj.weight", &tg, &err),
+                     WSYNC_OK);
+    assert_string_equal(tg.engine_name, "model.layers.3.self_attn.qkv_proj.weight");
+    assert_int_equal(tg.rule->part, WSYNC_PART_K);
+    assert_int_equal(wsync_map_resolve(&wsync_map_fused_moe_w13,
+                                       "model.layers.0.mlp.experts.17.up_proj.weight", &tg, &err),
+                     WSYNC_OK);
+    assert_string_equal(tg.engine_name, "model.layers.0.mlp.experts.w13_weight");
+    assert_int_equal(tg.expert, 17);
+    assert_int_equal(tg.rule->part, WSYNC_PART_EXPERT_W3);
+    /* "norm.weight" rules match only at a '.' boundary: input_layernorm keeps its own name. */
+    assert_int_equal(
+        wsync_map_resolve(&wsync_map_dense, "model.layers.0.input_layernorm.weight", &tg, &err),
+        WSYNC_OK);
+    assert_string_equal(tg.engine_name, "model.layers.0.input_layernorm.weight");
+    /* Dense down_proj is not an expert. */
+    assert_int_equal(wsync_map_resolve(&wsync_map_fused_moe_w13,
+                                       "model.layers.0.mlp.down_proj.weight", &tg, &err),
+                     WSYNC_OK);
+    assert_int_equal(tg.expert, -1);
+    assert_int_equal(
+        wsync_map_resolve(&wsync_map_dense, "model.layers.0.self_attn.rope.inv_freq", &tg, &err),
+        WSYNC_ERR_NOT_FOUND);
+    assert_non_null(strstr(err.message, "unknown tensor"));
+}
+
+/* tp 4, rank 3, kv_heads 2 < tp: rank 3 reads kv head 3 / (4 / 2) = 1. */
+static void test_qkv_kv_replicated(void **state)
+{
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    wsync_copy_op_t op;
+    uint8_t *qkv;
+    (void)state;
+
+    fake_engine_init(&eng, 3, 4);
+    qkv = fake_mem(&eng, "model.layers.0.self_attn.qkv_proj.weight"); /* [6, 8] */
+    wsync_tensor_desc_t q = tensor("model.layers.0.self_attn.q_proj.weight", 8, 8, 1024);
+    assert_int_equal(wsync_map_plan(&wsync_map_dense, &ops, &q, &op, &err), WSYNC_OK);
+    assert_int_equal(op.rows, 1);
+    assert_int_equal(op.row_bytes, 2 * 8 * 2);             /* 2 rows of 8 */
+    assert_int_equal(op.src_offset, 1024 + 3 * 2 * 8 * 2); /* rows 6..7 */
+    assert_ptr_equal(op.dst, qkv);
+    assert_int_equal(op.dst_extent, 6 * 8 * 2);
+
+    wsync_tensor_desc_t k = tensor("model.layers.0.self_attn.k_proj.weight", 4, 8, 0);
+    assert_int_equal(wsync_map_plan(&wsync_map_dense, &ops, &k, &op, &err), WSYNC_OK);
+    assert_int_equal(op.src_offset, 1 * 2 * 8 * 2); /* kv head 1 = rows 2..3 */
+    assert_int_equal(op.row_bytes, 2 * 8 * 2);
+    assert_ptr_equal(op.dst, qkv + 2 * 8 * 2); /* after this rank's 2 q rows */
+
+    wsync_tensor_desc_t v = tensor("model.layers.0.self_attn.v_proj.weight", 4, 8, 0);
+    assert_int_equal(wsync_map_plan(&wsync_map_dense, &ops, &v, &op, &err), WSYNC_OK);
+    assert_ptr_equal(op.dst, qkv + 4 * 8 * 2);
+    assert_int_equal(op.dst_extent, 2 * 8 * 2);
+}
+
+/* tp 2: kv heads split, rank 1 owns kv head 1. */
+static void test_qkv_kv_split(void **state)
+{
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    wsync_copy_op_t op;
+    (void)state;
+
+    fake_engine_init(&eng, 1, 2); /* qkv [(2 + 2) * 2, 8] = [8, 8] */
+    wsync_tensor_desc_t v = tensor("model.layers.0.self_attn.v_proj.weight", 4, 8, 0);
+    assert_int_equal(wsync_map_plan(&wsync_map_dense, &ops, &v, &op, &err), WSYNC_OK);
+    assert_int_equal(op.src_offset, 2 * 8 * 2);
+    assert_ptr_equal(op.dst,
+                     fake_mem(&eng, "model.layers.0.self_attn.qkv_proj.weight") + (4 + 2) * 8 * 2);
+}
+
+static void test_row_parallel(void **state)
+{
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    wsync_copy_op_t op;
+    (void)state;
+
+    fake_engine_init(&eng, 3, 4); /* o_proj [8, 2] of HF [8, 8] */
+    wsync_tensor_desc_t o = tensor("model.layers.0.self_attn.o_proj.weight", 8, 8, 256);
+    assert_int_equal(wsync_map_plan(&wsync_map_dense, &ops, &o, &op, &err), WSYNC_OK);
+    assert_int_equal(op.rows, 8);
+    assert_int_equal(op.row_bytes, 2 * 2);
+    assert_int_equal(op.src_pitch, 8 * 2);
+    assert_int_equal(op.dst_pitch, 2 * 2);
+    assert_int_equal(op.src_offset, 256 + 3 * 2 * 2);
+    assert_ptr_equal(op.dst, fake_mem(&eng, "model.layers.0.self_attn.o_proj.weight"));
+}
+
+static void test_experts_and_gate_up(void **state)
+{
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    wsync_copy_op_t op;
+    (void)state;
+
+    fake_engine_init(&eng, 3, 4); /* w13 [2, 2, 8], w2 [2, 8, 1], gate_up [4, 8] */
+    wsync_tensor_desc_t up = tensor("model.layers.0.mlp.experts.1.up_proj.weight", 4, 8, 0);
+    assert_int_equal(wsync_map_plan(&wsync_map_fused_moe_w13, &ops, &up, &op, &err), WSYNC_OK);
+    assert_int_equal(op.src_offset, 3 * 8 * 2);
+    assert_int_equal(op.row_bytes, 8 * 2);
+    assert_ptr_equal(op.dst,
+                     fake_mem(&eng, "model.layers.0.mlp.experts.w13_weight") + (16 + 8) * 2);
+
+    wsync_tensor_desc_t down = tensor("model.layers.0.mlp.experts.1.down_proj.weight", 8, 4, 0);
+    assert_int_equal(wsync_map_plan(&wsync_map_fused_moe_w13, &ops, &down, &op, &err), WSYNC_OK);
+    assert_int_equal(op.rows, 8);
+    assert_int_equal(op.row_bytes, 2);
+    assert_int_equal(op.src_pitch, 4 * 2);
+    assert_int_equal(op.src_offset, 3 * 2);
+    assert_ptr_equal(op.dst, fake_mem(&eng, "model.layers.0.mlp.experts.w2_weight") + 8 * 2);
+
+    wsync_tensor_desc_t gone = tensor("model.layers.0.mlp.experts.2.up_proj.weight", 4, 8, 0);
+    assert_int_equal(wsync_map_plan(&wsync_map_fused_moe_w13, &ops, &gone, &op, &err),
+                     WSYNC_ERR_NOT_FOUND);
+
+    wsync_tensor_desc_t g = tensor("model.layers.0.mlp.up_proj.weight", 8, 8, 0);
+    assert_int_equal(wsync_map_plan(&wsync_map_dense, &ops, &g, &op, &err), WSYNC_OK);
+    assert_int_equal(op.src_offset, 3 * 2 * 8 * 2);
+    assert_ptr_equal(op.dst, fake_mem(&eng, "model.layers.0.mlp.gate_up_proj.weight") + 2 * 8 * 2);
+}
+
+static void test_replicated_and_vocab(void **state)
+{
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    wsync_copy_op_t op;
+    (void)state;
+
+    fake_engine_init(&eng, 1, 4);
+    wsync_tensor_desc_t n = tensor("model.norm.weight", 8, 0, 64);
+    assert_int_equal(wsync_map_plan(&wsync_map_dense, &ops, &n, &op, &err), WSYNC_OK);
+    assert_int_equal(op.src_offset, 64);
+    assert_int_equal(op.row_bytes, 16);
+    wsync_tensor_desc_t e = tensor("model.embed_tokens.weight", 8, 8, 0);
+    assert_int_equal(wsync_map_plan(&wsync_map_dense, &ops, &e, &op, &err), WSYNC_OK);
+    assert_int_equal(op.src_offset, 1 * 2 * 8 * 2);
+    assert_int_equal(op.row_bytes, 2 * 8 * 2);
+}
+
+static void test_shape_and_dtype_refused(void **state)
+{
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    wsync_copy_op_t op;
+    (void)state;
+
+    fake_engine_init(&eng, 0, 2);
+    wsync_tensor_desc_t q = tensor("model.layers.0.self_attn.q_proj.weight", 4, 16, 0);
+    assert_int_equal(wsync_map_plan(&wsync_map_dense, &ops, &q, &op, &err),
+                     WSYNC_ERR_LAYOUT_MISMATCH);
+    assert_non_null(strstr(err.message, "wrong shape"));
+    assert_non_null(strstr(err.message, "[8, 8]"));
+
+    err = (wsync_error_t){.struct_size = sizeof(err)};
+    wsync_tensor_desc_t n = tensor("model.norm.weight", 8, 0, 0);
+    n.dtype = WSYNC_DTYPE_F16;
+    assert_int_equal(wsync_map_plan(&wsync_map_dense, &ops, &n, &op, &err),
+                     WSYNC_ERR_LAYOUT_MISMATCH);
+    assert_non_null(strstr(err.message, "wrong dtype"));
+
+    err = (wsync_error_t){.struct_size = sizeof(err)};
+    wsync_tensor_desc_t lm = tensor("lm_head.weight", 8, 8, 0); /* no lm_head in this engine */
+    assert_int_equal(wsync_map_plan(&wsync_map_dense, &ops, &lm, &op, &err), WSYNC_ERR_NOT_FOUND);
+    assert_non_null(strstr(err.message, "lm_head.weight"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_resolve),
+        cmocka_unit_test(test_qkv_kv_replicated),
+        cmocka_unit_test(test_qkv_kv_split),
+        cmocka_unit_test(test_row_parallel),
+        cmocka_unit_test(test_experts_and_gate_up),
+        cmocka_unit_test(test_replicated_and_vocab),
+        cmocka_unit_test(test_shape_and_dtype_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,124 @@
+/* Request plumbing shared by the shims (engine-shims/common/wsync_request.c): the flattened
+ * bucket codec and the checks that tell a truncated bucket from an offset past the buffer. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "wsync_request.h"
+
+static const char *manifest_text =
+    "{\"wsync\":1,\"generation\":7,\"finished\":false,"
+    "\"buffer\":{\"kind\":\"host_shm\",\"handle\":\"L3dzeW5jLXRlc3Q=\",\"bytes\":1024,"
+    "\"pid\":42,\"device\":\"cpu\"},"
+    "\"tensors\":[{\"name\":\"a\",\"dtype\":\"bfloat16\",\"shape\":[4,8],\"offset\":0,"
+    "\"nbytes\":64,\"digest\":\"wsync64:0123456789abcdef\"},"
+    "{\"name\":\"b\",\"dtype\":\"float32\",\"shape\":[3],\"offset\":256,\"nbytes\":12}]}";
+
+static void test_bucket_round_trip(void **state)
+{
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    json_t *bucket, *m, *orig, *meta;
+    (void)state;
+
+    bucket = wsync_req_bucket_encode(manifest_text, 1, &err);
+    assert_non_null(bucket);
+    meta = json_object_get(bucket, "metadata");
+    assert_int_equal(json_array_size(meta), 2);
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(meta, 1), "start_idx")),
+                     256);
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(meta, 1), "end_idx")), 268);
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(meta, 0), "numel")), 32);
+    assert_int_equal(wsync_req_bucket_decode(bucket, NULL, 0, &m, &err), WSYNC_OK);
+    orig = json_loads(manifest_text, 0, NULL);
+    assert_true(json_equal(json_object_get(m, "tensors"), json_object_get(orig, "tensors")));
+    assert_true(json_equal(json_object_get(m, "buffer"), json_object_get(orig, "buffer")));
+    assert_int_equal(json_integer_value(json_object_get(m, "generation")), 7);
+    json_decref(orig);
+    json_decref(m);
+    json_decref(bucket);
+}
+
+static void test_persistent_buffer(void **state)
+{
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    json_t *bucket = wsync_req_bucket_encode(manifest_text, 0, &err), *m = NULL, *buf;
+    (void)state;
+
+    assert_null(json_object_get(bucket, "flattened_tensor"));
+    assert_int_equal(wsync_req_bucket_decode(bucket, NULL, 0, &m, &err), WSYNC_ERR_BAD_MANIFEST);
+    assert_non_null(strstr(err.message, "flattened_tensor"));
+    buf = json_pack("{s:s, s:s, s:i, s:i, s:s}", "kind", "host_shm", "handle", "eA==", "bytes",
+                    4096, "pid", 1, "device", "cpu");
+    assert_int_equal(wsync_req_bucket_decode(bucket, buf, 1, &m, &(wsync_error_t){0}), WSYNC_OK);
+    assert_true(json_equal(json_object_get(m, "buffer"), buf));
+    assert_true(json_is_true(json_object_get(m, "finished")));
+    json_decref(m);
+    json_decref(buf);
+    json_decref(bucket);
+}
+
+static wsync_result_t add(json_t *m, int64_t numel, uint64_t start, uint64_t end,
+                          wsync_error_t *err)
+{
+    json_t *shape = json_pack("[i, i]", 4, 8);
+    wsync_result_t rc =
+        wsync_req_add_tensor(m, "t", "bfloat16", shape, numel, start, end, NULL, err);
+    json_decref(shape);
+    return rc;
+}
+
+static void test_bucket_errors(void **state)
+{
+    json_t *buf = json_pack("{s:i}", "bytes", 1024);
+    json_t *m = wsync_req_manifest_new(buf, 1, 0);
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    (void)state;
+
+    assert_int_equal(add(m, 32, 960, 1024, &err), WSYNC_OK); /* exactly at the end */
+    assert_int_equal(add(m, 32, 992, 1056, &err), WSYNC_ERR_BAD_MANIFEST);
+    assert_non_null(strstr(err.message, "truncated bucket"));
+    err = (wsync_error_t){.struct_size = sizeof(err)};
+    assert_int_equal(add(m, 32, 1024, 1088, &err), WSYNC_ERR_OUT_OF_BOUNDS);
+    assert_non_null(strstr(err.message, "offset past the buffer"));
+    err = (wsync_error_t){.struct_size = sizeof(err)};
+    assert_int_equal(add(m, 31, 0, 64, &err), WSYNC_ERR_BAD_MANIFEST);
+    assert_non_null(strstr(err.message, "numel 31"));
+    err = (wsync_error_t){.struct_size = sizeof(err)};
+    assert_int_equal(add(m, 32, 0, 60, &err), WSYNC_ERR_BAD_MANIFEST);
+    assert_non_null(strstr(err.message, "does not hold"));
+    assert_int_equal(json_array_size(json_object_get(m, "tensors")), 1);
+    json_decref(m);
+    json_decref(buf);
+}
+
+static void test_pick_rank(void **state)
+{
+    json_t *two = json_pack("[i, i]", 10, 11), *one = json_pack("[i]", 10),
+           *three = json_pack("[i, i, i]", 1, 2, 3);
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    (void)state;
+
+    assert_int_equal(json_integer_value(wsync_req_pick_rank(two, 1, 2, "x", &err)), 11);
+    assert_int_equal(json_integer_value(wsync_req_pick_rank(one, 3, 4, "x", &err)), 10);
+    assert_null(wsync_req_pick_rank(three, 0, 2, "serialized_named_tensors", &err));
+    assert_non_null(strstr(err.message, "serialized_named_tensors has 3 entries"));
+    json_decref(two);
+    json_decref(one);
+    json_decref(three);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bucket_round_trip),
+        cmocka_unit_test(test_persistent_buffer),
+        cmocka_unit_test(test_bucket_errors),
+        cmocka_unit_test(test_pick_rank),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
