@@ -7,6 +7,12 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
     echo "wsync: no GPU on this machine: tests labelled 'gpu' will be reported as skipped"
 fi
 ctest --test-dir "$WSYNC_BUILD" --output-on-failure -j2 --timeout 600
+# ctest lists skipped tests without their reason: print each one's own SKIPPED line.
+skipped="$(grep -h "SKIPPED:" "$WSYNC_BUILD/Testing/Temporary/LastTest.log" 2>/dev/null | sort | uniq -c || true)"
+if [ -n "$skipped" ]; then
+    echo "wsync: skipped tests, with their reasons:"
+    echo "$skipped"
+fi
 
 # Reliability (docs/RELIABILITY.md): the same suites under ASan+UBSan with leak checking, then
 # every parser fuzzed for a bounded time. WSYNC_SKIP_ASAN=1 / WSYNC_SKIP_FUZZ=1 skip a step

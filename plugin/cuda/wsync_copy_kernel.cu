@@ -279,6 +279,68 @@ __global__ void __launch_bounds__(WSYNC_CUDA_BLOCK_THREADS, 1)
         wsync_k_flush(acc, sums, i);
 }
 
+/* Lean kernel for the common case where every op is one 16-byte aligned run (flat): no row
+ * math, ~60 registers, so two blocks of 512 threads fit on an SM. IL: block b takes chunks
+ * b, b + G, ... (the grid sweeps one window of G chunks at a time); otherwise a contiguous,
+ * equal range of chunks per block. */
+template <bool STREAM, bool IL>
+__global__ void __launch_bounds__(WSYNC_CUDA_BLOCK_THREADS, 2)
+    wsync_copy_kernel_flat(const wsync_cuda_op_t *__restrict__ ops, uint32_t n_ops,
+                           uint64_t total_chunks)
+{
+    uint64_t c = IL ? blockIdx.x : total_chunks * blockIdx.x / gridDim.x;
+    const uint64_t c_end = IL ? total_chunks : total_chunks * (blockIdx.x + 1) / gridDim.x;
+    const uint64_t step = IL ? gridDim.x : 1;
+    if (c >= c_end)
+        return;
+    uint32_t lo = 0, hi = n_ops - 1;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi + 1) >> 1;
+        if (ops[mid].chunk_begin <= c)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    uint32_t i = lo;
+    const unsigned char *src = ops[i].src;
+    unsigned char *dst = ops[i].dst;
+    uint64_t cb = ops[i].chunk_begin, ce = ops[i].chunk_end, bytes = ops[i].row_bytes;
+    const uint32_t tid = threadIdx.x;
+    const uint32_t nt = WSYNC_CUDA_BLOCK_THREADS;
+    for (; c < c_end; c += step) {
+        while (c >= ce) {
+            ++i;
+            src = ops[i].src;
+            dst = ops[i].dst;
+            cb = ops[i].chunk_begin;
+            ce = ops[i].chunk_end;
+            bytes = ops[i].row_bytes;
+        }
+        const uint64_t off = (c - cb) * WSYNC_CUDA_CHUNK_BYTES;
+        const uint32_t seg = (uint32_t)min((uint64_t)WSYNC_CUDA_CHUNK_BYTES, bytes - off);
+        const uint32_t nv = seg >> 4;
+        const unsigned char *s = src + off;
+        unsigned char *d = dst + off;
+        if (nv == WSYNC_CUDA_CHUNK_BYTES / 16) {
+            constexpr int U = WSYNC_CUDA_CHUNK_BYTES / 16 / WSYNC_CUDA_BLOCK_THREADS;
+            uint4 v[U];
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                v[u] = wsync_k_load<STREAM>(s + (uint64_t)(tid + (uint32_t)u * nt) * 16u);
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                wsync_k_store<STREAM>(d + (uint64_t)(tid + (uint32_t)u * nt) * 16u, v[u]);
+        } else {
+            for (uint32_t idx = tid; idx < nv; idx += nt)
+                wsync_k_store<STREAM>(d + (uint64_t)idx * 16u,
+                                      wsync_k_load<STREAM>(s + (uint64_t)idx * 16u));
+            const uint32_t tail = seg & 15u;
+            if (tid < tail)
+                d[(uint64_t)nv * 16u + tid] = s[(uint64_t)nv * 16u + tid];
+        }
+    }
+}
+
 extern "C" uint64_t wsync_cuda_plan_op(wsync_cuda_op_t *op, const void *src, void *dst,
                                        uint64_t src_pitch, uint64_t dst_pitch, uint64_t rows,
                                        uint64_t row_bytes, int digest, uint64_t chunk_begin)
@@ -331,7 +393,11 @@ extern "C" cudaError_t wsync_cuda_launch_copy(const wsync_cuda_op_t *ops, uint32
     if (n_ops == 0 || total_chunks == 0)
         return cudaSuccess;
     int variant = cfg ? cfg->variant : WSYNC_CUDA_DEFAULT_VARIANT;
-    int bps = (cfg && cfg->blocks_per_sm > 0) ? cfg->blocks_per_sm : (variant == 4 ? 2 : 1);
+    const int flat = cfg != NULL && cfg->flat && !verify;
+    if ((variant == 5 || variant == 6) && !flat)
+        variant = variant == 5 ? 0 : 3; /* the lean kernel handles flat ops only */
+    int bps = (cfg && cfg->blocks_per_sm > 0) ? cfg->blocks_per_sm
+                                              : (variant == 4 || variant >= 5 ? 2 : 1);
     uint64_t grid = (uint64_t)(sm_count > 0 ? sm_count : 1) * (uint64_t)bps;
     if (grid > total_chunks)
         grid = total_chunks;
@@ -355,6 +421,12 @@ extern "C" cudaError_t wsync_cuda_launch_copy(const wsync_cuda_op_t *ops, uint32
         break;
     case 4:
         WSYNC_K_LAUNCH(false, 4, 2);
+        break;
+    case 5:
+        wsync_copy_kernel_flat<false, false><<<g, b, 0, stream>>>(ops, n_ops, total_chunks);
+        break;
+    case 6:
+        wsync_copy_kernel_flat<true, true><<<g, b, 0, stream>>>(ops, n_ops, total_chunks);
         break;
     default:
         WSYNC_K_LAUNCH(false, 8, 1);

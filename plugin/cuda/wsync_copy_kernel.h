@@ -46,14 +46,26 @@ uint64_t wsync_cuda_plan_op(wsync_cuda_op_t *op, const void *src, void *dst, uin
 
 /* Launch tuning. variant 0: contiguous chunk range per block; 1: the same with streaming
  * (evict-first) loads and stores; 2: interleaved chunks (block b takes b, b + grid, ...);
- * 3: interleaved and streaming; 4: contiguous, 4-deep unroll, 2 blocks per SM.
+ * 3: interleaved and streaming; 4: contiguous, 4-deep unroll, 2 blocks per SM; 5: the lean
+ * flat kernel, contiguous ranges, 2 blocks per SM; 6: lean flat, interleaved, streaming.
+ * Variants 5 and 6 need `flat` (every op planned as one 16-byte aligned run, i.e.
+ * wsync_cuda_op_is_flat) and no verify; otherwise they fall back to 0 and 3.
  * blocks_per_sm 0 = the variant's default. cfg NULL = WSYNC_CUDA_DEFAULT_VARIANT. */
 #define WSYNC_CUDA_DEFAULT_VARIANT 3 /* consumer: source in another process (IPC mapping) */
+#define WSYNC_CUDA_VMM_VARIANT 0     /* consumer: source a cuda_vmm_fd mapping */
 #define WSYNC_CUDA_STAGE_VARIANT 0   /* producer stage: local source and destination */
 typedef struct wsync_cuda_launch_cfg {
     int blocks_per_sm;
     int variant;
+    int flat; /* every op satisfies wsync_cuda_op_is_flat */
 } wsync_cuda_launch_cfg_t;
+
+/* 1 when the planned op is empty or one contiguous run on the 16-byte vector path. */
+static inline int wsync_cuda_op_is_flat(const wsync_cuda_op_t *op)
+{
+    return op->chunk_end == op->chunk_begin ||
+           (op->rows <= 1 && (op->flags & WSYNC_CUDA_OP_VEC) != 0);
+}
 
 /* Enqueue the copy of `n_ops` planned ops (device table `ops`, `total_chunks` = the last op's
  * chunk_end) on `stream`. `sm_count` sizes the persistent grid. sums: device array of n_ops

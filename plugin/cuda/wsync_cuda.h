@@ -15,6 +15,8 @@
 #include "wsync_cache.h"
 #include "wsync_control.h"
 #include "wsync_copy_kernel.h"
+#include "wsync_cuda_adapter.h"
+#include "wsync_cuda_vmm.h"
 #include "wsync_shm.h"
 
 #define WSYNC_CUDA_MAX_STREAMS 16 /* distinct streams tracked per mapping */
@@ -100,7 +102,9 @@ typedef struct wsync_cuda_stream_use {
 /* One IPC mapping of a producer buffer (the cache entry's payload). */
 typedef struct wsync_cuda_mapping {
     struct wsync_consumer *consumer;
-    unsigned char *base;  /* cudaIpcOpenMemHandle result: start of the allocation */
+    unsigned char *base; /* start of the allocation (IPC open or VMM mapping) */
+    int is_vmm;          /* cuda_vmm_fd: base is vmm.ptr */
+    wsync_cuda_vmm_t vmm;
     uint64_t alloc_bytes; /* allocation size when the driver tells it, else 0 */
     cudaEvent_t ready, consumed;
     int has_ready, has_consumed;
@@ -132,6 +136,7 @@ struct wsync_consumer {
     cudaStream_t side_stream; /* fixture build only: where the early consumed is recorded */
     wsync_cache_t *cache;
     wsync_cuda_ring_t ring;
+    wsync_cuda_adapter_state_t adapter; /* the adapter executor's buffers */
     pthread_mutex_t lock;
 };
 

@@ -78,17 +78,6 @@ static void consumer_manifest_free(struct wsync_consumer *c, const wsync_manifes
         wsync_manifest_free(wsync_manifest_owned_from_view(m));
 }
 
-static wsync_result_t consumer_hot_load_adapter(struct wsync_consumer *c,
-                                                const wsync_adapter_source_t *src,
-                                                wsync_adapter_slot_t *slot, wsync_stream_t stream,
-                                                wsync_error_t *err)
-{
-    (void)c, (void)src, (void)slot, (void)stream;
-    return WSYNC_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
-                      "libwsync_cuda.so does not load LoRA adapters yet; copy adapter tensors "
-                      "with copy_weights into the engine's slot, or use the adapters library");
-}
-
 static wsync_result_t consumer_enqueue_host_fn(struct wsync_consumer *c, wsync_stream_t stream,
                                                wsync_host_fn_t fn, void *user, wsync_error_t *err)
 {
@@ -108,6 +97,7 @@ static wsync_result_t consumer_finalize(struct wsync_consumer *c, wsync_error_t 
     pthread_mutex_lock(&c->lock);
     wsync_cache_destroy(c->cache); /* closes every mapping still held */
     wsync_cuda_ring_free(&c->ring);
+    wsync_cuda_adapter_state_free(&c->adapter);
     pthread_mutex_unlock(&c->lock);
     cudaStreamDestroy(c->default_stream);
     cudaStreamDestroy(c->side_stream);
@@ -191,13 +181,13 @@ const wsync_consumer_v1_t wsync_cuda_consumer_ops = {
     .close_handle = wsync_cuda_close_handle,
     .copy_weights = wsync_cuda_copy_weights,
     .record_consumed = wsync_cuda_record_consumed,
-    .hot_load_adapter = consumer_hot_load_adapter,
+    .hot_load_adapter = wsync_cuda_hot_load_adapter,
     .enqueue_host_fn = consumer_enqueue_host_fn,
     .finalize = consumer_finalize,
     .stream_create = consumer_stream_create,
     .stream_destroy = consumer_stream_destroy,
     .stream_synchronize = consumer_stream_synchronize,
-    .unload_adapter = NULL,
+    .unload_adapter = wsync_cuda_unload_adapter,
     .mem_alloc = consumer_mem_alloc,
     .mem_free = consumer_mem_free,
     .mem_copy = consumer_mem_copy,

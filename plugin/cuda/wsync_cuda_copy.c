@@ -51,13 +51,51 @@ static wsync_result_t stream_use(wsync_cuda_mapping_t *m, cudaStream_t s,
 }
 
 /* Tuning knobs read per call (docs/PERFORMANCE.md): WSYNC_CUDA_KERNEL_VARIANT and
- * WSYNC_CUDA_BLOCKS_PER_SM; unset means the kernel's defaults. */
-static void launch_cfg(wsync_cuda_launch_cfg_t *cfg)
+ * WSYNC_CUDA_BLOCKS_PER_SM; unset means the measured default for the source: contiguous chunk
+ * ranges for cuda_vmm_fd mappings (they read like local memory), interleaved chunks for legacy
+ * IPC mappings. Variant 7: cudaMemcpyBatchAsync (flat ops without verification only). */
+#define WSYNC_CUDA_VARIANT_BATCH_MEMCPY 7
+static void launch_cfg(wsync_cuda_launch_cfg_t *cfg, int is_vmm)
 {
     const char *v = getenv("WSYNC_CUDA_KERNEL_VARIANT");
-    cfg->variant = v ? atoi(v) : WSYNC_CUDA_DEFAULT_VARIANT;
+    cfg->variant = v ? atoi(v) : is_vmm ? WSYNC_CUDA_VMM_VARIANT : WSYNC_CUDA_DEFAULT_VARIANT;
     v = getenv("WSYNC_CUDA_BLOCKS_PER_SM");
     cfg->blocks_per_sm = v ? atoi(v) : 0;
+    cfg->flat = 0;
+}
+
+/* One cudaMemcpyBatchAsync for every op (all planned 1-D). */
+static wsync_result_t batch_memcpy(const wsync_cuda_op_t *t, size_t n, cudaStream_t s,
+                                   wsync_error_t *err)
+{
+    void **dst = malloc(n * sizeof(*dst));
+    const void **src = malloc(n * sizeof(*src));
+    size_t *sizes = malloc(n * sizeof(*sizes));
+    size_t k = 0;
+    cudaError_t e = cudaSuccess;
+    if (dst && src && sizes) {
+        for (size_t i = 0; i < n; i++)
+            if (t[i].chunk_end > t[i].chunk_begin) {
+                dst[k] = t[i].dst;
+                src[k] = t[i].src;
+                sizes[k++] = t[i].row_bytes;
+            }
+        struct cudaMemcpyAttributes a;
+        memset(&a, 0, sizeof(a));
+        a.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+        size_t idx = 0;
+        if (k > 0)
+            e = cudaMemcpyBatchAsync((void *const *)dst, (const void *const *)src, sizes, k, &a,
+                                     &idx, 1, s);
+    }
+    free(dst);
+    free(src);
+    free(sizes);
+    if (!(dst && src && sizes))
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu batch entries", n);
+    if (e != cudaSuccess)
+        return wsync_cuda_fail(err, e, "copy_weights", "cudaMemcpyBatchAsync");
+    return WSYNC_OK;
 }
 
 static wsync_result_t copy_locked(struct wsync_consumer *c, struct wsync_handle *h, cudaStream_t s,
@@ -97,11 +135,13 @@ static wsync_result_t copy_locked(struct wsync_consumer *c, struct wsync_handle 
     const size_t ops_bytes = wsync_cuda_slot_ops_bytes(n_ops);
     unsigned char *src_base = m->base + h->base_offset;
     uint64_t chunks = 0;
+    int flat = 1;
     for (size_t i = 0; i < n_ops; i++) {
         const wsync_copy_op_t *o = &ops[i];
         const int dig = verify && o->has_digest;
         chunks += wsync_cuda_plan_op(&table[i], src_base + o->src_offset, o->dst, o->src_pitch,
                                      o->dst_pitch, o->rows, o->row_bytes, dig, chunks);
+        flat &= wsync_cuda_op_is_flat(&table[i]);
         if (verify) {
             slot->expected[i] = o->digest;
             slot->nbytes[i] = dig ? o->rows * o->row_bytes : WSYNC_CUDA_NO_DIGEST;
@@ -114,11 +154,16 @@ static wsync_result_t copy_locked(struct wsync_consumer *c, struct wsync_handle 
 
     if (m->has_ready)
         WSYNC_CUDA_TRY(err, cudaStreamWaitEvent(s, m->ready, 0));
-    if (n_ops > 0) {
+    wsync_cuda_launch_cfg_t cfg;
+    launch_cfg(&cfg, m->is_vmm);
+    cfg.flat = flat;
+    if (n_ops > 0 && cfg.variant == WSYNC_CUDA_VARIANT_BATCH_MEMCPY && flat && !verify) {
+        rc = batch_memcpy(table, n_ops, s, err);
+        if (rc != WSYNC_OK)
+            return rc;
+    } else if (n_ops > 0) {
         size_t up = ops_bytes + (verify ? n_ops * sizeof(uint64_t) : 0);
         WSYNC_CUDA_TRY(err, cudaMemcpyAsync(slot->dev, slot->host, up, cudaMemcpyHostToDevice, s));
-        wsync_cuda_launch_cfg_t cfg;
-        launch_cfg(&cfg);
         WSYNC_CUDA_TRY(err,
                        wsync_cuda_launch_copy((const wsync_cuda_op_t *)slot->dev, (uint32_t)n_ops,
                                               chunks, sums, verify, c->sm_count, &cfg, s));

@@ -52,7 +52,10 @@ static void mapping_destroy(wsync_cuda_mapping_t *m)
         cudaEventDestroy(m->ready);
     if (m->has_consumed)
         cudaEventDestroy(m->consumed);
-    if (m->base) {
+    if (m->is_vmm) {
+        wsync_cuda_vmm_destroy(&m->vmm);
+        atomic_fetch_add(&wsync_cuda_stats.ipc_mem_closes, 1);
+    } else if (m->base) {
         cudaIpcCloseMemHandle(m->base);
         atomic_fetch_add(&wsync_cuda_stats.ipc_mem_closes, 1);
     }
@@ -69,12 +72,12 @@ wsync_result_t wsync_cuda_map(void *user, const wsync_buffer_desc_t *desc, void 
     struct wsync_consumer *c = user;
     wsync_result_t rc = WSYNC_OK;
     cudaError_t e;
-    if (desc->kind != WSYNC_BUFFER_CUDA_IPC)
+    if (desc->kind != WSYNC_BUFFER_CUDA_IPC && desc->kind != WSYNC_BUFFER_CUDA_VMM_FD)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                          "buffer kind %d is not cuda_ipc: load the plugin that matches the "
-                          "producer (libwsync_host.so for host_shm)",
+                          "buffer kind %d is neither cuda_ipc nor cuda_vmm_fd: load the plugin "
+                          "that matches the producer (libwsync_host.so for host_shm)",
                           (int)desc->kind);
-    if (desc->handle_len != sizeof(cudaIpcMemHandle_t))
+    if (desc->kind == WSYNC_BUFFER_CUDA_IPC && desc->handle_len != sizeof(cudaIpcMemHandle_t))
         return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
                           "cuda_ipc handle has %u bytes, expected %zu (cudaIpcMemHandle_t)",
                           desc->handle_len, sizeof(cudaIpcMemHandle_t));
@@ -82,18 +85,30 @@ wsync_result_t wsync_cuda_map(void *user, const wsync_buffer_desc_t *desc, void 
     if (m == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for a mapping");
     m->consumer = c;
-    cudaIpcMemHandle_t h;
-    memcpy(&h, desc->handle, sizeof(h));
-    e = cudaIpcOpenMemHandle((void **)&m->base, h, cudaIpcMemLazyEnablePeerAccess);
-    if (e != cudaSuccess) {
-        m->base = NULL;
-        rc = wsync_cuda_fail(err, e, __func__,
-                             "cudaIpcOpenMemHandle (is the producer alive, on this machine, and "
-                             "is the handle from another process?)");
-        goto fail;
+    m->vmm.fd = -1;
+    if (desc->kind == WSYNC_BUFFER_CUDA_VMM_FD) {
+        rc = wsync_cuda_vmm_import(desc->handle, desc->handle_len, desc->pid, c->device, &m->vmm,
+                                   err);
+        if (rc != WSYNC_OK)
+            goto fail;
+        m->is_vmm = 1;
+        m->base = (unsigned char *)(uintptr_t)m->vmm.ptr;
+        m->alloc_bytes = m->vmm.size;
+        atomic_fetch_add(&wsync_cuda_stats.ipc_mem_opens, 1);
+    } else {
+        cudaIpcMemHandle_t h;
+        memcpy(&h, desc->handle, sizeof(h));
+        e = cudaIpcOpenMemHandle((void **)&m->base, h, cudaIpcMemLazyEnablePeerAccess);
+        if (e != cudaSuccess) {
+            m->base = NULL;
+            rc = wsync_cuda_fail(err, e, __func__,
+                                 "cudaIpcOpenMemHandle (is the producer alive, on this machine, "
+                                 "and is the handle from another process?)");
+            goto fail;
+        }
+        atomic_fetch_add(&wsync_cuda_stats.ipc_mem_opens, 1);
+        m->alloc_bytes = allocation_bytes(m->base);
     }
-    atomic_fetch_add(&wsync_cuda_stats.ipc_mem_opens, 1);
-    m->alloc_bytes = allocation_bytes(m->base);
     if (m->alloc_bytes != 0 &&
         (desc->base_offset > m->alloc_bytes || desc->bytes > m->alloc_bytes - desc->base_offset)) {
         rc = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_BOUNDS,

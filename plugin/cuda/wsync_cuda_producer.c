@@ -1,11 +1,13 @@
-/* Producer table: a retained cudaMalloc staging buffer exported once over legacy CUDA IPC, filled
- * by the batched copy kernel with fused digests, published with a *ready* event record. */
+/* Producer table: a retained staging buffer exported once (legacy CUDA IPC from cudaMalloc, or
+ * cuda_vmm_fd from cuMemCreate: WSYNC_CUDA_STAGING_KIND), filled by the batched copy kernel with
+ * fused digests, published with a *ready* event record. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "wsync_cuda.h"
+#include "wsync_cuda_vmm.h"
 #include "wsync_digest.h"
 #include "wsync_error.h"
 #include "wsync_layout.h"
@@ -19,7 +21,9 @@ struct wsync_staging {
     uint32_t timeout_ms;
     unsigned char *dev; /* the staging buffer */
     uint64_t bytes;
+    wsync_buffer_kind_t kind; /* CUDA_IPC or CUDA_VMM_FD */
     cudaIpcMemHandle_t mem_handle;
+    wsync_cuda_vmm_t vmm; /* CUDA_VMM_FD: the allocation */
     cudaEvent_t ready, consumed;
     cudaIpcEventHandle_t ready_handle, consumed_handle;
     char uuid[WSYNC_DEVICE_MAX];
@@ -54,7 +58,9 @@ static void staging_free(struct wsync_staging *s)
         cudaFreeHost(s->table_host);
     if (s->table_dev)
         cudaFree(s->table_dev);
-    if (s->dev)
+    if (s->kind == WSYNC_BUFFER_CUDA_VMM_FD)
+        wsync_cuda_vmm_destroy(&s->vmm);
+    else if (s->dev)
         cudaFree(s->dev);
     if (s->default_stream)
         cudaStreamDestroy(s->default_stream);
@@ -100,8 +106,17 @@ static wsync_result_t staging_create(const wsync_staging_config_t *config,
         }                                                                                          \
     } while (0)
     STAGING_TRY(cudaDeviceGetAttribute(&s->sm_count, cudaDevAttrMultiProcessorCount, s->device));
-    STAGING_TRY(cudaMalloc((void **)&s->dev, s->bytes));
-    STAGING_TRY(cudaIpcGetMemHandle(&s->mem_handle, s->dev));
+    s->kind = wsync_cuda_staging_kind();
+    s->vmm.fd = -1;
+    if (s->kind == WSYNC_BUFFER_CUDA_VMM_FD) {
+        rc = wsync_cuda_vmm_create(s->device, s->bytes, &s->vmm, err);
+        if (rc != WSYNC_OK)
+            goto fail;
+        s->dev = (unsigned char *)(uintptr_t)s->vmm.ptr;
+    } else {
+        STAGING_TRY(cudaMalloc((void **)&s->dev, s->bytes));
+        STAGING_TRY(cudaIpcGetMemHandle(&s->mem_handle, s->dev));
+    }
     STAGING_TRY(
         cudaEventCreateWithFlags(&s->ready, cudaEventInterprocess | cudaEventDisableTiming));
     STAGING_TRY(
@@ -119,8 +134,10 @@ static wsync_result_t staging_create(const wsync_staging_config_t *config,
         goto fail;
     s->control = s->control_shm.addr;
     wsync_control_init(s->control, 0, s->bytes);
-    WSYNC_LOG_INFO("cuda staging of %llu bytes on %s, control %s", (unsigned long long)s->bytes,
-                   s->uuid, s->control_shm.name);
+    WSYNC_LOG_INFO("cuda staging of %llu bytes (%s) on %s, control %s",
+                   (unsigned long long)s->bytes,
+                   s->kind == WSYNC_BUFFER_CUDA_VMM_FD ? "cuda_vmm_fd" : "cuda_ipc", s->uuid,
+                   s->control_shm.name);
     *out = s;
     return WSYNC_OK;
 fail:
@@ -248,9 +265,13 @@ static wsync_result_t publish_body(struct wsync_staging *s, cudaStream_t st, int
     m.finished = finished != 0;
     wsync_buffer_desc_t *b = &m.buffer;
     b->struct_size = sizeof(*b);
-    b->kind = WSYNC_BUFFER_CUDA_IPC;
-    memcpy(b->handle, &s->mem_handle, sizeof(s->mem_handle));
-    b->handle_len = sizeof(s->mem_handle);
+    b->kind = s->kind;
+    if (s->kind == WSYNC_BUFFER_CUDA_VMM_FD) {
+        wsync_cuda_vmm_handle(&s->vmm, b->handle, &b->handle_len);
+    } else {
+        memcpy(b->handle, &s->mem_handle, sizeof(s->mem_handle));
+        b->handle_len = sizeof(s->mem_handle);
+    }
     b->bytes = s->bytes;
     b->pid = (int64_t)getpid();
     snprintf(b->device, sizeof(b->device), "%s", s->uuid);

@@ -2,6 +2,7 @@
  *
  *   wsync-bench-cuda [--layout dense|moe|both] [--iters N] [--plugin PATH] [--layers L]
  *                    [--scale S] [--bucket-mib M]
+ *   wsync-bench-cuda --lora [--iters N] [--plugin PATH] [--layers L]   (wsync_bench_lora.h)
  *
  * One consumer process per layout measures, with CUDA events (median of N after warm-up):
  *   (a) one cudaMemcpyAsync of the whole packed payload (the limit),
@@ -29,11 +30,13 @@
 
 #include "wsync_abi.h"
 #include "wsync_bench_layout.h"
+#include "wsync_bench_lora.h"
 #include "wsync_copy_kernel.h"
 #include "wsync_cuda_harness.h"
 
 #define WB_SEED 0x5eedu
 #define WB_WARMUP 3
+#define WB_MAX_BUF 4 /* (c) is measured with 1, 2 and 4 staging buffers */
 
 typedef struct wb_opts {
     const char *layout;
@@ -42,6 +45,8 @@ typedef struct wb_opts {
     int fd;
     unsigned iters, layers, scale;
     uint64_t bucket;
+    int lora;
+    const char *dir;
 } wb_opts_t;
 
 static char wb_self[PATH_MAX];
@@ -177,17 +182,19 @@ static int wb_producer_main(const wb_opts_t *o)
         return 1;
     cfg.bytes = o->bucket;
     cfg.flags = 0;
-    wsync_staging_t *sg[2];
-    uint64_t last[2] = {0, 0};
-    for (int k = 0; k < 2; k++)
+    wsync_staging_t *sg[WB_MAX_BUF];
+    uint64_t last[WB_MAX_BUF] = {0};
+    for (int k = 0; k < WB_MAX_BUF; k++)
         WB_OK(p->producer->create(&cfg, &sg[k], err));
     double tw = 0, ts = 0, tp = 0, ta = 0;
     unsigned syncs = 0;
     for (;;) {
-        /* "sync1": one staging buffer reused for every bucket; "sync2": two, alternating */
+        /* "syncN": N staging buffers used in turn (N = 1: one reused for every bucket) */
         wb_recv_expect(o->fd, "sync", &m);
         int quit = strcmp(m, "quit") == 0;
-        int nbuf = strcmp(m, "sync2") == 0 ? 2 : 1;
+        int nbuf = strncmp(m, "sync", 4) == 0 ? atoi(m + 4) : 1;
+        if (nbuf < 1 || nbuf > WB_MAX_BUF)
+            nbuf = 1;
         free(m);
         if (quit)
             break;
@@ -211,7 +218,7 @@ static int wb_producer_main(const wb_opts_t *o)
             double t4 = wb_now_ms();
             tw += t1 - t0, ts += t2 - t1, tp += t3 - t2, ta += t4 - t3;
         }
-        if (nbuf == 2)
+        if (nbuf > 1)
             for (size_t b = 0; b + 1 < plan.nb; b++) {
                 wb_recv_expect(o->fd, "ack", &m);
                 free(m);
@@ -223,7 +230,7 @@ static int wb_producer_main(const wb_opts_t *o)
                tw / syncs, ts / syncs, tp / syncs, ta / syncs);
     fflush(stdout);
     WB_CK(cudaStreamSynchronize(st));
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < WB_MAX_BUF; k++) {
         wsync_result_t r2;
         do { /* the consumer closes its handles before quitting; wait for its close */
             e.code = WSYNC_OK;
@@ -367,7 +374,9 @@ static double wb_sync(wb_engine_t *E, int fd, const wb_plan_t *plan, uint32_t fl
                       wsync_handle_t **keep, int *digest_failures)
 {
     double t0 = wb_now_ms();
-    wh_send_str(fd, nbuf == 2 ? "sync2" : "sync1");
+    char req[16];
+    snprintf(req, sizeof(req), "sync%d", nbuf);
+    wh_send_str(fd, req);
     for (size_t b = 0; b < plan->nb; b++) {
         char *json;
         size_t len;
@@ -486,11 +495,14 @@ static int wb_consumer_main(const wb_opts_t *o)
     WB_CK(cudaMemcpy(A.kops, kops_h, E.l.n * sizeof(*kops_h), cudaMemcpyHostToDevice));
     A.n_ops = E.l.n;
     A.chunks = chunks;
-#define WB_NVAR 5
+    A.cfg.flat = 1;
+    for (size_t i = 0; i < E.l.n; i++)
+        A.cfg.flat &= wsync_cuda_op_is_flat(&kops_h[i]);
+#define WB_NVAR 8 /* 7: cudaMemcpyBatchAsync inside copy_weights (no bare kernel) */
     double ms_var[WB_NVAR], ms_var_ipc[WB_NVAR], ms_plugin_var[WB_NVAR];
     for (int v = 0; v < WB_NVAR; v++) {
         A.cfg.variant = v;
-        ms_var[v] = wb_time_events(&E, o->iters, wb_kernel_copy, &A);
+        ms_var[v] = v < 7 ? wb_time_events(&E, o->iters, wb_kernel_copy, &A) : 0;
     }
     /* The same from memory another process exported (legacy IPC), like the staging buffer. */
     cudaIpcMemHandle_t th;
@@ -509,7 +521,7 @@ static int wb_consumer_main(const wb_opts_t *o)
     WB_CK(cudaMemcpy(A.kops, kops_h, E.l.n * sizeof(*kops_h), cudaMemcpyHostToDevice));
     for (int v = 0; v < WB_NVAR; v++) {
         A.cfg.variant = v;
-        ms_var_ipc[v] = wb_time_events(&E, o->iters, wb_kernel_copy, &A);
+        ms_var_ipc[v] = v < 7 ? wb_time_events(&E, o->iters, wb_kernel_copy, &A) : 0;
     }
     A.src = src;
 
@@ -522,6 +534,8 @@ static int wb_consumer_main(const wb_opts_t *o)
     WB_OK(E.p->consumer->parse_manifest(E.c, json, len, &m, err));
     wsync_handle_t *h;
     WB_OK(E.p->consumer->open_handle(E.c, &m->buffer, &h, err));
+    const char *staging_kind =
+        m->buffer.kind == WSYNC_BUFFER_CUDA_VMM_FD ? "cuda_vmm_fd" : "cuda_ipc";
     wb_plan_t one;
     if (wb_plan_build(&E.l, E.l.packed, &one) != 0)
         return 1;
@@ -546,6 +560,7 @@ static int wb_consumer_main(const wb_opts_t *o)
     printf("wsync-bench-cuda: layout %s on %s (%d SMs): %zu tensors, %.2f GB payload, %u "
            "iters (median, CUDA events)\n",
            o->layout, prop.name, sm, E.l.n, E.l.payload / 1e9, o->iters);
+    printf("  staging buffer kind: %s\n", staging_kind);
     printf("  copy check: digests %s%s, %llu wrong words in engine params\n",
            r == WSYNC_OK ? "ok" : "FAILED: ", r == WSYNC_OK ? "" : e.message, bad);
     WB_OK(E.p->consumer->close_handle(E.c, h, err));
@@ -567,10 +582,12 @@ static int wb_consumer_main(const wb_opts_t *o)
     wb_row("(a') cudaMemcpyAsync, from IPC memory", ms_whole_ipc, E.l.payload, ms_whole, ms_each);
     for (int v = 0; v < WB_NVAR; v++) {
         char what[64];
-        snprintf(what, sizeof(what), "kernel variant %d, local src", v);
-        wb_row(what, ms_var[v], E.l.payload, ms_whole, ms_each);
-        snprintf(what, sizeof(what), "kernel variant %d, IPC src", v);
-        wb_row(what, ms_var_ipc[v], E.l.payload, ms_whole, ms_each);
+        if (v < 7) {
+            snprintf(what, sizeof(what), "kernel variant %d, local src", v);
+            wb_row(what, ms_var[v], E.l.payload, ms_whole, ms_each);
+            snprintf(what, sizeof(what), "kernel variant %d, IPC src", v);
+            wb_row(what, ms_var_ipc[v], E.l.payload, ms_whole, ms_each);
+        }
         snprintf(what, sizeof(what), "copy_weights, variant %d", v);
         wb_row(what, ms_plugin_var[v], E.l.payload, ms_whole, ms_each);
     }
@@ -580,12 +597,12 @@ static int wb_consumer_main(const wb_opts_t *o)
     wb_plan_t plan;
     if (wb_plan_build(&E.l, o->bucket, &plan) != 0)
         return 1;
-    wsync_handle_t *keep[2] = {NULL, NULL};
+    wsync_handle_t *keep[WB_MAX_BUF] = {NULL};
     int failures = 0;
     double *t = calloc(o->iters, sizeof(*t));
-    double ms_sync[3] = {0, 0, 0};
-    unsigned long long opens_per[3] = {0, 0, 0};
-    for (int nbuf = 1; nbuf <= 2; nbuf++) {
+    double ms_sync[WB_MAX_BUF + 1] = {0};
+    unsigned long long opens_per[WB_MAX_BUF + 1] = {0};
+    for (int nbuf = 1; nbuf <= WB_MAX_BUF; nbuf *= 2) {
         unsigned long long opens0 = 0;
         memset(wb_ct, 0, sizeof(wb_ct));
         for (unsigned i = 0; i < WB_WARMUP + o->iters; i++) {
@@ -618,12 +635,13 @@ static int wb_consumer_main(const wb_opts_t *o)
     printf("  verified sync (one buffer, record_consumed waits per bucket): %.2f ms, %d digest "
            "failures, %llu wrong words in engine params\n",
            ms_vsync, failures, bad);
-    printf("  summary %s: copy_weights %.3fx memcpy, verify %.3fx, sync %.2f ms (1 buffer) "
-           "%.2f ms (2 buffers), opens/sync %.3f\n",
-           o->layout, ms_whole / ms_plugin, ms_whole / ms_verify, ms_sync[1], ms_sync[2],
-           (double)(opens_per[1] + opens_per[2]) / (2 * o->iters));
+    printf("  summary %s (%s): copy_weights %.3fx memcpy, verify %.3fx, sync %.2f ms (1 buffer) "
+           "%.2f ms (2 buffers) %.2f ms (4 buffers), opens/sync %.3f\n",
+           o->layout, staging_kind, ms_whole / ms_plugin, ms_whole / ms_verify, ms_sync[1],
+           ms_sync[2], ms_sync[4],
+           (double)(opens_per[1] + opens_per[2] + opens_per[4]) / (3 * o->iters));
     fflush(stdout);
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < WB_MAX_BUF; k++)
         if (keep[k])
             WB_OK(E.p->consumer->close_handle(E.c, keep[k], err));
     WB_CK(cudaIpcCloseMemHandle(ipc_src));
@@ -639,7 +657,8 @@ static int wb_consumer_main(const wb_opts_t *o)
 static void wb_usage(FILE *f)
 {
     fprintf(f, "usage: wsync-bench-cuda [--layout dense|moe|both] [--iters N] [--plugin PATH]\n"
-               "                        [--layers L] [--scale S] [--bucket-mib M]\n");
+               "                        [--layers L] [--scale S] [--bucket-mib M]\n"
+               "       wsync-bench-cuda --lora [--iters N] [--plugin PATH] [--layers L]\n");
 }
 
 int main(int argc, char **argv)
@@ -649,7 +668,8 @@ int main(int argc, char **argv)
         {"plugin", required_argument, NULL, 'p'}, {"layers", required_argument, NULL, 'L'},
         {"scale", required_argument, NULL, 'S'},  {"bucket-mib", required_argument, NULL, 'b'},
         {"role", required_argument, NULL, 'r'},   {"fd", required_argument, NULL, 'f'},
-        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0}};
+        {"help", no_argument, NULL, 'h'},         {"lora", no_argument, NULL, 'o'},
+        {"dir", required_argument, NULL, 'd'},    {NULL, 0, NULL, 0}};
     wb_opts_t o = {.layout = "both", .iters = 20, .scale = 1, .bucket = 1ull << 30, .fd = -1};
     int c;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -677,6 +697,12 @@ int main(int argc, char **argv)
             break;
         case 'f':
             o.fd = atoi(optarg);
+            break;
+        case 'o':
+            o.lora = 1;
+            break;
+        case 'd':
+            o.dir = optarg;
             break;
         case 'h':
             wb_usage(stdout);
@@ -711,6 +737,8 @@ int main(int argc, char **argv)
         return wb_producer_main(&o);
     if (o.role && strcmp(o.role, "consumer") == 0)
         return wb_consumer_main(&o);
+    if (o.role && strcmp(o.role, "lora-producer") == 0 && o.dir)
+        return wb_lora_producer_main(o.plugin, o.fd, o.dir);
 
     char why[512];
     int pr = wh_probe(o.plugin, why, sizeof(why));
@@ -719,6 +747,8 @@ int main(int argc, char **argv)
                 why);
         return pr;
     }
+    if (o.lora)
+        return wb_lora_main(wb_self, o.plugin, o.iters, o.layers);
     int rc = 0;
     const char *layouts[2] = {"dense", "moe"};
     for (int k = 0; k < 2; k++) {
