@@ -8,6 +8,7 @@
 #include <libgen.h>
 #include <link.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,35 @@ static void wsync_loader_log(const wsync_host_t *host, wsync_log_level_t level, 
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     host->log(host->log_user, level, __FILE__, __LINE__, "%s", msg);
+}
+
+/* The default probe of the CUDA plugin fails on every machine without a GPU, and the plugin
+ * reports that at ERROR. While probing, its messages reach the host's logger demoted to INFO
+ * (the loader's own line says what happened); afterwards they pass unchanged. The plugin keeps
+ * the logger it was given for the life of the process, so this forwarder is static. */
+static struct {
+    wsync_host_t host;
+    _Atomic int probing;
+} wsync_probe;
+
+static void wsync_loader_probe_log(void *user, wsync_log_level_t level, const char *file, int line,
+                                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static void wsync_loader_probe_log(void *user, wsync_log_level_t level, const char *file, int line,
+                                   const char *fmt, ...)
+{
+    char msg[WSYNC_ERROR_MESSAGE_LEN + PATH_MAX];
+    va_list ap;
+
+    (void)user;
+    if (atomic_load(&wsync_probe.probing) && level < WSYNC_LOG_INFO)
+        level = WSYNC_LOG_INFO;
+    if (level > wsync_probe.host.log_level)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    wsync_probe.host.log(wsync_probe.host.log_user, level, file, line, "%s", msg);
 }
 
 /* Record the file the dynamic linker actually mapped (resolves bare sonames). */
@@ -193,7 +223,20 @@ static wsync_result_t wsync_loader_default(wsync_loader_t *l, const wsync_host_t
                                            wsync_error_t *err)
 {
     wsync_error_t cerr = {.struct_size = sizeof(cerr)};
-    wsync_result_t rc = wsync_loader_search(l, WSYNC_LOADER_CUDA_NAME, host, &cerr);
+    wsync_host_t probe_host;
+    const wsync_host_t *cuda_host = host;
+
+    if (host != NULL && WSYNC_HAS_FIELD(host, log_level) && host->log != NULL) {
+        wsync_probe.host = *host;
+        wsync_probe.host.struct_size = sizeof(wsync_probe.host);
+        probe_host = wsync_probe.host;
+        probe_host.log = wsync_loader_probe_log;
+        probe_host.log_user = NULL;
+        cuda_host = &probe_host;
+    }
+    atomic_store(&wsync_probe.probing, 1);
+    wsync_result_t rc = wsync_loader_search(l, WSYNC_LOADER_CUDA_NAME, cuda_host, &cerr);
+    atomic_store(&wsync_probe.probing, 0);
 
     if (rc == WSYNC_OK)
         return WSYNC_OK;
