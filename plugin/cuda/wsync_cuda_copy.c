@@ -80,6 +80,7 @@ static wsync_result_t batch_memcpy(const wsync_cuda_op_t *t, size_t n, cudaStrea
                 src[k] = t[i].src;
                 sizes[k++] = t[i].row_bytes;
             }
+#if CUDART_VERSION >= 12080
         struct cudaMemcpyAttributes a;
         memset(&a, 0, sizeof(a));
         a.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
@@ -87,6 +88,10 @@ static wsync_result_t batch_memcpy(const wsync_cuda_op_t *t, size_t n, cudaStrea
         if (k > 0)
             e = cudaMemcpyBatchAsync((void *const *)dst, (const void *const *)src, sizes, k, &a,
                                      &idx, 1, s);
+#else
+        for (size_t i = 0; i < k && e == cudaSuccess; i++)
+            e = cudaMemcpyAsync(dst[i], src[i], sizes[i], cudaMemcpyDeviceToDevice, s);
+#endif
     }
     free(dst);
     free(src);

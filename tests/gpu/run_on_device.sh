@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything the CUDA backend needs a GPU for, in one go (the device tool's one call):
-# configure + build (Release, sm_90), ctest -L 'gpu|cuda' with each staging kind (legacy IPC,
-# then cuda_vmm_fd), compute-sanitizer memcheck of the copy and convert kernels,
+# configure + build (Release, sm_90), ctest -L 'gpu|cuda' (the conformance suite's cuda runs
+# included when it builds) with each staging kind (legacy IPC, then cuda_vmm_fd),
+# compute-sanitizer memcheck of the copy and convert kernels,
 # wsync-bench-cuda --layout both for each staging kind, and --lora. Logs go to $OUT (or
 # ./device-out) and to stdout.
 #   usage: tests/gpu/run_on_device.sh [build-dir]
@@ -20,7 +21,8 @@ if [ -d "$ROOT/.deps/root" ]; then # jansson/cmocka/pkg-config unpacked next to 
   export PKG_CONFIG_SYSROOT_DIR=$D PKG_CONFIG_LIBDIR=$D/usr/lib/x86_64-linux-gnu/pkgconfig
 fi
 export PATH=/usr/local/cuda/bin:$PATH
-{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; date -u; uname -r; } \
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; date -u; uname -r
+  echo "yama ptrace_scope: $(cat /proc/sys/kernel/yama/ptrace_scope 2>/dev/null || echo 'none (no Yama: default staging kind cuda_vmm_fd)')"; } \
   2>&1 | tee "$OUT/machine.log"
 status=0
 t0=$(date +%s)
@@ -43,7 +45,6 @@ echo "build: $(( $(date +%s) - t0 )) s"
 : >"$OUT/ctest.log"
 for kind in ipc vmm; do
   echo "=== ctest, WSYNC_CUDA_STAGING_KIND=$kind" | tee -a "$OUT/ctest.log"
-  [ $kind = vmm ] && excl="-E conformance" # the suite's cuda runs: once, with the default
   (cd "$BUILD" && WSYNC_CUDA_STAGING_KIND=$kind ctest -L "gpu|cuda" $excl --timeout 300 \
     --output-on-failure 2>&1) >>"$OUT/ctest.log" || status=1
   grep -E "tests passed|tests failed|Failed|Not Run|\*\*\*|buckets torn|equals" "$OUT/ctest.log" | tail -12

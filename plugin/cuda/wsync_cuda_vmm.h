@@ -1,0 +1,55 @@
+/* The cuda_vmm_fd buffer kind: staging memory made with cuMemCreate (POSIX file descriptor
+ * handle type, recommended granularity, at least 2 MiB), exported as an fd; the consumer takes
+ * the fd out of the producer process with pidfd_open + pidfd_getfd (same uid, or ptrace
+ * permission over the producer) and maps it with cuMemImportFromShareableHandle +
+ * cuMemAddressReserve + cuMemMap + cuMemSetAccess. The driver API is reached through
+ * cudaGetDriverEntryPointByVersion (no link against libcuda).
+ *
+ * Handle bytes in the manifest: wsync_cuda_vmm_handle_t (little-endian host layout; producer and
+ * consumer share the machine). The nonce makes the bytes unique per allocation, so a cache key
+ * never matches a later allocation that reuses the fd number. Thread safe. */
+#ifndef WSYNC_CUDA_VMM_H
+#define WSYNC_CUDA_VMM_H
+
+#include <stdint.h>
+
+#include "wsync_abi.h"
+
+#define WSYNC_CUDA_VMM_MAGIC 0x4d4d5657u /* "WVMM" */
+#define WSYNC_CUDA_VMM_MIN_GRANULARITY (2u << 20)
+
+typedef struct wsync_cuda_vmm_handle {
+    uint32_t magic;
+    int32_t fd;     /* descriptor number in the producer process */
+    uint64_t size;  /* bytes of the allocation (a multiple of the granularity) */
+    uint64_t nonce; /* unique per allocation */
+} wsync_cuda_vmm_handle_t;
+
+/* One allocation mapped into this process. */
+typedef struct wsync_cuda_vmm {
+    unsigned long long handle; /* CUmemGenericAllocationHandle (producer only; 0 after map) */
+    unsigned long long ptr;    /* CUdeviceptr of the mapping */
+    uint64_t size;
+    int fd; /* producer: the exported descriptor; -1 otherwise */
+    uint64_t nonce;
+} wsync_cuda_vmm_t;
+
+/* Producer: allocate at least `bytes` on `device`, map it here, export an fd. */
+wsync_result_t wsync_cuda_vmm_create(int device, uint64_t bytes, wsync_cuda_vmm_t *out,
+                                     wsync_error_t *err);
+/* Handle bytes for the manifest (sizeof(wsync_cuda_vmm_handle_t) bytes into out). */
+void wsync_cuda_vmm_handle(const wsync_cuda_vmm_t *v, uint8_t *out, uint32_t *len);
+/* Consumer: import the allocation named by the handle bytes from process `pid` and map it on
+ * `device`. Errors: BAD_MANIFEST (handle bytes), PERMISSION (pidfd_getfd refused), PEER_GONE
+ * (no such process or fd), NOT_SUPPORTED (kernel or driver without the calls), SYSTEM. */
+wsync_result_t wsync_cuda_vmm_import(const uint8_t *handle, uint32_t len, int64_t pid, int device,
+                                     wsync_cuda_vmm_t *out, wsync_error_t *err);
+/* Unmap, free the address range and release the allocation (closes the producer's fd). The
+ * caller guarantees no work still uses the memory. Safe on a zeroed struct. */
+void wsync_cuda_vmm_destroy(wsync_cuda_vmm_t *v);
+
+/* Which kind the producer makes: WSYNC_CUDA_STAGING_KIND=vmm|ipc; unset: cuda_vmm_fd, unless
+ * Yama's kernel.yama.ptrace_scope is non-zero (consumers could not take the fd): then ipc. */
+wsync_buffer_kind_t wsync_cuda_staging_kind(void);
+
+#endif
