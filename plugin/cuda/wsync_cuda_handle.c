@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "wsync_cuda.h"
+#include "wsync_cuda_peer.h"
 #include "wsync_error.h"
 #include "wsync_log.h"
 
@@ -86,6 +87,11 @@ wsync_result_t wsync_cuda_map(void *user, const wsync_buffer_desc_t *desc, void 
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for a mapping");
     m->consumer = c;
     m->vmm.fd = -1;
+    /* A producer on another GPU: resolve its UUID, check and enable peer access (clear error
+     * when the two GPUs cannot reach each other). */
+    rc = wsync_cuda_peer_enable(c->device, desc->device, NULL, err);
+    if (rc != WSYNC_OK)
+        goto fail;
     if (desc->kind == WSYNC_BUFFER_CUDA_VMM_FD) {
         rc = wsync_cuda_vmm_import(desc->handle, desc->handle_len, desc->pid, c->device, &m->vmm,
                                    err);
