@@ -83,9 +83,10 @@ static wsync_result_t staging_create(const wsync_staging_config_t *config,
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "create needs a config (struct_size >= %zu, bytes > 0) and out",
                           sizeof(wsync_staging_config_v1_t));
-    if ((config->flags & ~WSYNC_STAGING_FIXED_LAYOUT) != 0)
+    if ((config->flags & ~(WSYNC_STAGING_FIXED_LAYOUT | WSYNC_STAGING_NO_DIGESTS)) != 0)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                          "staging flags 0x%x: only WSYNC_STAGING_FIXED_LAYOUT is defined",
+                          "staging flags 0x%x: only WSYNC_STAGING_FIXED_LAYOUT (0x1) and "
+                          "WSYNC_STAGING_NO_DIGESTS (0x2) are defined",
                           config->flags);
     wsync_result_t rc = wsync_cuda_use_device(config->device_ordinal, err);
     if (rc != WSYNC_OK)
@@ -195,6 +196,7 @@ static wsync_result_t stage_body(struct wsync_staging *s, cudaStream_t st,
     const size_t ops = wsync_cuda_slot_ops_bytes(n);
     memset(s->table_host + ops, 0, n * sizeof(uint64_t));
     unsigned long long *sums = (unsigned long long *)(s->table_dev + ops);
+    const int digests = (s->flags & WSYNC_STAGING_NO_DIGESTS) == 0;
     cudaError_t e = cudaSuccess;
     if (n > 0) {
         e = cudaMemcpyAsync(s->table_dev, s->table_host, ops + n * sizeof(uint64_t),
@@ -203,8 +205,8 @@ static wsync_result_t stage_body(struct wsync_staging *s, cudaStream_t st,
         const wsync_cuda_launch_cfg_t cfg = {.variant = WSYNC_CUDA_STAGE_VARIANT};
         if (e == cudaSuccess)
             e = wsync_cuda_launch_copy((const wsync_cuda_op_t *)s->table_dev, (uint32_t)n, chunks,
-                                       sums, 1, s->sm_count, &cfg, st);
-        if (e == cudaSuccess)
+                                       sums, digests, s->sm_count, &cfg, st);
+        if (e == cudaSuccess && digests)
             e = cudaMemcpyAsync(sums_back(s), sums, n * sizeof(uint64_t), cudaMemcpyDeviceToHost,
                                 st);
     }
@@ -255,7 +257,8 @@ static wsync_result_t publish_body(struct wsync_staging *s, cudaStream_t st, int
         WSYNC_CUDA_TRY(err, cudaStreamWaitEvent(st, s->staged, 0));
     WSYNC_CUDA_TRY(err, cudaEventRecord(s->ready, st));
     /* The digests were summed by the stage kernel: one small read-back, waited for here. */
-    if (s->have_table_use)
+    const int digests = (s->flags & WSYNC_STAGING_NO_DIGESTS) == 0;
+    if (s->have_table_use && digests)
         WSYNC_CUDA_TRY(err, cudaEventSynchronize(s->staged));
     wsync_manifest_t m;
     memset(&m, 0, sizeof(m));
@@ -284,7 +287,7 @@ static wsync_result_t publish_body(struct wsync_staging *s, cudaStream_t st, int
     snprintf(b->control, sizeof(b->control), "%s", s->control_shm.name);
     if (s->have_current) {
         const uint64_t *sums = sums_back(s);
-        for (size_t i = 0; i < s->current.n; i++) {
+        for (size_t i = 0; i < s->current.n && digests; i++) {
             s->current.tensors[i].digest = wsync_mix64(sums[i] ^ s->current.tensors[i].nbytes);
             s->current.tensors[i].has_digest = 1;
         }

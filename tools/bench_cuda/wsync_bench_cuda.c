@@ -182,26 +182,32 @@ static int wb_producer_main(const wb_opts_t *o)
         return 1;
     cfg.bytes = o->bucket;
     cfg.flags = 0;
-    wsync_staging_t *sg[WB_MAX_BUF];
-    uint64_t last[WB_MAX_BUF] = {0};
-    for (int k = 0; k < WB_MAX_BUF; k++)
+    /* sg[0..]: staging with digests ("syncN"); sg[WB_MAX_BUF..]: WSYNC_STAGING_NO_DIGESTS
+     * ("fastN"), whose publish never waits for the stage kernel. */
+    wsync_staging_t *sg[2 * WB_MAX_BUF];
+    uint64_t last[2 * WB_MAX_BUF] = {0};
+    for (int k = 0; k < 2 * WB_MAX_BUF; k++) {
+        cfg.flags = k < WB_MAX_BUF ? 0 : WSYNC_STAGING_NO_DIGESTS;
         WB_OK(p->producer->create(&cfg, &sg[k], err));
+    }
     double tw = 0, ts = 0, tp = 0, ta = 0;
     unsigned syncs = 0;
     for (;;) {
         /* "syncN": N staging buffers used in turn (N = 1: one reused for every bucket) */
         wb_recv_expect(o->fd, "sync", &m);
         int quit = strcmp(m, "quit") == 0;
-        int nbuf = strncmp(m, "sync", 4) == 0 ? atoi(m + 4) : 1;
+        int fast = strncmp(m, "fast", 4) == 0;
+        int nbuf = strncmp(m, "sync", 4) == 0 || fast ? atoi(m + 4) : 1;
         if (nbuf < 1 || nbuf > WB_MAX_BUF)
             nbuf = 1;
         free(m);
+        const int set = fast ? WB_MAX_BUF : 0;
         if (quit)
             break;
         syncs++;
         for (size_t b = 0; b < plan.nb; b++) {
-            wsync_staging_t *s = sg[b % nbuf];
-            uint64_t *lg = &last[b % nbuf];
+            wsync_staging_t *s = sg[set + b % nbuf];
+            uint64_t *lg = &last[set + b % nbuf];
             double t0 = wb_now_ms();
             if (*lg > 0) /* the consumer acked that generation: order the reuse after it */
                 WB_OK(p->producer->wait_consumed(s, st, *lg, err));
@@ -230,7 +236,7 @@ static int wb_producer_main(const wb_opts_t *o)
                tw / syncs, ts / syncs, tp / syncs, ta / syncs);
     fflush(stdout);
     WB_CK(cudaStreamSynchronize(st));
-    for (int k = 0; k < WB_MAX_BUF; k++) {
+    for (int k = 0; k < 2 * WB_MAX_BUF; k++) {
         wsync_result_t r2;
         do { /* the consumer closes its handles before quitting; wait for its close */
             e.code = WSYNC_OK;
@@ -371,11 +377,11 @@ static wsync_copy_op_t *wb_bucket_ops(wb_engine_t *E, const wb_plan_t *plan, siz
 static double wb_ct[6]; /* consumer host ms: recv, parse, open, copy, record, close+ack */
 
 static double wb_sync(wb_engine_t *E, int fd, const wb_plan_t *plan, uint32_t flags, int nbuf,
-                      wsync_handle_t **keep, int *digest_failures)
+                      wsync_handle_t **keep, int *digest_failures, const char *kind)
 {
     double t0 = wb_now_ms();
     char req[16];
-    snprintf(req, sizeof(req), "sync%d", nbuf);
+    snprintf(req, sizeof(req), "%s%d", kind, nbuf);
     wh_send_str(fd, req);
     for (size_t b = 0; b < plan->nb; b++) {
         char *json;
@@ -608,7 +614,7 @@ static int wb_consumer_main(const wb_opts_t *o)
         for (unsigned i = 0; i < WB_WARMUP + o->iters; i++) {
             if (i == WB_WARMUP)
                 opens0 = wh_stats.ipc_mem_opens;
-            double ms = wb_sync(&E, fd, &plan, 0, nbuf, keep, &failures);
+            double ms = wb_sync(&E, fd, &plan, 0, nbuf, keep, &failures, "sync");
             if (i >= WB_WARMUP)
                 t[i - WB_WARMUP] = ms;
         }
@@ -627,18 +633,33 @@ static int wb_consumer_main(const wb_opts_t *o)
                (double)opens_per[nbuf] / o->iters, opens_per[nbuf], o->iters,
                wh_stats.seen ? "plugin stats" : "NO stats line seen");
     }
+    /* Producer staging without digests: publish does not wait for the stage kernel. */
+    wsync_handle_t *keep_fast[WB_MAX_BUF] = {NULL};
+    for (unsigned i = 0; i < WB_WARMUP + o->iters; i++) {
+        double ms = wb_sync(&E, fd, &plan, 0, 2, keep_fast, &failures, "fast");
+        if (i >= WB_WARMUP)
+            t[i - WB_WARMUP] = ms;
+    }
+    double ms_fast = wb_median(t, o->iters);
+    printf("  (c) full sync, %zu buckets through 2 staging buffers, producer without digests "
+           "(WSYNC_STAGING_NO_DIGESTS): median %.2f ms, %.1f GB/s end to end\n",
+           plan.nb, ms_fast, E.l.payload / ms_fast / 1e6);
+    for (int k = 0; k < WB_MAX_BUF; k++)
+        if (keep_fast[k] != NULL)
+            WB_OK(E.p->consumer->close_handle(E.c, keep_fast[k], err));
     WB_CK(cudaMemsetAsync(bad_dev, 0, sizeof(*bad_dev), E.st));
     for (size_t i = 0; i < E.l.n; i++) /* poison, so the verified sync must rewrite it all */
         WB_CK(cudaMemsetAsync(E.dst[i], 0xA5, E.l.t[i].bytes, E.st));
-    double ms_vsync = wb_sync(&E, fd, &plan, WSYNC_COPY_VERIFY, 1, keep, &failures);
+    double ms_vsync = wb_sync(&E, fd, &plan, WSYNC_COPY_VERIFY, 1, keep, &failures, "sync");
     bad = wb_count_bad(&E, bad_dev);
     printf("  verified sync (one buffer, record_consumed waits per bucket): %.2f ms, %d digest "
            "failures, %llu wrong words in engine params\n",
            ms_vsync, failures, bad);
     printf("  summary %s (%s): copy_weights %.3fx memcpy, verify %.3fx, sync %.2f ms (1 buffer) "
-           "%.2f ms (2 buffers) %.2f ms (4 buffers), opens/sync %.3f\n",
+           "%.2f ms (2 buffers) %.2f ms (4 buffers) %.2f ms (2 buffers, no digests), opens/sync "
+           "%.3f\n",
            o->layout, staging_kind, ms_whole / ms_plugin, ms_whole / ms_verify, ms_sync[1],
-           ms_sync[2], ms_sync[4],
+           ms_sync[2], ms_sync[4], ms_fast,
            (double)(opens_per[1] + opens_per[2] + opens_per[4]) / (3 * o->iters));
     fflush(stdout);
     for (int k = 0; k < WB_MAX_BUF; k++)
