@@ -16,18 +16,22 @@
 
 static void wsync_demo_usage(FILE *out)
 {
-    fprintf(out,
-            "usage: wsync demo [--plugin PATH] [--layout dense|moe] [--syncs N] [--bucket-mb M]\n"
-            "                  [--scale S] [--layers L] [--verify|--no-verify] [--timeout-ms T]\n"
-            "  --layout     dense (Qwen3-8B, 399 tensors) or moe (Qwen3-30B-A3B, 393 per layer)\n"
-            "  --syncs      weight versions to push (default 3)\n"
-            "  --bucket-mb  staging buffer size, reused for every bucket (default 64)\n"
-            "  --scale      divide large dims by S (default 8: a few hundred MB)\n"
-            "  --layers     layers (default: dense 36, moe 12)\n"
-            "  --verify     copy with digest verification and read every tensor back (default)\n"
-            "  --timeout-ms bound on every wait (default 30000)\n"
-            "  --engine sglang|vllm|lmdeploy [--tp N] [--packed]: push through that engine's\n"
-            "               request format and shim to N reference engine processes (wsync-engine)\n");
+    fprintf(
+        out,
+        "usage: wsync demo [--plugin PATH] [--layout dense|moe] [--syncs N] [--bucket-mb M]\n"
+        "                  [--scale S] [--layers L] [--verify|--no-verify] [--timeout-ms T]\n"
+        "  --layout     dense (Qwen3-8B, 399 tensors) or moe (Qwen3-30B-A3B, 393 per layer)\n"
+        "  --syncs      weight versions to push (default 3)\n"
+        "  --bucket-mb  staging buffer size, reused for every bucket (default 64)\n"
+        "  --scale      divide large dims by S (default 8: a few hundred MB)\n"
+        "  --layers     layers (default: dense 36, moe 12)\n"
+        "  --verify     copy with digest verification and read every tensor back (default)\n"
+        "  --timeout-ms bound on every wait (default 30000)\n"
+        "  --engine sglang|vllm|lmdeploy [--tp N] [--packed]: push through that engine's\n"
+        "               request format and shim to N reference engine processes (wsync-engine)\n"
+        "  --lora [--lora-rank R] [--lora-max-rank M]: adapter-only sync; the base weights\n"
+        "               stay in the engine, a rank-R all-linear adapter (default 8) is refreshed\n"
+        "               in place and hot-loaded into a slot of max rank M (default 64)\n");
 }
 
 static int wsync_demo_parse(int argc, char **argv, wsync_demo_options_t *o)
@@ -41,6 +45,9 @@ static int wsync_demo_parse(int argc, char **argv, wsync_demo_options_t *o)
                                              {"verify", no_argument, NULL, 'v'},
                                              {"no-verify", no_argument, NULL, 'n'},
                                              {"timeout-ms", required_argument, NULL, 't'},
+                                             {"lora", no_argument, NULL, 'R'},
+                                             {"lora-rank", required_argument, NULL, 'r'},
+                                             {"lora-max-rank", required_argument, NULL, 'M'},
                                              {"help", no_argument, NULL, 'h'},
                                              {NULL, 0, NULL, 0}};
     unsigned long mb = 64;
@@ -52,6 +59,8 @@ static int wsync_demo_parse(int argc, char **argv, wsync_demo_options_t *o)
     o->syncs = 3;
     o->verify = 1;
     o->timeout_ms = 30000;
+    o->lora_rank = 8;
+    o->lora_max_rank = 64;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
@@ -82,6 +91,15 @@ static int wsync_demo_parse(int argc, char **argv, wsync_demo_options_t *o)
         case 't':
             o->timeout_ms = (int)strtol(optarg, NULL, 10);
             break;
+        case 'R':
+            o->lora = 1;
+            break;
+        case 'r':
+            o->lora_rank = (uint32_t)strtoul(optarg, NULL, 10);
+            break;
+        case 'M':
+            o->lora_max_rank = (uint32_t)strtoul(optarg, NULL, 10);
+            break;
         case 'h':
             wsync_demo_usage(stdout);
             return 1;
@@ -94,6 +112,10 @@ static int wsync_demo_parse(int argc, char **argv, wsync_demo_options_t *o)
         fprintf(stderr, "wsync demo: bad arguments (syncs, bucket-mb, scale, timeout-ms must be "
                         ">= 1; no positional arguments)\n");
         wsync_demo_usage(stderr);
+        return 2;
+    }
+    if (o->lora && (o->lora_rank < 1 || o->lora_max_rank < o->lora_rank)) {
+        fprintf(stderr, "wsync demo: --lora-rank must be >= 1 and <= --lora-max-rank\n");
         return 2;
     }
     if (strcmp(o->model.layout, "moe") == 0 && o->model.layers == 0)
@@ -212,17 +234,22 @@ int wsync_cmd_demo(int argc, char **argv)
         return 1;
     }
     snprintf(o.socket_path, sizeof(o.socket_path), "%s/control.sock", dir);
-    printf("wsync demo: layout %s (scale %u), %u syncs, %llu MiB bucket, verify %s\n",
-           o.model.layout, o.model.scale, o.syncs, (unsigned long long)(o.bucket_bytes >> 20),
-           o.verify ? "on" : "off");
+    if (o.lora)
+        printf("wsync demo: adapter-only (LoRA rank %u, slot max rank %u) on layout %s (scale %u), "
+               "%u syncs\n",
+               o.lora_rank, o.lora_max_rank, o.model.layout, o.model.scale, o.syncs);
+    else
+        printf("wsync demo: layout %s (scale %u), %u syncs, %llu MiB bucket, verify %s\n",
+               o.model.layout, o.model.scale, o.syncs, (unsigned long long)(o.bucket_bytes >> 20),
+               o.verify ? "on" : "off");
 
-    engine = wsync_demo_spawn(wsync_demo_engine, &o);
+    engine = wsync_demo_spawn(o.lora ? wsync_demo_lora_engine : wsync_demo_engine, &o);
     if (engine < 0) {
         fprintf(stderr, "wsync demo: fork failed: %s\n", strerror(errno));
         rmdir(dir);
         return 1;
     }
-    trainer = wsync_demo_spawn(wsync_demo_trainer, &o);
+    trainer = wsync_demo_spawn(o.lora ? wsync_demo_lora_trainer : wsync_demo_trainer, &o);
     if (trainer < 0) {
         fprintf(stderr, "wsync demo: fork failed: %s\n", strerror(errno));
         kill(engine, SIGKILL);

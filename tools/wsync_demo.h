@@ -19,10 +19,15 @@ typedef struct wsync_demo_options {
     int verify;
     int timeout_ms; /* bound on every wait */
     char socket_path[108];
+    int lora;               /* --lora: adapter-only sync (wsync_demo_lora.c) */
+    uint32_t lora_rank;     /* the adapter's rank R */
+    uint32_t lora_max_rank; /* the engine slot's max rank (>= R; padding is zero) */
 } wsync_demo_options_t;
 
 /* Each runs in its own forked process and returns its exit status. */
 int wsync_demo_trainer(const wsync_demo_options_t *o);
 int wsync_demo_engine(const wsync_demo_options_t *o);
+int wsync_demo_lora_trainer(const wsync_demo_options_t *o);
+int wsync_demo_lora_engine(const wsync_demo_options_t *o);
 
 #endif

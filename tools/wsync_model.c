@@ -39,7 +39,27 @@ static int64_t wsync_model_dim(const wsync_model_builder_t *b, int64_t d)
     return s < 1 ? 1 : s;
 }
 
-static void wsync_model_add(wsync_model_builder_t *b, const char *name, int64_t d0, int64_t d1)
+#define WSYNC_MODEL_HEAD_DIM 128
+
+/* Attention widths stay whole heads of WSYNC_MODEL_HEAD_DIM at any scale: the head counts
+ * shrink (at least one kv head, q heads a multiple of the kv heads), never head_dim. */
+static void wsync_model_heads(const wsync_model_builder_t *b, int64_t q_heads, int64_t kv_heads,
+                              int64_t *q_out, int64_t *kv_out)
+{
+    int64_t kv = kv_heads / (int64_t)b->scale, q = q_heads / (int64_t)b->scale;
+    if (kv < 1)
+        kv = 1;
+    q = q / kv * kv;
+    if (q < kv)
+        q = kv;
+    *q_out = q * WSYNC_MODEL_HEAD_DIM;
+    *kv_out = kv * WSYNC_MODEL_HEAD_DIM;
+}
+
+/* Add a tensor; dims are scaled with wsync_model_dim unless `exact` (attention widths, already
+ * whole heads). */
+static void wsync_model_add_dims(wsync_model_builder_t *b, const char *name, int64_t d0, int64_t d1,
+                                 int exact0, int exact1)
 {
     wsync_model_t *m = b->m;
     wsync_model_tensor_t *t;
@@ -60,13 +80,33 @@ static void wsync_model_add(wsync_model_builder_t *b, const char *name, int64_t 
     memset(t, 0, sizeof(*t));
     snprintf(t->name, sizeof(t->name), "%s", name);
     t->dtype = WSYNC_DTYPE_BF16;
-    t->shape[0] = wsync_model_dim(b, d0);
+    t->shape[0] = exact0 ? d0 : wsync_model_dim(b, d0);
     t->ndim = 1;
     if (d1 > 0) {
-        t->shape[1] = wsync_model_dim(b, d1);
+        t->shape[1] = exact1 ? d1 : wsync_model_dim(b, d1);
         t->ndim = 2;
     }
     t->nbytes = 2u * (uint64_t)t->shape[0] * (uint64_t)(t->ndim == 2 ? t->shape[1] : 1);
+}
+
+static void wsync_model_add(wsync_model_builder_t *b, const char *name, int64_t d0, int64_t d1)
+{
+    wsync_model_add_dims(b, name, d0, d1, 0, 0);
+}
+
+static void wsync_model_addx(wsync_model_builder_t *b, int64_t d0, int64_t d1, int exact0,
+                             int exact1, const char *fmt, unsigned a, unsigned e)
+    __attribute__((format(printf, 6, 0)));
+
+static void wsync_model_addx(wsync_model_builder_t *b, int64_t d0, int64_t d1, int exact0,
+                             int exact1, const char *fmt, unsigned a, unsigned e)
+{
+    char name[WSYNC_MODEL_NAME_MAX];
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+    snprintf(name, sizeof(name), fmt, a, e);
+#pragma GCC diagnostic pop
+    wsync_model_add_dims(b, name, d0, d1, exact0, exact1);
 }
 
 static void wsync_model_addf(wsync_model_builder_t *b, int64_t d0, int64_t d1, const char *fmt,
@@ -75,24 +115,21 @@ static void wsync_model_addf(wsync_model_builder_t *b, int64_t d0, int64_t d1, c
 static void wsync_model_addf(wsync_model_builder_t *b, int64_t d0, int64_t d1, const char *fmt,
                              unsigned a, unsigned e)
 {
-    char name[WSYNC_MODEL_NAME_MAX];
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wformat-nonliteral"
-    snprintf(name, sizeof(name), fmt, a, e);
-#pragma GCC diagnostic pop
-    wsync_model_add(b, name, d0, d1);
+    wsync_model_addx(b, d0, d1, 0, 0, fmt, a, e);
 }
 
-/* Attention block shared by both layouts. */
+/* Attention block shared by both layouts: q_heads / kv_heads heads of 128 before scaling. */
 static void wsync_model_attention(wsync_model_builder_t *b, unsigned l, int64_t hidden,
-                                  int64_t q_out, int64_t kv_out)
+                                  int64_t q_heads, int64_t kv_heads)
 {
-    wsync_model_addf(b, q_out, hidden, "model.layers.%u.self_attn.q_proj.weight", l, 0);
-    wsync_model_addf(b, kv_out, hidden, "model.layers.%u.self_attn.k_proj.weight", l, 0);
-    wsync_model_addf(b, kv_out, hidden, "model.layers.%u.self_attn.v_proj.weight", l, 0);
-    wsync_model_addf(b, hidden, q_out, "model.layers.%u.self_attn.o_proj.weight", l, 0);
-    wsync_model_addf(b, 128, 0, "model.layers.%u.self_attn.q_norm.weight", l, 0);
-    wsync_model_addf(b, 128, 0, "model.layers.%u.self_attn.k_norm.weight", l, 0);
+    int64_t q_out, kv_out;
+    wsync_model_heads(b, q_heads, kv_heads, &q_out, &kv_out);
+    wsync_model_addx(b, q_out, hidden, 1, 0, "model.layers.%u.self_attn.q_proj.weight", l, 0);
+    wsync_model_addx(b, kv_out, hidden, 1, 0, "model.layers.%u.self_attn.k_proj.weight", l, 0);
+    wsync_model_addx(b, kv_out, hidden, 1, 0, "model.layers.%u.self_attn.v_proj.weight", l, 0);
+    wsync_model_addx(b, hidden, q_out, 0, 1, "model.layers.%u.self_attn.o_proj.weight", l, 0);
+    wsync_model_addf(b, WSYNC_MODEL_HEAD_DIM, 0, "model.layers.%u.self_attn.q_norm.weight", l, 0);
+    wsync_model_addf(b, WSYNC_MODEL_HEAD_DIM, 0, "model.layers.%u.self_attn.k_norm.weight", l, 0);
     wsync_model_addf(b, hidden, 0, "model.layers.%u.input_layernorm.weight", l, 0);
     wsync_model_addf(b, hidden, 0, "model.layers.%u.post_attention_layernorm.weight", l, 0);
 }
@@ -102,7 +139,7 @@ static void wsync_model_dense(wsync_model_builder_t *b, unsigned layers)
 {
     wsync_model_add(b, "model.embed_tokens.weight", 151936, 4096);
     for (unsigned l = 0; l < layers; l++) {
-        wsync_model_attention(b, l, 4096, 4096, 1024);
+        wsync_model_attention(b, l, 4096, 32, 8);
         wsync_model_addf(b, 12288, 4096, "model.layers.%u.mlp.gate_proj.weight", l, 0);
         wsync_model_addf(b, 12288, 4096, "model.layers.%u.mlp.up_proj.weight", l, 0);
         wsync_model_addf(b, 4096, 12288, "model.layers.%u.mlp.down_proj.weight", l, 0);
@@ -116,7 +153,7 @@ static void wsync_model_moe(wsync_model_builder_t *b, unsigned layers)
 {
     wsync_model_add(b, "model.embed_tokens.weight", 151936, 2048);
     for (unsigned l = 0; l < layers; l++) {
-        wsync_model_attention(b, l, 2048, 4096, 512);
+        wsync_model_attention(b, l, 2048, 32, 4);
         wsync_model_addf(b, 128, 2048, "model.layers.%u.mlp.gate.weight", l, 0);
         for (unsigned e = 0; e < 128; e++) {
             wsync_model_addf(b, 768, 2048, "model.layers.%u.mlp.experts.%u.gate_proj.weight", l, e);

@@ -1,7 +1,8 @@
 /* Synthetic model layouts shared by demo and bench: the tensor lists of Qwen3-8B ("dense", 399
  * tensors) and Qwen3-30B-A3B ("moe", 393 tensors per layer + 3) with HF names, optionally shrunk by
- * `scale` (large dims divided, names and count kept). Tensor contents are a pure function of
- * (name, version), so a consumer can check what it received without trusting any digest. */
+ * `scale` (large dims and head counts divided, head_dim, names and count kept). Tensor contents are
+ * a pure function of (name, version), so a consumer can check what it received without trusting any
+ * digest. */
 #ifndef WSYNC_MODEL_H
 #define WSYNC_MODEL_H
 
@@ -23,7 +24,9 @@ typedef struct wsync_model_tensor {
 
 typedef struct wsync_model_config {
     const char *layout; /* "dense" or "moe" */
-    unsigned scale;     /* >= 1: dims >= 512 are divided by it (except expert counts) */
+    unsigned scale;     /* >= 1: hidden, intermediate and vocab dims >= 512 are divided by it;
+                         * attention widths stay whole heads of 128 (head counts divided, at least
+                         * one kv head, q heads a multiple of kv heads); expert counts are kept */
     unsigned layers;    /* 0: the real model's (dense 36, moe 48) */
 } wsync_model_config_t;
 

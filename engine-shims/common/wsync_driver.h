@@ -65,6 +65,25 @@ wsync_result_t wsync_driver_drain(wsync_driver_t *d, wsync_error_t *err);
  * ack, then the producer may free its staging). Blocking. */
 wsync_result_t wsync_driver_release(wsync_driver_t *d, wsync_error_t *err);
 
+/* LoRA: load adapter `name` into the engine's slot for it (the engine's lora_slot, assigning a
+ * free one for a new name), from a PEFT directory (`path`) or from the tensors of a producer
+ * buffer (`manifest` JSON naming them as PEFT saves them, plus `config`, the
+ * adapter_config.json text). A manifest's buffer is mapped once and cached like a weight
+ * bucket's; a generation not newer than the last one taken from it is refused. The plugin writes
+ * the slot's shadow copy and only then switches *active: live requests see the old adapter or
+ * the new one, never a gap. Everything is validated before the first byte is written: a refused
+ * adapter leaves both copies unchanged. *reloaded (may be NULL) is 1 when `name` was already
+ * loaded (a same-name reload: the shim resets that adapter's prefix cache). Blocking. Needs a
+ * plugin with hot_load_adapter: NOT_SUPPORTED in native mode or without the engine's lora_slot. */
+wsync_result_t wsync_driver_load_adapter(wsync_driver_t *d, const char *name, const char *path,
+                                         const char *manifest, size_t manifest_len,
+                                         const char *config, int *reloaded, wsync_error_t *err);
+/* Unload adapter `name` (the plugin zeroes the shadow, switches, then clears the other copy) and
+ * free its slot. NOT_FOUND when `name` is not loaded. Blocking. */
+wsync_result_t wsync_driver_unload_adapter(wsync_driver_t *d, const char *name, wsync_error_t *err);
+/* The engine's prefix-cache reset for adapter `name`, when it gave one. */
+void wsync_driver_reset_prefix_cache(wsync_driver_t *d, const char *name);
+
 /* Engine hooks, forwarded when the engine gave them (drained first). */
 void wsync_driver_flush_cache(wsync_driver_t *d);
 void wsync_driver_post_load(wsync_driver_t *d);

@@ -62,6 +62,20 @@ typedef struct wsync_engine_ops {
     wsync_result_t (*native_copy)(void *user, const wsync_buffer_desc_t *buffer,
                                   uint64_t generation, const wsync_copy_op_t *ops, size_t n_ops,
                                   wsync_error_t *err);
+
+    /* LoRA (appended; all optional: without lora_slot every adapter request fails with
+     * NOT_SUPPORTED). The engine's adapter slot for `name` (wsync_abi_v1.h: targets with two
+     * copies, max_rank, *active): the slot already holding `name`, else with `assign` non-zero a
+     * free one (the engine records the name only once lora_loaded reports success), else NULL.
+     * The slot and its buffers are the engine's and stay valid while the name is loaded. */
+    wsync_adapter_slot_t *(*lora_slot)(void *user, const char *name, int assign);
+    /* After a successful hot-load of `name` into `slot` (the slot now serves that name). */
+    void (*lora_loaded)(void *user, const char *name, wsync_adapter_slot_t *slot);
+    /* After unload_adapter: the slot of `name` is free again. */
+    void (*lora_unloaded)(void *user, const char *name);
+    /* Drop prefix-cache blocks computed with adapter `name` (vLLM's reset on a same-name
+     * reload: the blocks were computed with the previous weights). */
+    void (*reset_prefix_cache)(void *user, const char *name);
 } wsync_engine_ops_t;
 
 #endif

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "wsync_base64.h"
+#include "wsync_digest.h"
 #include "wsync_dtype.h"
 #include "wsync_host_error.h"
 
@@ -105,6 +107,37 @@ wsync_result_t wsync_req_dump(json_t *manifest, char **text, size_t *len, wsync_
     return WSYNC_OK;
 }
 
+/* A canonical manifest carries its digests in the top-level "digests" blob (wsync_manifest_emit):
+ * hand them on per tensor, as the request metadata carries them. 0, or -1 when the blob is not
+ * base64 of 8 bytes per tensor. */
+static int wsync_req_blob_digests(json_t *m, json_t *meta)
+{
+    json_t *blob = json_object_get(m, "digests");
+    size_t n = json_array_size(meta), i;
+    json_t *e;
+    if (blob == NULL)
+        return 0;
+    const char *text = json_string_value(blob);
+    uint8_t *raw = text ? malloc(strlen(text) / 4 * 3 + 1) : NULL;
+    long got = raw ? wsync_base64_decode(text, raw, strlen(text) / 4 * 3) : -1;
+    if (got < 0 || (size_t)got != 8 * n) {
+        free(raw);
+        return -1;
+    }
+    json_array_foreach(meta, i, e)
+    {
+        uint64_t d = 0;
+        char buf[32];
+        for (int k = 7; k >= 0; k--)
+            d = d << 8 | raw[8 * i + (size_t)k];
+        wsync64_format(d, buf);
+        if (e != NULL && json_object_get(e, "digest") == NULL)
+            json_object_set_new(e, "digest", json_string(buf));
+    }
+    free(raw);
+    return 0;
+}
+
 json_t *wsync_req_bucket_encode(const char *manifest_json, int with_buffer, wsync_error_t *err)
 {
     json_error_t jerr;
@@ -132,6 +165,14 @@ json_t *wsync_req_bucket_encode(const char *manifest_json, int with_buffer, wsyn
         if (e != NULL && json_object_get(t, "digest") != NULL)
             json_object_set(e, "digest", json_object_get(t, "digest"));
         json_array_append_new(meta, e);
+    }
+    if (wsync_req_blob_digests(m, meta) != 0) {
+        json_decref(meta);
+        json_decref(m);
+        WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                        "manifest \"digests\" is not base64 of 8 bytes per tensor; pass what "
+                        "publish returned");
+        return NULL;
     }
     out = json_pack("{s:o, s:O}", "metadata", meta, "generation", json_object_get(m, "generation"));
     if (out != NULL && with_buffer)

@@ -32,6 +32,17 @@ typedef struct wsync_shim_encode {
     int with_buffer;            /* LMDeploy: send the flattened tensor (first use of a buffer) */
 } wsync_shim_encode_t;
 
+/* Trainer side: the adapter a message loads, for the shims' encode_lora. */
+typedef struct wsync_shim_lora {
+    const char *name;
+    uint32_t int_id;              /* vLLM's lora_int_id (> 0) */
+    const char *path;             /* a PEFT directory, or NULL */
+    const char *const *manifests; /* or what publish returned, one per TP rank (or one for all) */
+    size_t n_ranks;
+    const char *config; /* adapter_config.json text, with manifests */
+    int unload;         /* the unload message for `name` / int_id instead */
+} wsync_shim_lora_t;
+
 typedef struct wsync_shim {
     const char *engine; /* "sglang", "vllm", "lmdeploy" */
     const wsync_map_table_t *map;
@@ -40,6 +51,9 @@ typedef struct wsync_shim {
                              wsync_error_t *err);
     /* Trainer side: the messages for one bucket, to send in order (each gets a reply). */
     wsync_result_t (*encode)(const wsync_shim_encode_t *in, json_t **msgs, wsync_error_t *err);
+    /* Trainer side, LoRA: the one message that loads (or unloads) an adapter.
+     * NOT_SUPPORTED for a source the engine's API does not offer. */
+    wsync_result_t (*encode_lora)(const wsync_shim_lora_t *in, json_t **msg, wsync_error_t *err);
 } wsync_shim_t;
 
 extern const wsync_shim_t wsync_shim_sglang;

@@ -15,10 +15,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "wsync_ref_engine.h"
+#include "wsync_ref_lora_trainer.h"
 #include "wsync_ref_trainer.h"
 #include "wsync_wire.h"
 
@@ -26,6 +28,8 @@ typedef struct wsync_engine_args {
     const char *engine, *plugin, *engine_plugin, *layout, *socket;
     unsigned rank, size, scale, layers, syncs, bucket_mb;
     int packed, timeout_ms;
+    int lora;           /* demo --lora: adapter-only sync */
+    unsigned lora_rank; /* --lora-rank */
 } wsync_engine_args_t;
 
 static void wsync_engine_usage(void)
@@ -35,7 +39,7 @@ static void wsync_engine_usage(void)
             "                    --tp-rank R --tp-size N --socket PATH [--scale S] [--layers L]\n"
             "       wsync-engine demo --engine E --tp N [--layout L] [--plugin PATH] [--syncs K]\n"
             "                    [--scale S] [--layers L] [--bucket-mb M] [--packed]\n"
-            "                    [--engine-plugin PATH]\n");
+            "                    [--engine-plugin PATH] [--lora [--lora-rank R]]\n");
 }
 
 static int wsync_engine_parse(int argc, char **argv, wsync_engine_args_t *a)
@@ -49,7 +53,8 @@ static int wsync_engine_parse(int argc, char **argv, wsync_engine_args_t *a)
         {"bucket-mb", required_argument, 0, 'b'},     {"packed", no_argument, 0, 'P'},
         {"timeout-ms", required_argument, 0, 't'},    {"help", no_argument, 0, 'h'},
         {"engine-plugin", required_argument, 0, 'E'}, {"verify", no_argument, 0, 'v'},
-        {"no-verify", no_argument, 0, 'v'},           {0, 0, 0, 0}};
+        {"no-verify", no_argument, 0, 'v'},           {"lora", no_argument, 0, 'R'},
+        {"lora-rank", required_argument, 0, 'K'},     {0, 0, 0, 0}};
     int c;
 
     *a = (wsync_engine_args_t){.layout = "dense",
@@ -57,7 +62,8 @@ static int wsync_engine_parse(int argc, char **argv, wsync_engine_args_t *a)
                                .layers = 2,
                                .syncs = 2,
                                .bucket_mb = 64,
-                               .timeout_ms = 120000};
+                               .timeout_ms = 120000,
+                               .lora_rank = 8};
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 'e':
@@ -98,6 +104,12 @@ static int wsync_engine_parse(int argc, char **argv, wsync_engine_args_t *a)
             break;
         case 'v':
             break; /* `wsync demo` flags: every sync is verified here */
+        case 'R':
+            a->lora = 1;
+            break;
+        case 'K':
+            a->lora_rank = (unsigned)strtoul(optarg, NULL, 10);
+            break;
         case 't':
             a->timeout_ms = atoi(optarg);
             break;
@@ -110,7 +122,7 @@ static int wsync_engine_parse(int argc, char **argv, wsync_engine_args_t *a)
         wsync_engine_usage();
         return -1;
     }
-    /* The largest scale that keeps whole attention heads (kv_out / scale >= head_dim). */
+    /* Default scale: a few hundred MB; any scale keeps whole heads (tools/wsync_model.h). */
     if (a->scale == 0)
         a->scale = strcmp(a->layout, "moe") == 0 ? 4 : 8;
     return 0;
@@ -214,6 +226,67 @@ static int wsync_demo_verify(wsync_ref_trainer_t *t, const wsync_ref_transport_t
     return bad;
 }
 
+static double wsync_ref_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* --lora: adapter-only syncs; the engine's adapter slot is read back and checked each time. */
+static int wsync_demo_lora(const wsync_engine_args_t *a, wsync_ref_trainer_t *base,
+                           const wsync_ref_transport_t *tr)
+{
+    wsync_ref_lora_trainer_config_t lc = {.engine = a->engine,
+                                          .plugin = a->plugin,
+                                          .model = wsync_engine_model(a),
+                                          .rank = a->lora_rank,
+                                          .timeout_ms = (uint32_t)a->timeout_ms};
+    wsync_ref_lora_trainer_t t;
+    char why[256];
+    int bad = 0;
+
+    if (wsync_ref_lora_trainer_open(&t, &lc, why, sizeof(why)) != 0) {
+        fprintf(stderr, "wsync demo --lora: %s\n", why);
+        wsync_ref_lora_trainer_close(&t);
+        return 1;
+    }
+    printf("trainer: %s LoRA request format (%s), adapter rank %u on %zu modules, adapter bytes "
+           "%llu; base model %.1f MiB stays in the engine\n",
+           a->engine, t.staging != NULL ? "tensors over a retained export" : "PEFT directory",
+           t.lora.rank, t.lora.n, (unsigned long long)t.lora.bytes,
+           (double)t.model.payload_bytes / (1 << 20));
+    for (unsigned k = 1; !bad && k <= a->syncs; k++) {
+        uint64_t moved = 0;
+        double t0 = wsync_ref_now();
+        bad = wsync_ref_lora_trainer_sync(&t, "demo-policy", k, tr, &moved) != 0;
+        double dt = wsync_ref_now() - t0;
+        json_t *rep =
+            bad ? NULL
+                : wsync_demo_all(base, tr,
+                                 json_pack("{s:s, s:s, s:I, s:I}", "method", "wsync.lora_verify",
+                                           "lora_name", "demo-policy", "version", (json_int_t)k,
+                                           "rank", (json_int_t)a->lora_rank));
+        json_t *r = json_array_get(rep, 0);
+        json_int_t ok = json_integer_value(json_object_get(r, "verified"));
+        json_int_t total = json_integer_value(json_object_get(r, "total"));
+        bad = bad || ok != total || total == 0;
+        if (rep != NULL)
+            printf("lora sync %u/%u [%s]: %8.2f ms, bytes moved %llu vs model bytes %llu, "
+                   "verified %lld/%lld adapter tensors%s%s\n",
+                   k, a->syncs, a->engine, dt * 1e3, (unsigned long long)moved,
+                   (unsigned long long)t.model.payload_bytes, (long long)ok, (long long)total,
+                   bad ? " FAILED, first mismatch " : "",
+                   bad ? json_string_value(json_object_get(r, "mismatch")) : "");
+        fflush(stdout);
+        json_decref(rep);
+    }
+    /* Retire handshake: the engine closes its mapping before the export is freed. */
+    json_decref(wsync_demo_all(base, tr, json_pack("{s:s}", "method", "wsync.release")));
+    wsync_ref_lora_trainer_close(&t);
+    return bad;
+}
+
 static int wsync_demo(const wsync_engine_args_t *a, const char *self)
 {
     wsync_ref_trainer_config_t tc = {.engine = a->engine,
@@ -230,6 +303,11 @@ static int wsync_demo(const wsync_engine_args_t *a, const char *self)
     wsync_ref_trainer_t t;
     int status = 0;
 
+    if (a->lora && (a->size != 1 || strcmp(a->layout, "dense") != 0)) {
+        fprintf(stderr, "wsync demo --lora: the reference engine has LoRA slots for the dense "
+                        "layout at --tp 1 only\n");
+        return 2;
+    }
     if (a->size > WSYNC_REF_MAX_RANKS) {
         fprintf(stderr, "wsync demo: at most %d ranks\n", WSYNC_REF_MAX_RANKS);
         return 2;
@@ -265,10 +343,11 @@ static int wsync_demo(const wsync_engine_args_t *a, const char *self)
         fprintf(stderr, "wsync demo: trainer: %s\n", why);
         status = 1;
     } else {
-        printf("trainer: %s request format, plugin %s (%s), %zu HF tensors (%s, scale %u), "
-               "%zu buckets, %u engine processes (tp=%u)\n",
-               a->engine, t.loader.plugin->name, t.loader.path, t.model.n, a->layout, a->scale,
-               t.nbuckets, a->size, a->size);
+        if (!a->lora)
+            printf("trainer: %s request format, plugin %s (%s), %zu HF tensors (%s, scale %u), "
+                   "%zu buckets, %u engine processes (tp=%u)\n",
+                   a->engine, t.loader.plugin->name, t.loader.path, t.model.n, a->layout, a->scale,
+                   t.nbuckets, a->size, a->size);
         fflush(stdout);
         for (unsigned r = 0; r < a->size && status == 0; r++) {
             wsync_error_t err = {.struct_size = sizeof(err)};
@@ -278,8 +357,10 @@ static int wsync_demo(const wsync_engine_args_t *a, const char *self)
                 status = 1;
             }
         }
-        for (unsigned k = 1; status == 0 && k <= a->syncs; k++)
+        for (unsigned k = 1; status == 0 && !a->lora && k <= a->syncs; k++)
             status = wsync_ref_trainer_sync(&t, k, &tr) || wsync_demo_verify(&t, &tr, a, k);
+        if (status == 0 && a->lora)
+            status = wsync_demo_lora(a, &t, &tr);
         if (status == 0) {
             /* Retire handshake: engines close their mappings, ack, then the staging goes. */
             json_t *rep = wsync_demo_all(&t, &tr, json_pack("{s:s}", "method", "wsync.release"));

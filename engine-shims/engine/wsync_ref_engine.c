@@ -74,6 +74,61 @@ static void wsync_ref_post_load(void *user)
     ((wsync_ref_engine_t *)user)->post_loads++;
 }
 
+static wsync_adapter_slot_t *wsync_ref_lora_slot_cb(void *user, const char *name, int assign)
+{
+    return wsync_ref_lora_slot(&((wsync_ref_engine_t *)user)->lora, name, assign);
+}
+
+static void wsync_ref_lora_loaded_cb(void *user, const char *name, wsync_adapter_slot_t *slot)
+{
+    wsync_ref_lora_loaded(&((wsync_ref_engine_t *)user)->lora, name, slot);
+}
+
+static void wsync_ref_lora_unloaded_cb(void *user, const char *name)
+{
+    wsync_ref_lora_unloaded(&((wsync_ref_engine_t *)user)->lora, name);
+}
+
+static void wsync_ref_lora_reset_cb(void *user, const char *name)
+{
+    wsync_ref_lora_reset(&((wsync_ref_engine_t *)user)->lora, name);
+}
+
+/* Engine memory for the adapter slots: the plugin's, zero-filled. */
+static void *wsync_ref_lora_mem_alloc(void *user, size_t bytes)
+{
+    wsync_ref_engine_t *e = user;
+    const wsync_plugin_t *p = wsync_driver_plugin(e->driver);
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    void *out = NULL, *zero = calloc(1, bytes ? bytes : 1);
+
+    if (zero == NULL ||
+        p->consumer->mem_alloc(wsync_driver_consumer(e->driver), bytes, &out, &err) != WSYNC_OK)
+        out = NULL;
+    if (out != NULL)
+        p->consumer->mem_copy(wsync_driver_consumer(e->driver), out, zero, bytes, 0, &err);
+    free(zero);
+    return out;
+}
+
+static void wsync_ref_lora_mem_free(void *user, void *ptr)
+{
+    wsync_ref_engine_t *e = user;
+    const wsync_plugin_t *p = wsync_driver_plugin(e->driver);
+    if (WSYNC_HAS_OP(p->consumer, mem_free))
+        p->consumer->mem_free(wsync_driver_consumer(e->driver), ptr, NULL);
+}
+
+static int wsync_ref_lora_mem_read(void *user, void *dst, const void *src, size_t bytes)
+{
+    wsync_ref_engine_t *e = user;
+    const wsync_plugin_t *p = wsync_driver_plugin(e->driver);
+    return p->consumer->mem_copy(wsync_driver_consumer(e->driver), dst, src, bytes, 1, NULL) ==
+                   WSYNC_OK
+               ? 0
+               : -1;
+}
+
 /* The engine's own loader, for when no plugin is usable: reads host_shm staging directly (the
  * way an engine without wsync would rebuild a shared CPU tensor), honouring ready/consumed. */
 static wsync_result_t wsync_ref_native_copy(void *user, const wsync_buffer_desc_t *b,
@@ -158,7 +213,11 @@ int wsync_ref_engine_open(wsync_ref_engine_t *e, const wsync_ref_engine_config_t
                                   .stream = wsync_ref_stream,
                                   .flush_cache = wsync_ref_flush,
                                   .post_load = wsync_ref_post_load,
-                                  .native_copy = wsync_ref_native_copy};
+                                  .native_copy = wsync_ref_native_copy,
+                                  .lora_slot = wsync_ref_lora_slot_cb,
+                                  .lora_loaded = wsync_ref_lora_loaded_cb,
+                                  .lora_unloaded = wsync_ref_lora_unloaded_cb,
+                                  .reset_prefix_cache = wsync_ref_lora_reset_cb};
     dc = (wsync_driver_config_t){.plugin_path = cfg->plugin,
                                  .engine = &e->ops,
                                  .map = e->shim->map,
@@ -198,6 +257,17 @@ int wsync_ref_engine_open(wsync_ref_engine_t *e, const wsync_ref_engine_config_t
             return -1;
         }
     }
+    /* Adapter slots live in the plugin's memory; the native loader cannot hot-load adapters. */
+    if (e->arena_plugin) {
+        wsync_ref_lora_mem_t mem = {.user = e,
+                                    .alloc = wsync_ref_lora_mem_alloc,
+                                    .free = wsync_ref_lora_mem_free,
+                                    .read = wsync_ref_lora_mem_read};
+        if (wsync_ref_lora_build(&e->lora, &e->layout, &mem, why, len) != 0) {
+            wsync_ref_engine_close(e);
+            return -1;
+        }
+    }
     if (cops != NULL && WSYNC_HAS_OP(cops, stream_create) &&
         cops->stream_create(wsync_driver_consumer(e->driver), &e->stream, &err) == WSYNC_OK)
         e->own_stream = 1;
@@ -216,6 +286,7 @@ void wsync_ref_engine_close(wsync_ref_engine_t *e)
         if (e->own_stream)
             cops->stream_destroy(wsync_driver_consumer(e->driver), e->stream, NULL);
         e->stream = NULL; /* the driver's last drain runs on the default stream */
+        wsync_ref_lora_free(&e->lora);
         if (e->arena_plugin && WSYNC_HAS_OP(cops, mem_free))
             cops->mem_free(wsync_driver_consumer(e->driver), e->arena, NULL);
     } else {
@@ -297,6 +368,24 @@ static char *wsync_ref_local(wsync_ref_engine_t *e, const char *method, json_t *
                                                  (json_int_t)ok, "total", (json_int_t)e->layout.n,
                                                  "mismatch", bad, "rank", (json_int_t)e->cfg.rank,
                                                  "native", wsync_driver_native(e->driver, NULL)));
+    } else if (strcmp(method, "wsync.lora_verify") == 0) {
+        char bad[WSYNC_REF_NAME_MAX + 32], why[128];
+        const char *name = json_string_value(json_object_get(req, "lora_name"));
+        uint64_t version = (uint64_t)json_integer_value(json_object_get(req, "version"));
+        uint32_t rank = (uint32_t)json_integer_value(json_object_get(req, "rank"));
+        wsync_lora_t a;
+        size_t ok = 0;
+        bad[0] = '\0';
+        if (wsync_lora_build(&a, &e->layout.model, rank, why, sizeof(why)) == 0) {
+            wsync_driver_drain(e->driver, NULL);
+            ok = wsync_ref_lora_verify(&e->lora, name, &a, version, bad, sizeof(bad));
+            wsync_lora_free(&a);
+        } else {
+            snprintf(bad, sizeof(bad), "%s", why);
+        }
+        reply = wsync_req_reply_ok(method,
+                                   json_pack("{s:I, s:I, s:s}", "verified", (json_int_t)ok, "total",
+                                             (json_int_t)(2 * e->lora.n_targets), "mismatch", bad));
     } else if (strcmp(method, "wsync.release") == 0) {
         *rc = wsync_driver_release(e->driver, &err);
         reply = *rc == WSYNC_OK ? wsync_req_reply_ok(method, NULL)

@@ -8,6 +8,7 @@
 
 #include <stdint.h>
 #include "wsync_ref_layout.h"
+#include "wsync_ref_lora.h"
 #include "wsync_shim.h"
 
 typedef struct wsync_ref_engine_config {
@@ -34,6 +35,7 @@ typedef struct wsync_ref_engine {
     wsync_stream_t stream;
     int own_stream;
     unsigned flushes, post_loads, native_loads; /* hook counters (tests) */
+    wsync_ref_lora_t lora;                      /* adapter slots (dense, TP size 1) */
 } wsync_ref_engine_t;
 
 /* 0, or -1 with why. A plugin that cannot be used is not an error (native fallback). */
@@ -43,6 +45,9 @@ void wsync_ref_engine_close(wsync_ref_engine_t *e);
 
 /* One request message -> reply text (malloc'd). Engine-level methods besides the shim's:
  *   {"method":"wsync.verify","version":k} -> {"verified":n,"total":N,"mismatch":"<first>"}
+ *   {"method":"wsync.lora_verify","lora_name":n,"version":k,"rank":r}
+ *                                         -> {"verified":n,"total":N,"mismatch":"<first>"}: the
+ *                                            adapter slot against tools/wsync_lora.h's adapter
  *   {"method":"wsync.release"}            -> closes every mapping (retire handshake)
  *   {"method":"wsync.shutdown"}           -> *stop = 1 */
 char *wsync_ref_engine_handle(wsync_ref_engine_t *e, const char *text, size_t len,

@@ -7,9 +7,16 @@
  * The ready/consumed ping-pong is the plugin's: copies wait for *ready*, and *consumed* is
  * recorded on the stream that did the copies (the fix for torn weights when the trainer reuses
  * the buffer). On "finished" the engine's post-load hook runs once the copies are done.
- * LMDeploy names fused experts experts.gate_up / experts.down. */
+ * LMDeploy names fused experts experts.gate_up / experts.down.
+ *
+ * LoRA: LMDeploy takes adapters as {name: path} (the engine config's `adapters`):
+ *   {"method": "load_adapters", "adapters": {"<name>": "<PEFT dir>", ...}}
+ *   {"method": "unload_adapter", "adapter_name": n}
+ * Entries load in order; a refusal stops there (earlier entries stay loaded) and names the
+ * adapter. Loading a loaded name upserts it without a gap. */
 #include <string.h>
 
+#include "wsync_adapter_req.h"
 #include "wsync_host_error.h"
 #include "wsync_map_rules.h"
 #include "wsync_request.h"
@@ -70,13 +77,68 @@ static wsync_result_t wsync_lmdeploy_update(wsync_shim_ctx_t *ctx, json_t *req, 
     return WSYNC_OK;
 }
 
+static wsync_result_t wsync_lmdeploy_load_adapters(wsync_shim_ctx_t *ctx, json_t *req,
+                                                   json_t **extra, wsync_error_t *err)
+{
+    json_t *adapters = json_object_get(req, "adapters"), *path, *loaded = json_array();
+    const char *name;
+    wsync_result_t rc = WSYNC_OK;
+
+    if (!json_is_object(adapters) || json_object_size(adapters) == 0)
+        rc = WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                             "load_adapters needs \"adapters\": {name: PEFT directory, ...}");
+    json_object_foreach(adapters, name, path)
+    {
+        json_t *one = NULL;
+        if (rc != WSYNC_OK)
+            break;
+        if (!json_is_string(path))
+            rc = WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                                 "adapters[\"%s\"] must be a directory path", name);
+        else
+            rc = wsync_adapter_req_load(ctx, name, json_string_value(path), NULL, NULL, 0, &one,
+                                        err);
+        json_decref(one);
+        if (rc == WSYNC_OK)
+            json_array_append_new(loaded, json_string(name));
+    }
+    if (rc == WSYNC_OK)
+        *extra = json_pack("{s:o}", "loaded", loaded);
+    else
+        json_decref(loaded);
+    return rc;
+}
+
+static wsync_result_t wsync_lmdeploy_encode_lora(const wsync_shim_lora_t *in, json_t **msg,
+                                                 wsync_error_t *err)
+{
+    if (in->unload)
+        *msg = json_pack("{s:s, s:s}", "method", "unload_adapter", "adapter_name", in->name);
+    else if (in->path != NULL)
+        *msg =
+            json_pack("{s:s, s:{s:s}}", "method", "load_adapters", "adapters", in->name, in->path);
+    else
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
+                               "LMDeploy loads adapters from a path; save the adapter with "
+                               "safe_serialization=True and send its directory");
+    return *msg != NULL ? WSYNC_OK
+                        : WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "lmdeploy encode: OOM");
+}
+
 static wsync_result_t wsync_lmdeploy_handle(wsync_shim_ctx_t *ctx, const char *method, json_t *req,
                                             json_t **extra, wsync_error_t *err)
 {
     if (strcmp(method, "update_params") == 0)
         return wsync_lmdeploy_update(ctx, req, extra, err);
+    if (strcmp(method, "load_adapters") == 0)
+        return wsync_lmdeploy_load_adapters(ctx, req, extra, err);
+    if (strcmp(method, "unload_adapter") == 0)
+        return wsync_adapter_req_unload(
+            ctx, json_string_value(json_object_get(req, "adapter_name")), extra, err);
     return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
-                           "lmdeploy shim: unknown method \"%s\"; use update_params", method);
+                           "lmdeploy shim: unknown method \"%s\"; use update_params, "
+                           "load_adapters or unload_adapter",
+                           method);
 }
 
 static wsync_result_t wsync_lmdeploy_encode(const wsync_shim_encode_t *in, json_t **msgs,
@@ -97,4 +159,5 @@ const wsync_shim_t wsync_shim_lmdeploy = {
     .map = &wsync_lmdeploy_map,
     .handle = wsync_lmdeploy_handle,
     .encode = wsync_lmdeploy_encode,
+    .encode_lora = wsync_lmdeploy_encode_lora,
 };

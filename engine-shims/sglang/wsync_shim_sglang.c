@@ -5,9 +5,17 @@
  * where a bucket is a FlattenedTensorBucket (wsync_request.h). Names are HF checkpoint names;
  * the engine maps them with its stacked_params_mapping (q/k/v -> qkv_proj, gate/up ->
  * gate_up_proj) and expert_params_mapping (experts -> w13_weight / w2_weight), then narrows for
- * its TP rank. flush_cache runs the engine's flush hook after the copies are done. */
+ * its TP rank. flush_cache runs the engine's flush hook after the copies are done.
+ *
+ * LoRA (LoadLoRAAdapterReqInput, LoadLoRAAdapterFromTensorsReqInput, UnLoadLoRAAdapterReqInput):
+ *   {"method": "load_lora_adapter", "lora_name": n, "lora_path": "<PEFT dir>"}
+ *   {"method": "load_lora_adapter_from_tensors", "lora_name": n, "config_dict": {...},
+ *    "serialized_tensors": [<bucket of TP rank 0>, ...], "load_format": "flattened_bucket"}
+ *   {"method": "unload_lora_adapter", "lora_name": n}
+ * Loading an already loaded name upserts it (shadow copy, then switch). */
 #include <string.h>
 
+#include "wsync_adapter_req.h"
 #include "wsync_host_error.h"
 #include "wsync_map_rules.h"
 #include "wsync_request.h"
@@ -54,18 +62,50 @@ static wsync_result_t wsync_sglang_update(wsync_shim_ctx_t *ctx, json_t *req, js
     return WSYNC_OK;
 }
 
+static wsync_result_t wsync_sglang_lora(wsync_shim_ctx_t *ctx, const char *method, json_t *req,
+                                        json_t **extra, wsync_error_t *err)
+{
+    const char *name = json_string_value(json_object_get(req, "lora_name"));
+    if (strcmp(method, "unload_lora_adapter") == 0)
+        return wsync_adapter_req_unload(ctx, name, extra, err);
+    if (strcmp(method, "load_lora_adapter") == 0) {
+        const char *path = json_string_value(json_object_get(req, "lora_path"));
+        if (path == NULL)
+            return WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                                   "load_lora_adapter needs lora_path (a PEFT directory)");
+        return wsync_adapter_req_load(ctx, name, path, NULL, NULL, 0, extra, err);
+    }
+    const char *fmt = json_string_value(json_object_get(req, "load_format"));
+    if (fmt != NULL && strcmp(fmt, "flattened_bucket") != 0)
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
+                               "load_format \"%s\" is not supported by the wsync path; send "
+                               "load_format=\"flattened_bucket\"",
+                               fmt);
+    json_t *bucket = wsync_req_pick_rank(json_object_get(req, "serialized_tensors"), ctx->tp_rank,
+                                         ctx->tp_size, "serialized_tensors", err);
+    if (bucket == NULL)
+        return WSYNC_ERR_BAD_MANIFEST;
+    return wsync_adapter_req_load(ctx, name, NULL, bucket, json_object_get(req, "config_dict"), 0,
+                                  extra, err);
+}
+
 static wsync_result_t wsync_sglang_handle(wsync_shim_ctx_t *ctx, const char *method, json_t *req,
                                           json_t **extra, wsync_error_t *err)
 {
     if (strcmp(method, "update_weights_from_tensor") == 0)
         return wsync_sglang_update(ctx, req, extra, err);
+    if (strcmp(method, "load_lora_adapter") == 0 ||
+        strcmp(method, "load_lora_adapter_from_tensors") == 0 ||
+        strcmp(method, "unload_lora_adapter") == 0)
+        return wsync_sglang_lora(ctx, method, req, extra, err);
     if (strcmp(method, "get_weight_version") == 0) {
         *extra =
             json_pack("{s:O?}", "weight_version", json_object_get(ctx->state, "weight_version"));
         return WSYNC_OK;
     }
     return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
-                           "sglang shim: unknown method \"%s\"; use update_weights_from_tensor",
+                           "sglang shim: unknown method \"%s\"; use update_weights_from_tensor, "
+                           "load_lora_adapter[_from_tensors] or unload_lora_adapter",
                            method);
 }
 
@@ -82,9 +122,34 @@ static wsync_result_t wsync_sglang_encode(const wsync_shim_encode_t *in, json_t 
                          : WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "sglang encode: OOM");
 }
 
+static wsync_result_t wsync_sglang_encode_lora(const wsync_shim_lora_t *in, json_t **msg,
+                                               wsync_error_t *err)
+{
+    if (in->unload)
+        *msg = json_pack("{s:s, s:s}", "method", "unload_lora_adapter", "lora_name", in->name);
+    else if (in->path != NULL)
+        *msg = json_pack("{s:s, s:s, s:s}", "method", "load_lora_adapter", "lora_name", in->name,
+                         "lora_path", in->path);
+    else {
+        wsync_shim_encode_t enc = {.manifests = in->manifests, .n_ranks = in->n_ranks};
+        json_t *config = wsync_adapter_req_config(in->config, err);
+        json_t *buckets = config != NULL ? wsync_shim_rank_buckets(&enc, 1, err) : NULL;
+        if (buckets == NULL) {
+            json_decref(config);
+            return err != NULL ? err->code : WSYNC_ERR_BAD_MANIFEST;
+        }
+        *msg = json_pack("{s:s, s:s, s:o, s:o, s:s}", "method", "load_lora_adapter_from_tensors",
+                         "lora_name", in->name, "config_dict", config, "serialized_tensors",
+                         buckets, "load_format", "flattened_bucket");
+    }
+    return *msg != NULL ? WSYNC_OK
+                        : WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "sglang encode: OOM");
+}
+
 const wsync_shim_t wsync_shim_sglang = {
     .engine = "sglang",
     .map = &wsync_sglang_map,
     .handle = wsync_sglang_handle,
     .encode = wsync_sglang_encode,
+    .encode_lora = wsync_sglang_encode_lora,
 };

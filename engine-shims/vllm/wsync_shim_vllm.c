@@ -9,10 +9,17 @@
  * Per-tensor handles that name the same allocation are grouped into one bucket, so the mapping
  * is opened once and the copies go out as one batch. finish_weight_update drains the copies, runs
  * the post-load hook (process_weights_after_loading) and resets the prefix cache. vLLM names
- * fused experts w13_weight / w2_weight, like SGLang. */
+ * fused experts w13_weight / w2_weight, like SGLang.
+ *
+ * LoRA (LoRARequest from a PEFT directory):
+ *   {"method": "add_lora", "lora_request": {"lora_name": n, "lora_int_id": i, "lora_path": p}}
+ *   {"method": "remove_lora", "lora_int_id": i}
+ * Adding a loaded name again upserts it without a gap (shadow copy, then switch) and resets the
+ * prefix cache for it: blocks computed with the old adapter must not serve the new one. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "wsync_adapter_req.h"
 #include "wsync_host_error.h"
 #include "wsync_map_rules.h"
 #include "wsync_request.h"
@@ -111,12 +118,62 @@ static wsync_result_t wsync_vllm_update(wsync_shim_ctx_t *ctx, json_t *req, json
     return rc;
 }
 
+/* lora_int_id -> lora_name of the loaded adapters (ctx->state["loras"]). */
+static json_t *wsync_vllm_loras(wsync_shim_ctx_t *ctx)
+{
+    json_t *l = json_object_get(ctx->state, "loras");
+    if (l == NULL) {
+        l = json_object();
+        json_object_set_new(ctx->state, "loras", l);
+    }
+    return l;
+}
+
+static wsync_result_t wsync_vllm_lora(wsync_shim_ctx_t *ctx, const char *method, json_t *req,
+                                      json_t **extra, wsync_error_t *err)
+{
+    json_t *lr = strcmp(method, "add_lora") == 0 ? json_object_get(req, "lora_request") : req;
+    json_t *id = json_object_get(lr, "lora_int_id");
+    const char *name = json_string_value(json_object_get(lr, "lora_name"));
+    char key[32];
+    wsync_result_t rc;
+
+    if (!json_is_integer(id) || json_integer_value(id) <= 0)
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                               "%s needs a positive integer lora_int_id", method);
+    snprintf(key, sizeof(key), "%lld", (long long)json_integer_value(id));
+    const char *known = json_string_value(json_object_get(wsync_vllm_loras(ctx), key));
+    if (strcmp(method, "remove_lora") == 0) {
+        if (known == NULL)
+            return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_FOUND, "no LoRA with lora_int_id %s", key);
+        rc = wsync_adapter_req_unload(ctx, known, extra, err);
+        if (rc == WSYNC_OK)
+            json_object_del(wsync_vllm_loras(ctx), key);
+        return rc;
+    }
+    if (known != NULL && name != NULL && strcmp(known, name) != 0)
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                               "lora_int_id %s is adapter \"%s\", not \"%s\"; ids are unique "
+                               "per adapter",
+                               key, known, name);
+    const char *path = json_string_value(json_object_get(lr, "lora_path"));
+    if (path == NULL)
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                               "add_lora needs lora_request.lora_path (a PEFT directory)");
+    rc = wsync_adapter_req_load(ctx, name, path, NULL, NULL, 1, extra, err);
+    if (rc == WSYNC_OK)
+        json_object_set_new(wsync_vllm_loras(ctx), key, json_string(name));
+    return rc;
+}
+
 static wsync_result_t wsync_vllm_handle(wsync_shim_ctx_t *ctx, const char *method, json_t *req,
                                         json_t **extra, wsync_error_t *err)
 {
+    if (strcmp(method, "add_lora") == 0 || strcmp(method, "remove_lora") == 0)
+        return wsync_vllm_lora(ctx, method, req, extra, err);
+
     int updating = json_is_true(json_object_get(ctx->state, "updating"));
     wsync_result_t rc;
-
     if (strcmp(method, "update_weights") == 0)
         return wsync_vllm_update(ctx, req, extra, err);
     if (strcmp(method, "start_weight_update") == 0) {
@@ -141,7 +198,7 @@ static wsync_result_t wsync_vllm_handle(wsync_shim_ctx_t *ctx, const char *metho
     }
     return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
                            "vllm shim: unknown method \"%s\"; use start_weight_update, "
-                           "update_weights, finish_weight_update",
+                           "update_weights, finish_weight_update, add_lora, remove_lora",
                            method);
 }
 
@@ -218,9 +275,28 @@ static wsync_result_t wsync_vllm_encode(const wsync_shim_encode_t *in, json_t **
     return rc;
 }
 
+static wsync_result_t wsync_vllm_encode_lora(const wsync_shim_lora_t *in, json_t **msg,
+                                             wsync_error_t *err)
+{
+    if (in->unload)
+        *msg =
+            json_pack("{s:s, s:I}", "method", "remove_lora", "lora_int_id", (json_int_t)in->int_id);
+    else if (in->path != NULL)
+        *msg =
+            json_pack("{s:s, s:{s:s, s:I, s:s}}", "method", "add_lora", "lora_request", "lora_name",
+                      in->name, "lora_int_id", (json_int_t)in->int_id, "lora_path", in->path);
+    else
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
+                               "vLLM's add_lora loads from a directory (lora_path); save the "
+                               "adapter with safe_serialization=True and send its path");
+    return *msg != NULL ? WSYNC_OK
+                        : WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "vllm encode: OOM");
+}
+
 const wsync_shim_t wsync_shim_vllm = {
     .engine = "vllm",
     .map = &wsync_vllm_map,
     .handle = wsync_vllm_handle,
     .encode = wsync_vllm_encode,
+    .encode_lora = wsync_vllm_encode_lora,
 };

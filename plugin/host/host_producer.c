@@ -102,6 +102,17 @@ wsync_result_t wsync_host_stage(struct wsync_staging *s, wsync_stream_t stream,
     if ((r = wsync_layout_build(tensors, n, s->capacity, &next, err)) != WSYNC_OK)
         return r;
     pthread_mutex_lock(&s->lock);
+    /* Seed bug 2 (DESIGN.md §1.2): reused storage may still be read by the consumer of the last
+     * published generation until its *consumed* fires. Refuse rather than overwrite it. */
+    uint64_t consumed = atomic_load(&s->control->consumed_generation);
+    if (consumed < s->generation) {
+        r = WSYNC_FAIL(err, WSYNC_ERR_BUSY,
+                       "generation %llu of %s published but not yet consumed (consumed %llu); "
+                       "call wait_consumed after the consumer's ack before staging again",
+                       (unsigned long long)s->generation, s->shm.name,
+                       (unsigned long long)consumed);
+        goto fail;
+    }
     if ((s->flags & WSYNC_STAGING_FIXED_LAYOUT) && s->has_layout &&
         (r = wsync_layout_compare(&s->layout, &next, err)) != WSYNC_OK)
         goto fail;

@@ -3,7 +3,8 @@
  *
  *   wsync_conformance --shim sglang|vllm|lmdeploy --plugin PATH [--case NAME] [--fixtures DIR]
  *
- * Cases: bitexact, reuse, torn, bad, fallback (all by default). The engine runs in this process;
+ * Cases: bitexact, reuse, torn, bad, fallback, lora (all by default; lora in
+ * wsync_conformance_lora.c). The engine runs in this process;
  * the trainer in a child process (this program with --trainer-server), each loading the plugin,
  * talking through the shim's request messages.
  * Expected parameter bytes come from wsync_ref_layout.c, which shares no code with the shims'
@@ -24,19 +25,11 @@
 #include "wsync_ref_trainer.h"
 #include "wsync_wire.h"
 
+#include "wsync_conformance.h"
+
 #define CONF_SKIP 77
 
-typedef struct conf {
-    const char *shim;
-    const char *plugin;
-    const char *only;
-    const char *fixtures;
-    int host_kind; /* the plugin under test stages in host_shm (the native loader can read it) */
-    int failed;
-} conf_t;
-
-static void conf_fail(conf_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void conf_fail(conf_t *c, const char *fmt, ...)
+void conf_fail(conf_t *c, const char *fmt, ...)
 {
     va_list ap;
     printf("FAIL: [%s] ", c->shim);
@@ -48,8 +41,7 @@ static void conf_fail(conf_t *c, const char *fmt, ...)
     c->failed = 1;
 }
 
-static void conf_pass(conf_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void conf_pass(conf_t *c, const char *fmt, ...)
+void conf_pass(conf_t *c, const char *fmt, ...)
 {
     va_list ap;
     printf("PASS: [%s] ", c->shim);
@@ -62,13 +54,8 @@ static void conf_pass(conf_t *c, const char *fmt, ...)
 
 /* ----------------------------------------------------------- log capture */
 
-typedef struct conf_log {
-    char text[16384];
-    size_t len;
-} conf_log_t;
-
-static void conf_log_fn(void *user, wsync_log_level_t level, const char *file, int line,
-                        const char *fmt, ...)
+void conf_log_fn(void *user, wsync_log_level_t level, const char *file, int line, const char *fmt,
+                 ...)
 {
     conf_log_t *l = user;
     char msg[1024];
@@ -99,8 +86,8 @@ static wsync_model_config_t conf_model(const char *layout)
         .layout = layout, .scale = strcmp(layout, "moe") == 0 ? 4 : 8, .layers = 1};
 }
 
-static int conf_engine(conf_t *c, wsync_ref_engine_t *e, const char *plugin, const char *layout,
-                       uint32_t rank, uint32_t size, conf_log_t *log)
+int conf_engine(conf_t *c, wsync_ref_engine_t *e, const char *plugin, const char *layout,
+                uint32_t rank, uint32_t size, conf_log_t *log)
 {
     wsync_ref_engine_config_t cfg = {.engine = c->shim,
                                      .plugin = plugin,
@@ -885,11 +872,8 @@ int main(int argc, char **argv)
     static const struct {
         const char *name;
         void (*run)(conf_t *);
-    } cases[] = {{"bitexact", conf_bitexact},
-                 {"reuse", conf_reuse},
-                 {"torn", conf_torn},
-                 {"bad", conf_bad},
-                 {"fallback", conf_fallback}};
+    } cases[] = {{"bitexact", conf_bitexact}, {"reuse", conf_reuse},       {"torn", conf_torn},
+                 {"bad", conf_bad},           {"fallback", conf_fallback}, {"lora", conf_lora}};
     conf_t c = {.fixtures = "."};
     int o, rc, ran = 0;
 
@@ -935,6 +919,6 @@ int main(int argc, char **argv)
     return c.failed ? 1 : 0;
 usage:
     fprintf(stderr, "usage: wsync_conformance --shim sglang|vllm|lmdeploy --plugin PATH "
-                    "[--case bitexact|reuse|torn|bad|fallback] [--fixtures DIR]\n");
+                    "[--case bitexact|reuse|torn|bad|fallback|lora] [--fixtures DIR]\n");
     return 2;
 }

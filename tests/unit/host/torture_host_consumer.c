@@ -19,6 +19,9 @@
 
 static wsync_test_plugin_t P;
 
+/* A host_shm segment: the control block (plugin/common/wsync_control.h), then the data. */
+#define WSYNC_TEST_CONTROL_SIZE 4096u
+
 #define NT 3
 static const int64_t shapes[NT] = {1024, 333, 4096}; /* float32 elements */
 
@@ -360,6 +363,24 @@ static void test_retire_while_mapped_is_busy(void **state)
     assert_int_equal(P.c->open_handle(f->c, &f->m->buffer, &h, &err), WSYNC_ERR_PEER_GONE);
 }
 
+/* Staging over a published, unconsumed generation is refused (DESIGN.md §1.2): BUSY, naming the
+ * generation and what to call. */
+static void stage_t_refused(fixture_t *f)
+{
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    wsync_stage_tensor_t t[NT];
+    for (int i = 0; i < NT; i++)
+        t[i] = (wsync_stage_tensor_t){.struct_size = sizeof(t[i]),
+                                      .name = f->m->tensors[i].name,
+                                      .dtype = WSYNC_DTYPE_F32,
+                                      .ndim = 1,
+                                      .shape = {shapes[i]},
+                                      .src = f->src[i]};
+    assert_int_equal(P.p->stage(f->s, NULL, t, NT, &err), WSYNC_ERR_BUSY);
+    assert_non_null(strstr(err.message, "not yet consumed"));
+    assert_non_null(strstr(err.message, "wait_consumed"));
+}
+
 static void test_wait_consumed_timeout_keeps_staging(void **state)
 {
     fixture_t *f = *state;
@@ -379,16 +400,22 @@ static void test_wait_consumed_timeout_keeps_staging(void **state)
     /* Never-published generations are a caller error. */
     assert_int_equal(P.p->wait_consumed(f->s, NULL, 5, NULL), WSYNC_ERR_INVALID_ARGUMENT);
 
+    /* Generation 1 is still unconsumed: the staging cannot be reused yet. */
+    stage_t_refused(f);
     /* A (re)started consumer picks up from here: the staging is intact and usable. */
-    publish_gen(f, 2);
+    /* It consumes generation 1, and the producer may then publish generation 2. */
     assert_int_equal(P.c->open_handle(f->c, &f->m->buffer, &f->h, NULL), WSYNC_OK);
-    wsync_test_ops(f->m, f->dst, ops);
-    assert_int_equal(P.c->copy_weights(f->c, f->h, NULL, 2, ops, NT, WSYNC_COPY_VERIFY, NULL),
-                     WSYNC_OK);
-    assert_int_equal(P.c->record_consumed(f->c, f->h, 0, NULL), WSYNC_OK);
-    assert_int_equal(P.p->wait_consumed(f->s, NULL, 2, NULL), WSYNC_OK);
-    for (int i = 0; i < NT; i++)
-        assert_int_equal(wsync_test_check(f->dst[i], (size_t)shapes[i] * 4, 2, (uint64_t)i), 0);
+    for (uint64_t g = 1; g <= 2; g++) {
+        if (g == 2)
+            publish_gen(f, 2);
+        wsync_test_ops(f->m, f->dst, ops);
+        assert_int_equal(P.c->copy_weights(f->c, f->h, NULL, g, ops, NT, WSYNC_COPY_VERIFY, NULL),
+                         WSYNC_OK);
+        assert_int_equal(P.c->record_consumed(f->c, f->h, 0, NULL), WSYNC_OK);
+        assert_int_equal(P.p->wait_consumed(f->s, NULL, g, NULL), WSYNC_OK);
+        for (int i = 0; i < NT; i++)
+            assert_int_equal(wsync_test_check(f->dst[i], (size_t)shapes[i] * 4, g, (uint64_t)i), 0);
+    }
 }
 
 static void test_digest_mismatch_detected(void **state)
@@ -399,19 +426,20 @@ static void test_digest_mismatch_detected(void **state)
 
     publish_gen(f, 1);
     assert_int_equal(P.c->open_handle(f->c, &f->m->buffer, &f->h, NULL), WSYNC_OK);
-    /* The producer overwrites its staging after publishing (same layout, one byte differs in
-     * tensor 1): the manifest's digests no longer match the bytes. */
-    ((uint8_t *)f->src[1])[17] ^= 0x40;
-    wsync_stage_tensor_t t[NT];
-    for (int i = 0; i < NT; i++)
-        t[i] = (wsync_stage_tensor_t){.struct_size = sizeof(t[i]),
-                                      .name = f->m->tensors[i].name,
-                                      .dtype = WSYNC_DTYPE_F32,
-                                      .ndim = 1,
-                                      .shape = {shapes[i]},
-                                      .src = f->src[i]};
-    assert_int_equal(P.p->stage(f->s, NULL, t, NT, NULL), WSYNC_OK);
-    assert_int_equal(P.p->stream_synchronize(f->s, NULL, NULL), WSYNC_OK);
+    /* The producer's stage refuses to overwrite a published, unconsumed bucket... */
+    stage_t_refused(f);
+    /* ...so corrupt it behind the plugin's back (one byte of tensor 1 in the shared segment):
+     * the manifest's digests no longer match the bytes. */
+    char shm_name[WSYNC_HANDLE_MAX + 1] = {0};
+    memcpy(shm_name, f->m->buffer.handle, f->m->buffer.handle_len);
+    int fd = shm_open(shm_name, O_RDWR, 0);
+    assert_true(fd >= 0);
+    size_t seg = WSYNC_TEST_CONTROL_SIZE + (size_t)f->m->buffer.bytes;
+    uint8_t *p = mmap(NULL, seg, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    assert_true(p != MAP_FAILED);
+    p[WSYNC_TEST_CONTROL_SIZE + f->m->tensors[1].offset + 17] ^= 0x40;
+    munmap(p, seg);
     wsync_test_ops(f->m, f->dst, ops);
     assert_int_equal(P.c->copy_weights(f->c, f->h, NULL, 1, ops, NT, WSYNC_COPY_VERIFY, NULL),
                      WSYNC_OK);
@@ -437,7 +465,7 @@ static void test_layout_mismatch(void **state)
     fixture_t *f = *state;
     wsync_error_t err = {.struct_size = sizeof(err)};
 
-    publish_gen(f, 1);
+    stage_gen(f, f->s, 1);
     wsync_stage_tensor_t t = {.struct_size = sizeof(t),
                               .name = "layer.0.weight",
                               .dtype = WSYNC_DTYPE_BF16,
@@ -445,6 +473,8 @@ static void test_layout_mismatch(void **state)
                               .shape = {1024},
                               .src = f->src[0]};
     assert_int_equal(P.p->stage(f->s, NULL, &t, 1, &err), WSYNC_ERR_LAYOUT_MISMATCH);
+    /* The first stage's copies still read f->src: let them finish before teardown frees it. */
+    assert_int_equal(P.p->stream_synchronize(f->s, NULL, NULL), WSYNC_OK);
     /* Too big for the buffer. */
     wsync_staging_t *small = new_staging(4096, 0, 100);
     t.shape[0] = 4096;
