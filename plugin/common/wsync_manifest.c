@@ -14,6 +14,7 @@
 #include "wsync_digest.h"
 #include "wsync_dtype.h"
 #include "wsync_error.h"
+#include "wsync_manifest_parts.h"
 
 /* ------------------------------------------------------------- buffer kinds */
 
@@ -308,6 +309,23 @@ static long wsync_name_set_insert(wsync_name_set_t *set, const wsync_tensor_desc
     }
 }
 
+wsync_result_t wsync_manifest_check_extent(const wsync_tensor_desc_t *t, size_t i,
+                                           uint64_t buffer_bytes, wsync_error_t *err)
+{
+    uint64_t end;
+    if (__builtin_add_overflow(t->offset, t->nbytes, &end))
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_BOUNDS,
+                          "tensors[%zu] (\"%.80s\"): offset %llu + nbytes %llu overflows 64 bits",
+                          i, t->name, (unsigned long long)t->offset, (unsigned long long)t->nbytes);
+    if (end > buffer_bytes)
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_BOUNDS,
+                          "tensors[%zu] (\"%.80s\"): offset %llu + nbytes %llu exceeds buffer "
+                          "bytes %llu",
+                          i, t->name, (unsigned long long)t->offset, (unsigned long long)t->nbytes,
+                          (unsigned long long)buffer_bytes);
+    return WSYNC_OK;
+}
+
 static wsync_result_t wsync_parse_tensor(const json_t *jt, size_t i, uint64_t buffer_bytes,
                                          wsync_tensor_desc_t *t, size_t *name_len,
                                          wsync_error_t *err)
@@ -384,17 +402,8 @@ static wsync_result_t wsync_parse_tensor(const json_t *jt, size_t i, uint64_t bu
                           i, t->name, (unsigned long long)t->nbytes, wsync_dtype_name(t->dtype),
                           wsync_dtype_size(t->dtype), (unsigned long long)expect);
 
-    uint64_t end;
-    if (__builtin_add_overflow(t->offset, t->nbytes, &end))
-        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_BOUNDS,
-                          "tensors[%zu] (\"%.80s\"): offset %llu + nbytes %llu overflows 64 bits",
-                          i, t->name, (unsigned long long)t->offset, (unsigned long long)t->nbytes);
-    if (end > buffer_bytes)
-        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_BOUNDS,
-                          "tensors[%zu] (\"%.80s\"): offset %llu + nbytes %llu exceeds buffer "
-                          "bytes %llu",
-                          i, t->name, (unsigned long long)t->offset, (unsigned long long)t->nbytes,
-                          (unsigned long long)buffer_bytes);
+    if ((r = wsync_manifest_check_extent(t, i, buffer_bytes, err)) != WSYNC_OK)
+        return r;
 
     const json_t *dg = json_object_get(jt, "digest");
     if (dg != NULL) {
@@ -481,8 +490,73 @@ out:
 
 /* ------------------------------------------------------------------ manifest */
 
-static wsync_result_t wsync_parse_root(const json_t *root, wsync_manifest_owned_t *m,
-                                       wsync_error_t *err)
+void wsync_manifest_blob_free(wsync_manifest_blob_t *b)
+{
+    free(b->bytes);
+    memset(b, 0, sizeof(*b));
+}
+
+/* The "digests" blob: a base64 string; its length is checked against the tensors later. */
+static wsync_result_t wsync_parse_digest_blob(const json_t *v, wsync_manifest_blob_t *blob,
+                                              wsync_error_t *err)
+{
+    wsync_mpath_t p = {NULL, -1, "digests", -1};
+    const char *s;
+    size_t n;
+    wsync_result_t r = wsync_read_string(v, &p, 0, &s, &n, err);
+    if (r != WSYNC_OK || s == NULL)
+        return r;
+    return wsync_manifest_decode_digests(s, n, blob, err);
+}
+
+wsync_result_t wsync_manifest_decode_digests(const char *s, size_t n, wsync_manifest_blob_t *blob,
+                                             wsync_error_t *err)
+{
+    size_t cap = n / 4 * 3;
+    blob->bytes = malloc(cap ? cap : 1);
+    if (blob->bytes == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "digests: cannot allocate %zu bytes", cap);
+    long got = wsync_base64_decode(s, blob->bytes, cap);
+    if (got < 0)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "digests: \"%.40s%s\" is not valid base64 (RFC 4648, padded)", s,
+                          n > 40 ? "..." : "");
+    blob->len = (size_t)got;
+    blob->chars = n;
+    blob->present = 1;
+    return WSYNC_OK;
+}
+
+wsync_result_t wsync_manifest_apply_digests(wsync_manifest_owned_t *m,
+                                            const wsync_manifest_blob_t *blob, wsync_error_t *err)
+{
+    size_t n = m->view.n_tensors;
+    if (!blob->present)
+        return WSYNC_OK;
+    if (blob->len != 8 * n)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "digests: decodes to %zu bytes (%zu base64 characters), expected 8 "
+                          "bytes per tensor x %zu tensors = %zu bytes",
+                          blob->len, blob->chars, n, 8 * n);
+    for (size_t i = 0; i < n; i++)
+        if (m->tensors[i].has_digest)
+            return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                              "tensors[%zu] (\"%.80s\"): has its own \"digest\" and an entry in "
+                              "the top-level \"digests\"; send one or the other",
+                              i, m->tensors[i].name);
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t *b = blob->bytes + 8 * i;
+        uint64_t d = 0;
+        for (int k = 7; k >= 0; k--)
+            d = d << 8 | b[k];
+        m->tensors[i].digest = d;
+        m->tensors[i].has_digest = 1;
+    }
+    return WSYNC_OK;
+}
+
+wsync_result_t wsync_manifest_parse_head(const json_t *root, wsync_manifest_owned_t *m,
+                                         wsync_manifest_blob_t *blob, wsync_error_t *err)
 {
     wsync_mpath_t p = {NULL, -1, NULL, -1};
     wsync_result_t r;
@@ -517,12 +591,33 @@ static wsync_result_t wsync_parse_root(const json_t *root, wsync_manifest_owned_
 
     if ((r = wsync_parse_buffer(json_object_get(root, "buffer"), &m->view.buffer, err)) != WSYNC_OK)
         return r;
-    return wsync_parse_tensors(json_object_get(root, "tensors"), m, err);
+    return wsync_parse_digest_blob(json_object_get(root, "digests"), blob, err);
+}
+
+static wsync_result_t wsync_parse_root(const json_t *root, wsync_manifest_owned_t *m, int *had_blob,
+                                       wsync_error_t *err)
+{
+    wsync_manifest_blob_t blob = {0};
+    wsync_result_t r = wsync_manifest_parse_head(root, m, &blob, err);
+    if (r == WSYNC_OK)
+        r = wsync_parse_tensors(json_object_get(root, "tensors"), m, err);
+    if (r == WSYNC_OK)
+        r = wsync_manifest_apply_digests(m, &blob, err);
+    *had_blob = blob.present;
+    wsync_manifest_blob_free(&blob);
+    return r;
 }
 
 wsync_result_t wsync_manifest_parse(const char *json, size_t len, wsync_manifest_owned_t **out,
                                     wsync_error_t *err)
 {
+    return wsync_manifest_parse_ex(json, len, out, NULL, NULL, err);
+}
+
+wsync_result_t wsync_manifest_parse_ex(const char *json, size_t len, wsync_manifest_owned_t **out,
+                                       size_t *root_members, int *had_blob, wsync_error_t *err)
+{
+    int blob = 0;
     json_error_t jerr;
     wsync_result_t r;
 
@@ -541,12 +636,16 @@ wsync_result_t wsync_manifest_parse(const char *json, size_t len, wsync_manifest
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "cannot allocate a manifest");
     }
     m->view.struct_size = sizeof(m->view);
-    r = wsync_parse_root(root, m, err);
+    r = wsync_parse_root(root, m, &blob, err);
+    if (root_members != NULL)
+        *root_members = json_is_object(root) ? json_object_size(root) : 0;
     json_decref(root);
     if (r != WSYNC_OK) {
         wsync_manifest_free(m);
         return r;
     }
+    if (had_blob != NULL)
+        *had_blob = blob;
     *out = m;
     return WSYNC_OK;
 }
@@ -640,7 +739,7 @@ static json_t *wsync_emit_buffer(const wsync_buffer_desc_t *b)
     return o;
 }
 
-static json_t *wsync_emit_tensor(const wsync_tensor_desc_t *t)
+static json_t *wsync_emit_tensor(const wsync_tensor_desc_t *t, int with_digest)
 {
     json_t *o = json_object();
     json_t *shape = json_array();
@@ -657,7 +756,7 @@ static json_t *wsync_emit_tensor(const wsync_tensor_desc_t *t)
            wsync_set(o, "shape", shape) |
            wsync_set(o, "offset", json_integer((json_int_t)t->offset)) |
            wsync_set(o, "nbytes", json_integer((json_int_t)t->nbytes));
-    if (t->has_digest) {
+    if (with_digest && t->has_digest) {
         char buf[32];
         wsync64_format(t->digest, buf);
         bad |= wsync_set(o, "digest", json_string(buf));
@@ -667,6 +766,25 @@ static json_t *wsync_emit_tensor(const wsync_tensor_desc_t *t)
         return NULL;
     }
     return o;
+}
+
+/* n little-endian uint64 digests in tensor order, base64. */
+static json_t *wsync_emit_digest_blob(const wsync_manifest_t *m)
+{
+    size_t n = m->n_tensors;
+    uint8_t *raw = malloc(8 * n);
+    char *text = malloc(wsync_base64_encoded_size(8 * n));
+    json_t *v = NULL;
+    if (raw != NULL && text != NULL) {
+        for (size_t i = 0; i < n; i++)
+            for (int k = 0; k < 8; k++)
+                raw[8 * i + (size_t)k] = (uint8_t)(m->tensors[i].digest >> (8 * k));
+        wsync_base64_encode(raw, 8 * n, text);
+        v = json_string(text);
+    }
+    free(raw);
+    free(text);
+    return v;
 }
 
 wsync_result_t wsync_manifest_emit(const wsync_manifest_t *m, char **out, wsync_error_t *err)
@@ -679,12 +797,20 @@ wsync_result_t wsync_manifest_emit(const wsync_manifest_t *m, char **out, wsync_
     if ((r = wsync_check_emit(m, err)) != WSYNC_OK)
         return r;
 
+    /* Canonical form (parse caches rely on it, DESIGN.md §2): "tensors" is the last member, and
+     * when every tensor has a digest they travel in the top-level "digests" blob, so the text
+     * of the tensors array stays byte-identical from one generation of a bucket to the next. */
+    int blob = m->n_tensors > 0;
+    for (size_t i = 0; blob && i < m->n_tensors; i++)
+        blob = m->tensors[i].has_digest != 0;
     json_t *root = json_object();
     json_t *tensors = json_array();
-    int bad = root == NULL || tensors == NULL;
+    json_t *digests = blob ? wsync_emit_digest_blob(m) : NULL;
+    int bad = root == NULL || tensors == NULL || (blob && digests == NULL);
     for (size_t i = 0; !bad && i < m->n_tensors; i++)
-        bad |= json_array_append_new(tensors, wsync_emit_tensor(&m->tensors[i])) != 0;
+        bad |= json_array_append_new(tensors, wsync_emit_tensor(&m->tensors[i], !blob)) != 0;
     if (bad) {
+        json_decref(digests);
         json_decref(tensors);
         json_decref(root);
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "cannot build the manifest JSON");
@@ -692,8 +818,10 @@ wsync_result_t wsync_manifest_emit(const wsync_manifest_t *m, char **out, wsync_
     bad |= wsync_set(root, "wsync", json_integer(WSYNC_MANIFEST_SCHEMA)) |
            wsync_set(root, "generation", json_integer((json_int_t)m->generation)) |
            wsync_set(root, "finished", json_boolean(m->finished)) |
-           wsync_set(root, "buffer", wsync_emit_buffer(&m->buffer)) |
-           wsync_set(root, "tensors", tensors);
+           wsync_set(root, "buffer", wsync_emit_buffer(&m->buffer));
+    if (blob)
+        bad |= wsync_set(root, "digests", digests);
+    bad |= wsync_set(root, "tensors", tensors);
     char *text = bad ? NULL : json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(root);
     if (text == NULL)

@@ -20,7 +20,9 @@ typedef struct wsync_manifest_owned {
  * known buffer kind, handle/event base64 (cuda_ipc handle exactly 64 bytes), bytes > 0, each
  * tensor's name (non-empty, unique, <= WSYNC_MANIFEST_MAX_NAME), dtype, shape (<= WSYNC_MAX_DIMS,
  * non-negative), nbytes == dtype size x prod(shape), offset + nbytes <= buffer bytes (no
- * overflow), digest syntax. Unknown fields are ignored. Errors are WSYNC_ERR_BAD_MANIFEST (or
+ * overflow), digest syntax. Digests come either per tensor ("digest": "wsync64:<hex>") or in a
+ * top-level "digests" blob of exactly 8 x n bytes; a tensor with both is refused. Members may come
+ * in any order. Unknown fields are ignored. Errors are WSYNC_ERR_BAD_MANIFEST (or
  * OUT_OF_BOUNDS for extents, OUT_OF_MEMORY) with a message naming the field and value, e.g.
  * `tensors[3] ("model.norm.weight"): offset 96 + nbytes 8192 exceeds buffer bytes 4096`. */
 wsync_result_t wsync_manifest_parse(const char *json, size_t len, wsync_manifest_owned_t **out,
@@ -33,7 +35,12 @@ static inline wsync_manifest_owned_t *wsync_manifest_owned_from_view(const wsync
 }
 
 /* Emit `m` as compact JSON; *out is malloc'd (caller frees). The result parses back to an equal
- * manifest. Digests are written for tensors with has_digest. */
+ * manifest. Canonical form: members in the order wsync, generation, finished, buffer, digests,
+ * tensors ("tensors" last, so the text ends with `,"tensors":[...]}`). When every tensor has a
+ * digest they go in the top-level "digests" blob (base64 of n little-endian uint64, in tensor
+ * order) and not in the tensor objects, so the tensors text of a bucket does not change between
+ * generations (wsync_manifest_cache.h); otherwise each tensor with has_digest has its own
+ * "digest" field and there is no blob. */
 wsync_result_t wsync_manifest_emit(const wsync_manifest_t *m, char **out, wsync_error_t *err);
 
 /* Wire names of buffer kinds: "cuda_ipc", "host_shm", "cuda_vmm_fd". */

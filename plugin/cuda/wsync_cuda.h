@@ -17,6 +17,7 @@
 #include "wsync_copy_kernel.h"
 #include "wsync_cuda_adapter.h"
 #include "wsync_cuda_vmm.h"
+#include "wsync_manifest_cache.h"
 #include "wsync_shm.h"
 
 #define WSYNC_CUDA_MAX_STREAMS 16 /* distinct streams tracked per mapping */
@@ -135,6 +136,7 @@ struct wsync_consumer {
     cudaStream_t default_stream;
     cudaStream_t side_stream; /* fixture build only: where the early consumed is recorded */
     wsync_cache_t *cache;
+    wsync_manifest_cache_t *manifests; /* parse cache; thread safe on its own */
     wsync_cuda_ring_t ring;
     wsync_cuda_adapter_state_t adapter; /* the adapter executor's buffers */
     pthread_mutex_t lock;

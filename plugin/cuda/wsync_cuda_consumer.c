@@ -43,10 +43,17 @@ static wsync_result_t consumer_create(const wsync_consumer_config_t *config,
         rc = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for the mapping cache");
         goto fail;
     }
+    c->manifests = wsync_manifest_cache_create();
+    if (c->manifests == NULL) {
+        rc = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for the manifest parse cache");
+        goto fail;
+    }
     WSYNC_LOG_INFO("cuda consumer on device %d (%s, %d SMs)", c->device, c->uuid, c->sm_count);
     *out = c;
     return WSYNC_OK;
 fail:
+    if (c->cache)
+        wsync_cache_destroy(c->cache);
     if (c->default_stream)
         cudaStreamDestroy(c->default_stream);
     if (c->side_stream)
@@ -60,11 +67,10 @@ static wsync_result_t consumer_parse_manifest(struct wsync_consumer *c, const ch
                                               size_t len, const wsync_manifest_t **out,
                                               wsync_error_t *err)
 {
-    (void)c;
     if (json == NULL || out == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "parse_manifest needs json and out");
     wsync_manifest_owned_t *m = NULL;
-    wsync_result_t rc = wsync_manifest_parse(json, len, &m, err);
+    wsync_result_t rc = wsync_manifest_parse_cached(c ? c->manifests : NULL, json, len, &m, err);
     if (rc != WSYNC_OK)
         return rc;
     *out = &m->view;
@@ -98,6 +104,7 @@ static wsync_result_t consumer_finalize(struct wsync_consumer *c, wsync_error_t 
     wsync_cache_destroy(c->cache); /* closes every mapping still held */
     wsync_cuda_ring_free(&c->ring);
     wsync_cuda_adapter_state_free(&c->adapter);
+    wsync_manifest_cache_destroy(c->manifests);
     pthread_mutex_unlock(&c->lock);
     cudaStreamDestroy(c->default_stream);
     cudaStreamDestroy(c->side_stream);

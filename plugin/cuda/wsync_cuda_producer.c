@@ -41,6 +41,7 @@ struct wsync_staging {
     wsync_layout_t current; /* the bucket staged, not yet published */
     int have_current;
     uint64_t generation; /* last published */
+    uint64_t waited;     /* last generation wait_consumed returned OK for */
     char *manifest_json;
 };
 
@@ -241,9 +242,24 @@ static wsync_result_t staging_stage(struct wsync_staging *s, wsync_stream_t stre
 {
     if (s == NULL || (t == NULL && n > 0) || n > UINT32_MAX)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "stage needs a staging and tensors");
+    /* The seed fix (DESIGN.md §1.2): never overwrite storage a consumer may still read. */
+    if (s->waited < s->generation)
+        return WSYNC_FAIL(err, WSYNC_ERR_BUSY,
+                          "generation %llu of %s published but not yet consumed (waited for "
+                          "%llu); call wait_consumed after the consumer's ack before staging "
+                          "again",
+                          (unsigned long long)s->generation, s->control_shm.name,
+                          (unsigned long long)s->waited);
     wsync_cuda_range_push("wsync:stage");
     cudaSetDevice(s->device);
-    wsync_result_t rc = stage_body(s, stream ? (cudaStream_t)stream : s->default_stream, t, n, err);
+    cudaStream_t st = stream ? (cudaStream_t)stream : s->default_stream;
+    /* The stage stream may differ from the one wait_consumed was given: order it after the
+     * consumer's copies too (the event still holds that generation's record). */
+    if (s->generation > 0 && cudaStreamWaitEvent(st, s->consumed, 0) != cudaSuccess) {
+        wsync_cuda_range_pop();
+        return wsync_cuda_fail(err, cudaGetLastError(), __func__, "cudaStreamWaitEvent(consumed)");
+    }
+    wsync_result_t rc = stage_body(s, st, t, n, err);
     wsync_cuda_range_pop();
     return rc;
 }
@@ -346,6 +362,8 @@ static wsync_result_t staging_wait_consumed(struct wsync_staging *s, wsync_strea
     cudaSetDevice(s->device);
     WSYNC_CUDA_TRY(err, cudaStreamWaitEvent(stream ? (cudaStream_t)stream : s->default_stream,
                                             s->consumed, 0));
+    if (generation > s->waited)
+        s->waited = generation;
     return WSYNC_OK;
 }
 

@@ -30,6 +30,11 @@ wsync_result_t wsync_host_consumer_create(const wsync_consumer_config_t *config,
         r = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for the mapping cache");
         goto fail;
     }
+    c->manifests = wsync_manifest_cache_create();
+    if (c->manifests == NULL) {
+        r = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for the manifest parse cache");
+        goto fail;
+    }
     if ((r = wsync_host_stream_create(&c->default_stream, err)) != WSYNC_OK)
         goto fail;
     *out = c;
@@ -37,6 +42,7 @@ wsync_result_t wsync_host_consumer_create(const wsync_consumer_config_t *config,
 fail:
     if (c->cache != NULL)
         wsync_cache_destroy(c->cache);
+    wsync_manifest_cache_destroy(c->manifests);
     pthread_mutex_destroy(&c->lock);
     free(c);
     return r;
@@ -55,6 +61,7 @@ wsync_result_t wsync_host_consumer_finalize(struct wsync_consumer *c, wsync_erro
         wsync_host_stream_destroy(c->streams[i]);
     wsync_host_stream_destroy(c->default_stream);
     free(c->streams);
+    wsync_manifest_cache_destroy(c->manifests);
     pthread_mutex_destroy(&c->lock);
     free(c);
     return WSYNC_OK;
@@ -65,11 +72,10 @@ wsync_result_t wsync_host_parse_manifest(struct wsync_consumer *c, const char *j
 {
     wsync_manifest_owned_t *m = NULL;
 
-    (void)c;
     if (json == NULL || out == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "json and out must not be NULL");
     *out = NULL;
-    wsync_result_t r = wsync_manifest_parse(json, len, &m, err);
+    wsync_result_t r = wsync_manifest_parse_cached(c ? c->manifests : NULL, json, len, &m, err);
     if (r != WSYNC_OK)
         return r;
     *out = &m->view;

@@ -15,6 +15,7 @@
 #include "wsync_abi.h"
 #include "wsync_cache.h"
 #include "wsync_control.h"
+#include "wsync_manifest_cache.h"
 #include "wsync_shm.h"
 
 #define WSYNC_HOST_DEFAULT_TIMEOUT_MS 30000u
@@ -48,6 +49,7 @@ struct wsync_handle {
 struct wsync_consumer {
     uint32_t timeout_ms;
     wsync_cache_t *cache;
+    wsync_manifest_cache_t *manifests; /* parse cache; thread safe on its own */
     wsync_host_stream_t *default_stream;
     pthread_mutex_t lock;          /* guards streams and handles */
     wsync_host_stream_t **streams; /* created by stream_create */

@@ -2,12 +2,17 @@
  * Invariants checked on every manifest the parser accepts (the promises of wsync_manifest.h):
  * names non-empty, unique, <= WSYNC_MANIFEST_MAX_NAME; nbytes == dtype size x prod(shape);
  * offset + nbytes <= buffer bytes without overflow; ndim <= WSYNC_MAX_DIMS; then
- * emit(parse(x)) parses back to an equal manifest and emits the same text again. */
+ * emit(parse(x)) parses back to an equal manifest and emits the same text again.
+ * Differential (wsync_manifest_cache.h): the cached parse gives the full parse's code, message
+ * and manifest for x, for x used as the head in front of a cached canonical tail, and, once x
+ * itself is cached, for a canonical head in front of x's tail. */
+#define _GNU_SOURCE /* memmem */
 #include <string.h>
 
 #include "wsync_dtype.h"
 #include "wsync_fuzz.h"
 #include "wsync_manifest.h"
+#include "wsync_manifest_cache.h"
 
 static void check_contract(const wsync_manifest_t *m)
 {
@@ -69,12 +74,117 @@ static void check_equal(const wsync_manifest_t *a, const wsync_manifest_t *b)
     }
 }
 
+/* Full and cached parse of text[0, len) agree. */
+static void check_cached(wsync_manifest_cache_t *c, const char *text, size_t len)
+{
+    wsync_error_t e1 = {.struct_size = sizeof(e1)}, e2 = {.struct_size = sizeof(e2)};
+    wsync_manifest_owned_t *full = NULL, *cached = NULL;
+    wsync_result_t r1 = wsync_manifest_parse(text, len, &full, &e1);
+    wsync_result_t r2 = wsync_manifest_parse_cached(c, text, len, &cached, &e2);
+    WSYNC_FUZZ_CHECK(r1 == r2);
+    WSYNC_FUZZ_CHECK(strcmp(e1.message, e2.message) == 0);
+    WSYNC_FUZZ_CHECK((full == NULL) == (cached == NULL));
+    if (r1 == WSYNC_OK) {
+        check_contract(&cached->view);
+        check_equal(&full->view, &cached->view);
+    }
+    wsync_manifest_free(full);
+    wsync_manifest_free(cached);
+}
+
+/* A canonical manifest (3 tensors, digests in the blob), emitted once. */
+static const char *canonical_text(void)
+{
+    static char *text;
+    if (text == NULL) {
+        wsync_tensor_desc_t t[3];
+        const char *names[3] = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"};
+        for (int i = 0; i < 3; i++)
+            t[i] = (wsync_tensor_desc_t){.struct_size = sizeof(t[i]),
+                                         .name = names[i],
+                                         .dtype = WSYNC_DTYPE_BF16,
+                                         .ndim = 2,
+                                         .shape = {4, 8},
+                                         .offset = 64 * (uint64_t)i,
+                                         .nbytes = 64,
+                                         .digest = 0x0123456789abcdefull * (uint64_t)(i + 1),
+                                         .has_digest = 1};
+        wsync_manifest_t v = {
+            .struct_size = sizeof(v), .schema = 1, .generation = 7, .n_tensors = 3, .tensors = t};
+        v.buffer = (wsync_buffer_desc_t){.struct_size = sizeof(v.buffer),
+                                         .kind = WSYNC_BUFFER_HOST_SHM,
+                                         .handle = "/wsync-fuzz",
+                                         .handle_len = 11,
+                                         .bytes = 4096,
+                                         .pid = 1,
+                                         .device = "cpu"};
+        WSYNC_FUZZ_CHECK(wsync_manifest_emit(&v, &text, NULL) == WSYNC_OK);
+    }
+    return text;
+}
+
+/* Where the tail `,"tensors":...` of text starts, or len. */
+static size_t tail_start(const char *text, size_t len)
+{
+    const char *k = memmem(text, len, ",\"tensors\":", 11);
+    return k ? (size_t)(k - text) : len;
+}
+
+/* a[0, alen) + b[0, blen), malloc'd. */
+static char *concat(const char *a, size_t alen, const char *b, size_t blen)
+{
+    char *s = malloc(alen + blen + 1);
+    WSYNC_FUZZ_CHECK(s != NULL);
+    memcpy(s, a, alen);
+    memcpy(s + alen, b, blen);
+    s[alen + blen] = '\0';
+    return s;
+}
+
+static void check_differential(const char *data, size_t size, int parsed)
+{
+    /* One cache for the whole run: warmed with the canonical manifest, and it keeps the tails
+     * of earlier inputs too (bounded). */
+    static wsync_manifest_cache_t *warm;
+    const char *canon = canonical_text();
+    size_t clen = strlen(canon), chead = tail_start(canon, clen);
+    if (warm == NULL) {
+        WSYNC_FUZZ_CHECK((warm = wsync_manifest_cache_create()) != NULL);
+        check_cached(warm, canon, clen);
+    }
+    check_cached(warm, data, size);
+
+    /* The input as the head in front of the cached canonical tail: always the head-only path. */
+    char *y = concat(data, size, canon + chead, clen - chead);
+    check_cached(warm, y, size + clen - chead);
+    free(y);
+    /* The input's own head (before its `,"tensors":`) in front of the canonical tail. */
+    size_t t = tail_start(data, size);
+    y = concat(data, t, canon + chead, clen - chead);
+    check_cached(warm, y, t + clen - chead);
+    free(y);
+
+    if (!parsed)
+        return;
+    /* The input itself cached (when in the canonical form); then hit it, and put the canonical
+     * head in front of its tail. */
+    wsync_manifest_cache_t *self = wsync_manifest_cache_create();
+    WSYNC_FUZZ_CHECK(self != NULL);
+    check_cached(self, data, size);
+    check_cached(self, data, size);
+    char *z = concat(canon, chead, data + t, size - t);
+    check_cached(self, z, chead + size - t);
+    free(z);
+    wsync_manifest_cache_destroy(self);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     wsync_manifest_owned_t *m = NULL, *m2 = NULL, *m3 = NULL;
     wsync_error_t err = {.struct_size = sizeof(err)};
 
     wsync_result_t r = wsync_manifest_parse((const char *)data, size, &m, &err);
+    check_differential((const char *)data, size, r == WSYNC_OK);
     if (r != WSYNC_OK) {
         WSYNC_FUZZ_CHECK(m == NULL);
         WSYNC_FUZZ_CHECK(err.code == r && err.message[0] != '\0');

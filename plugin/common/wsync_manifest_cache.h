@@ -1,0 +1,46 @@
+/* Manifest parse cache: a full parse once per bucket layout, then only the head of the text.
+ *
+ * Within a run the tensors array of a bucket is byte-identical from sync to sync (the producer
+ * emits the canonical form, wsync_manifest_emit); only generation, finished, buffer and the
+ * "digests" blob change. After a successful full parse of a text that ends with
+ * `,"tensors":<value>}` the cache keeps that tail and its validated tensor table. A later text
+ * that ends with the same tail bytes (length + memcmp) is parsed as head + "}" only; the result
+ * equals what wsync_manifest_parse gives for the whole text, and every error is the one the full
+ * parse would report (same code, same message). Texts in any other form take the full parse.
+ *
+ * Bounded: at most WSYNC_MANIFEST_CACHE_MAX_ENTRIES tails and WSYNC_MANIFEST_CACHE_MAX_BYTES of
+ * tails and tables, least recently used evicted first. Thread safe (one mutex; the jansson work
+ * runs outside it). Owned by one consumer: create with it, destroy at its finalize. */
+#ifndef WSYNC_COMMON_MANIFEST_CACHE_H
+#define WSYNC_COMMON_MANIFEST_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wsync_manifest.h"
+
+#define WSYNC_MANIFEST_CACHE_MAX_ENTRIES 64
+#define WSYNC_MANIFEST_CACHE_MAX_BYTES ((size_t)64 << 20)
+
+typedef struct wsync_manifest_cache wsync_manifest_cache_t;
+
+typedef struct wsync_manifest_cache_stats {
+    size_t entries; /* tails held now */
+    size_t bytes;   /* their tail, descriptor and name bytes */
+    uint64_t hits;  /* parses that took the head-only path */
+    uint64_t misses;
+} wsync_manifest_cache_stats_t;
+
+/* NULL when out of memory. */
+wsync_manifest_cache_t *wsync_manifest_cache_create(void);
+/* Frees every entry. No parse may be running on `c`. NULL is a no-op. */
+void wsync_manifest_cache_destroy(wsync_manifest_cache_t *c);
+
+/* wsync_manifest_parse through the cache (c NULL: plain full parse). *out is freed with
+ * wsync_manifest_free and does not depend on the cache (descriptors and names are copied). */
+wsync_result_t wsync_manifest_parse_cached(wsync_manifest_cache_t *c, const char *json, size_t len,
+                                           wsync_manifest_owned_t **out, wsync_error_t *err);
+
+void wsync_manifest_cache_stats(wsync_manifest_cache_t *c, wsync_manifest_cache_stats_t *out);
+
+#endif
