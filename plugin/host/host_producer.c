@@ -48,10 +48,12 @@ wsync_result_t wsync_host_staging_create(const wsync_staging_config_t *config,
                           "bytes");
     *out = NULL;
     uint32_t flags = WSYNC_HAS_FIELD(config, flags) ? config->flags : 0;
-    if ((flags & ~WSYNC_STAGING_FIXED_LAYOUT) != 0)
+    const uint32_t known = WSYNC_STAGING_FIXED_LAYOUT | WSYNC_STAGING_NO_DIGESTS;
+    if ((flags & ~known) != 0)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                          "unknown staging flags 0x%x; only WSYNC_STAGING_FIXED_LAYOUT (0x1)",
-                          flags & ~WSYNC_STAGING_FIXED_LAYOUT);
+                          "unknown staging flags 0x%x; only WSYNC_STAGING_FIXED_LAYOUT (0x1) and "
+                          "WSYNC_STAGING_NO_DIGESTS (0x2) are defined",
+                          flags & ~known);
     if (config->bytes == 0 || config->bytes > SIZE_MAX - WSYNC_CONTROL_SIZE)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "staging bytes %llu; ask for 1..%zu bytes",
@@ -128,12 +130,14 @@ wsync_result_t wsync_host_stage(struct wsync_staging *s, wsync_stream_t stream,
     }
     s->layout = next;
     s->has_layout = 1;
+    const int digests = (s->flags & WSYNC_STAGING_NO_DIGESTS) == 0;
     for (size_t i = 0; i < n; i++) {
-        copies[i] = (wsync_host_stage_copy_t){.src = tensors[i].src,
-                                              .dst = s->data + next.tensors[i].offset,
-                                              .nbytes = next.tensors[i].nbytes,
-                                              .digest = &s->layout.tensors[i].digest,
-                                              .has_digest = &s->layout.tensors[i].has_digest};
+        copies[i] = (wsync_host_stage_copy_t){
+            .src = tensors[i].src,
+            .dst = s->data + next.tensors[i].offset,
+            .nbytes = next.tensors[i].nbytes,
+            .digest = digests ? &s->layout.tensors[i].digest : NULL,
+            .has_digest = digests ? &s->layout.tensors[i].has_digest : NULL};
     }
     s->stage_stream = wsync_host_staging_stream(s, stream);
     r = wsync_host_stream_stage(s->stage_stream, copies, n, &s->stage_seq, err);

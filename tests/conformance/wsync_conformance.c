@@ -11,6 +11,7 @@
  * mapping. Exit: 0 all passed, 1 a case failed, 77 the plugin cannot run here (SKIPPED). */
 #include <getopt.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -365,10 +366,20 @@ static void conf_reuse(conf_t *c)
     conf_trainer_close(&t);
 }
 
-static void conf_sleep_fn(void *user)
+/* The torn case's busy engine: the stream is held until the trainer has overwritten the staging
+ * buffer (then a plugin that fired *consumed* early has let the copies read the new bytes), or
+ * for CONF_TORN_HOLD_MS at most (a correct plugin keeps the trainer waiting for *consumed*, so
+ * the overwrite can only come after the copies). A gate, not a fixed sleep: a slow machine
+ * (sanitizers, parallel tests) cannot make the broken plugin look correct. */
+#define CONF_TORN_HOLD_MS 3000
+static _Atomic int conf_restaged;
+
+static void conf_gate_fn(void *user)
 {
-    struct timespec ts = {0, (long)(uintptr_t)user * 1000000L};
-    nanosleep(&ts, NULL);
+    struct timespec ts = {0, 1000000L};
+    (void)user;
+    for (int ms = 0; ms < CONF_TORN_HOLD_MS && !atomic_load(&conf_restaged); ms++)
+        nanosleep(&ts, NULL);
 }
 
 /* Per parameter: holds version `version` exactly, is still all zero (not loaded), or neither. */
@@ -437,9 +448,10 @@ static void conf_torn(conf_t *c)
         conf_fail(c, "torn: plugin has no enqueue_host_fn (or did not load)");
         goto out;
     }
-    /* The engine is busy for 300 ms: the copies queue behind that. */
-    if (cops->enqueue_host_fn(wsync_driver_consumer(e.driver), e.stream, conf_sleep_fn,
-                              (void *)(uintptr_t)300, &err) != WSYNC_OK) {
+    /* The engine is busy until the trainer restaged (or 3 s): the copies queue behind that. */
+    atomic_store(&conf_restaged, 0);
+    if (cops->enqueue_host_fn(wsync_driver_consumer(e.driver), e.stream, conf_gate_fn, NULL,
+                              &err) != WSYNC_OK) {
         conf_fail(c, "torn: enqueue_host_fn: %s", err.message);
         goto out;
     }
@@ -462,9 +474,11 @@ static void conf_torn(conf_t *c)
     }
     /* The trainer reuses the buffer as soon as *consumed* fires: version 2 overwrites it. */
     if (conf_tr_wait(&t) != 0 || conf_tr_fill(&t, 2) != 0 || conf_tr_publish(&t, 0, &msgs) != 0) {
+        atomic_store(&conf_restaged, 1);
         conf_fail(c, "torn: reuse of the staging buffer failed");
         goto out;
     }
+    atomic_store(&conf_restaged, 1);
     json_decref(msgs);
     if (conf_classify(&e, 1, &exact, &zero, bad, sizeof(bad)) != 0) {
         conf_fail(c, "torn: could not read the engine parameters back");
@@ -476,7 +490,8 @@ static void conf_torn(conf_t *c)
         conf_fail(c, "torn: busy engine stream produced torn weights");
     } else {
         conf_pass(c,
-                  "torn: busy engine stream (300 ms), buffer reused right after consumed: "
+                  "torn: busy engine stream (held until the trainer restaged), buffer reused "
+                  "right after consumed: "
                   "0 of %zu loaded engine parameters torn",
                   exact);
     }

@@ -485,6 +485,32 @@ static void test_layout_mismatch(void **state)
     assert_int_equal(P.p->retire(small, NULL), WSYNC_OK);
 }
 
+/* WSYNC_STAGING_NO_DIGESTS: the manifest carries no digest; unknown flags are refused. */
+static void test_staging_without_digests(void **state)
+{
+    fixture_t *f = *state;
+    wsync_staging_t *s = new_staging(1 << 20, WSYNC_STAGING_NO_DIGESTS, 100);
+    const char *json = NULL;
+    const wsync_manifest_t *m = NULL;
+    stage_gen(f, s, 1);
+    assert_int_equal(P.p->publish(s, NULL, 0, &json, NULL, NULL), WSYNC_OK);
+    assert_int_equal(P.c->parse_manifest(f->c, json, strlen(json), &m, NULL), WSYNC_OK);
+    assert_int_equal(m->n_tensors, NT);
+    for (size_t i = 0; i < m->n_tensors; i++)
+        assert_int_equal(m->tensors[i].has_digest, 0);
+    assert_null(strstr(json, "digest"));
+    P.c->manifest_free(f->c, m);
+    assert_int_equal(P.p->retire(s, NULL), WSYNC_OK);
+    /* With digests (the fixture's staging), every tensor has one. */
+    publish_gen(f, 1);
+    for (size_t i = 0; i < f->m->n_tensors; i++)
+        assert_int_equal(f->m->tensors[i].has_digest, 1);
+    wsync_staging_config_t cfg = {.struct_size = sizeof(cfg), .bytes = 4096, .flags = 0x4};
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    assert_int_equal(P.p->create(&cfg, &s, &err), WSYNC_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(err.message, "0x4"));
+}
+
 typedef struct delay {
     unsigned ms;
 } delay_t;
@@ -592,6 +618,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_wait_consumed_timeout_keeps_staging, setup, teardown),
         cmocka_unit_test_setup_teardown(test_digest_mismatch_detected, setup, teardown),
         cmocka_unit_test_setup_teardown(test_layout_mismatch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_staging_without_digests, setup, teardown),
         cmocka_unit_test_setup_teardown(test_record_joins_streams, setup, teardown),
         cmocka_unit_test_setup_teardown(test_misc_members, setup, teardown),
         cmocka_unit_test(test_negotiation),
