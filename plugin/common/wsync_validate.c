@@ -2,6 +2,8 @@
  * is written). Pure functions; thread safe. */
 #include "wsync_validate.h"
 
+#include "wsync_cache.h"
+
 #include "wsync_error.h"
 
 /* Byte just past the last one a 2-D region touches: start + (rows-1)*pitch + row_bytes. */
@@ -100,4 +102,23 @@ uint64_t wsync_copy_ops_bytes(const wsync_copy_op_t *ops, size_t n)
             return UINT64_MAX;
     }
     return total;
+}
+
+wsync_result_t wsync_validate_adapter_manifest(const wsync_manifest_t *m,
+                                               const wsync_buffer_desc_t *key, uint64_t bytes,
+                                               uint64_t last_generation, wsync_error_t *err)
+{
+    if (m == NULL || key == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "adapter source FROM_MANIFEST needs the parsed manifest of an open "
+                          "handle (manifest %p)",
+                          (const void *)m);
+    if (!wsync_cache_key_equal(&m->buffer, key) || m->buffer.bytes > bytes)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "the adapter manifest (generation %llu, %llu bytes) names another "
+                          "buffer than the handle it came with (%llu bytes); open the manifest's "
+                          "buffer",
+                          (unsigned long long)m->generation, (unsigned long long)m->buffer.bytes,
+                          (unsigned long long)bytes);
+    return wsync_validate_generation(last_generation, m->generation, err);
 }

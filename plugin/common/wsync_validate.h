@@ -14,6 +14,13 @@ wsync_result_t wsync_validate_copy_ops(const wsync_copy_op_t *ops, size_t n, uin
 /* generation must be > last (strictly increasing per buffer; a replay is refused). */
 wsync_result_t wsync_validate_generation(uint64_t last, uint64_t generation, wsync_error_t *err);
 
+/* An adapter source FROM_MANIFEST: `m` must be non-NULL, describe the buffer `key` was opened for
+ * (wsync_cache_key_equal) and fit in the handle's `bytes`, and its generation must be newer than
+ * `last_generation`. INVALID_ARGUMENT / STALE_GENERATION with the offending values. */
+wsync_result_t wsync_validate_adapter_manifest(const wsync_manifest_t *m,
+                                               const wsync_buffer_desc_t *key, uint64_t bytes,
+                                               uint64_t last_generation, wsync_error_t *err);
+
 /* Total bytes the ops move (for throughput reports). */
 uint64_t wsync_copy_ops_bytes(const wsync_copy_op_t *ops, size_t n);
 

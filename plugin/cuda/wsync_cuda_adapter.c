@@ -238,22 +238,18 @@ static wsync_result_t manifest_source(struct wsync_consumer *c, const wsync_adap
 {
     struct wsync_handle *h = src->handle;
     const wsync_manifest_t *m = src->manifest;
-    if (h == NULL || h->magic != WSYNC_CUDA_HANDLE_MAGIC || m == NULL)
+    if (h == NULL || h->magic != WSYNC_CUDA_HANDLE_MAGIC ||
+        ((wsync_cuda_mapping_t *)h->entry->mapping)->consumer != c)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "adapter source FROM_MANIFEST needs an open handle of this consumer "
-                          "and its parsed manifest (handle %p, manifest %p)",
-                          (void *)h, (const void *)m);
+                          "(handle %p)",
+                          (void *)h);
     wsync_cuda_mapping_t *mp = h->entry->mapping;
-    if (mp->consumer != c || !wsync_cache_key_equal(&m->buffer, &h->entry->key) ||
-        m->buffer.bytes > h->bytes)
-        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                          "the adapter manifest (generation %llu, %llu bytes) names another "
-                          "buffer than the handle it came with; open the manifest's buffer",
-                          (unsigned long long)m->generation, (unsigned long long)m->buffer.bytes);
+    /* A generation copied but not yet recorded may be loaded again (split loads). */
     uint64_t last = h->entry->last_generation;
-    if (!mp->recorded && last != 0 && m->generation == last)
+    if (m != NULL && !mp->recorded && last != 0 && m->generation == last)
         last = m->generation - 1;
-    wsync_result_t rc = wsync_validate_generation(last, m->generation, err);
+    wsync_result_t rc = wsync_validate_adapter_manifest(m, &h->entry->key, h->bytes, last, err);
     if (rc != WSYNC_OK)
         return rc;
     if (mp->control != NULL && atomic_load(&mp->control->ready_generation) < m->generation) {

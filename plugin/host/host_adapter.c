@@ -15,18 +15,13 @@ static wsync_result_t wsync_host_adapter_source(struct wsync_consumer *c,
 {
     struct wsync_handle *h = src->handle;
     const wsync_manifest_t *m = src->manifest;
-    if (h == NULL || h->consumer != c || m == NULL)
+    if (h == NULL || h->consumer != c)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "adapter source FROM_MANIFEST needs an open handle of this consumer "
-                          "and its parsed manifest (handle %p, manifest %p)",
-                          (void *)h, (const void *)m);
-    if (!wsync_cache_key_equal(&m->buffer, &h->entry->key) || m->buffer.bytes > h->bytes)
-        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                          "the adapter manifest (generation %llu, %llu bytes) names another "
-                          "buffer than the handle it came with; open the manifest's buffer",
-                          (unsigned long long)m->generation, (unsigned long long)m->buffer.bytes);
-    wsync_result_t r =
-        wsync_validate_generation(wsync_host_handle_last_generation(h), m->generation, err);
+                          "(handle %p)",
+                          (void *)h);
+    wsync_result_t r = wsync_validate_adapter_manifest(m, &h->entry->key, h->bytes,
+                                                       wsync_host_handle_last_generation(h), err);
     if (r != WSYNC_OK)
         return r;
     r = wsync_control_wait_ready(h->control, m->generation, c->timeout_ms, h->peer_pid, err);

@@ -94,10 +94,15 @@ static int producer(int fd, void *arg)
         WG_CHECK(wh_recv(fd, &ack, NULL) == 0, "no ack");
         wh_free(ack);
     }
+    /* restaging before wait_consumed is refused (the consumer may still read the buffer) */
+    wsync_error_t e = {.struct_size = sizeof(e)};
+    WG_CHECK(p->producer->stage(s, st, t, NT, &e) == WSYNC_ERR_BUSY,
+             "restage before wait_consumed accepted");
+    WG_OK(p->producer->wait_consumed(s, st, last, err));
     /* a layout change is refused with FIXED_LAYOUT, nothing staged */
     wsync_stage_tensor_t bad = t[0];
     bad.shape[0] = 999;
-    wsync_error_t e = {.struct_size = sizeof(e)};
+    e = (wsync_error_t){.struct_size = sizeof(e)};
     WG_CHECK(p->producer->stage(s, st, &bad, 1, &e) == WSYNC_ERR_LAYOUT_MISMATCH,
              "layout change accepted");
     char *m;
