@@ -10,14 +10,12 @@
 #include <unistd.h>
 
 #include "wsync_cli.h"
-#include "wsync_model.h"
+#include "wsync_model_opt.h"
 
 typedef struct wsync_bench_options {
     const char *plugin;
-    const char *layout; /* dense, moe or both */
+    wsync_model_config_t model; /* layout: dense, moe or both; layers: moe's, 0 = 12 */
     unsigned iters;
-    unsigned scale;
-    unsigned layers; /* moe; 0 = 12 */
 } wsync_bench_options_t;
 
 typedef struct wsync_bench {
@@ -54,31 +52,23 @@ static double wsync_bench_median(double *t, unsigned n)
 /* The CUDA plugin is measured by its own program (device buffers, events). */
 static int wsync_bench_exec_cuda(int argc, char **argv)
 {
-    char dir[PATH_MAX], path[PATH_MAX + 32];
-    char **args = calloc((size_t)argc + 1, sizeof(*args));
+    char path[PATH_MAX + 32];
 
-    if (args == NULL || wsync_cli_exe_dir(dir, sizeof(dir)) != 0) {
+    if (wsync_cli_sibling(path, sizeof(path), "wsync-bench-cuda") != 0) {
         fprintf(stderr, "wsync bench: cannot find the directory of this executable\n");
         return 1;
     }
-    snprintf(path, sizeof(path), "%s/wsync-bench-cuda", dir);
     if (access(path, X_OK) != 0) {
         fprintf(stderr,
                 "wsync bench: the loaded plugin is 'cuda', which is benchmarked by %s, and that "
                 "program is missing; build with -DWSYNC_WITH_CUDA=ON, or pass --plugin "
                 "libwsync_host.so to bench the host plugin\n",
                 path);
-        free(args);
         return 1;
     }
-    args[0] = path;
-    for (int i = 1; i < argc; i++)
-        args[i] = argv[i];
     printf("wsync bench: plugin is cuda; running %s\n", path);
-    fflush(stdout);
-    execv(path, args);
+    wsync_cli_exec(path, NULL, argc, argv);
     fprintf(stderr, "wsync bench: exec %s failed\n", path);
-    free(args);
     return 1;
 }
 
@@ -174,8 +164,8 @@ static int wsync_bench_setup_run(wsync_bench_t *b, wsync_bench_run_t *r, const c
     wsync_error_t err = {.struct_size = sizeof(err)};
     wsync_model_config_t cfg = {
         .layout = layout,
-        .scale = b->o->scale,
-        .layers = strcmp(layout, "moe") == 0 ? (b->o->layers ? b->o->layers : 12) : 0};
+        .scale = b->o->model.scale,
+        .layers = strcmp(layout, "moe") == 0 ? (b->o->model.layers ? b->o->model.layers : 12) : 0};
     wsync_staging_config_t scfg = {.struct_size = sizeof(scfg), .timeout_ms = 60000};
     char why[160];
     wsync_result_t rc;
@@ -322,32 +312,23 @@ static int wsync_bench_layout(wsync_bench_t *b, const char *layout)
 static int wsync_bench_parse(int argc, char **argv, wsync_bench_options_t *o)
 {
     static const struct option longopts[] = {{"plugin", required_argument, NULL, 'p'},
-                                             {"layout", required_argument, NULL, 'l'},
+                                             WSYNC_MODEL_LONGOPTS,
                                              {"iters", required_argument, NULL, 'i'},
-                                             {"scale", required_argument, NULL, 'S'},
-                                             {"layers", required_argument, NULL, 'L'},
                                              {"help", no_argument, NULL, 'h'},
                                              {NULL, 0, NULL, 0}};
     int c;
 
-    *o = (wsync_bench_options_t){.layout = "both", .iters = 5, .scale = 8};
+    *o = (wsync_bench_options_t){.model = {.layout = "both", .scale = 8}, .iters = 5};
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        if (wsync_model_option(&o->model, c, optarg))
+            continue;
         switch (c) {
         case 'p':
             o->plugin = optarg;
             break;
-        case 'l':
-            o->layout = optarg;
-            break;
         case 'i':
             o->iters = (unsigned)strtoul(optarg, NULL, 10);
-            break;
-        case 'S':
-            o->scale = (unsigned)strtoul(optarg, NULL, 10);
-            break;
-        case 'L':
-            o->layers = (unsigned)strtoul(optarg, NULL, 10);
             break;
         case 'h':
             wsync_bench_usage(stdout);
@@ -357,9 +338,9 @@ static int wsync_bench_parse(int argc, char **argv, wsync_bench_options_t *o)
             return 2;
         }
     }
-    if (optind != argc || o->iters < 1 || o->scale < 1 ||
-        (strcmp(o->layout, "dense") != 0 && strcmp(o->layout, "moe") != 0 &&
-         strcmp(o->layout, "both") != 0)) {
+    if (optind != argc || o->iters < 1 || o->model.scale < 1 ||
+        (strcmp(o->model.layout, "dense") != 0 && strcmp(o->model.layout, "moe") != 0 &&
+         strcmp(o->model.layout, "both") != 0)) {
         fprintf(stderr,
                 "wsync bench: bad arguments (layout dense|moe|both, iters and scale >= 1)\n");
         wsync_bench_usage(stderr);
@@ -401,10 +382,11 @@ int wsync_cmd_bench(int argc, char **argv)
         return wsync_cli_report("bench", "consumer create", r, &err);
     }
     printf("wsync bench: plugin %s %s (%s), ABI %u, scale %u, median of %u iterations\n",
-           b.l.plugin->name, b.l.plugin->version, b.l.path, b.l.abi_version, o.scale, o.iters);
-    if (strcmp(o.layout, "moe") != 0)
+           b.l.plugin->name, b.l.plugin->version, b.l.path, b.l.abi_version, o.model.scale,
+           o.iters);
+    if (strcmp(o.model.layout, "moe") != 0)
         rc = wsync_bench_layout(&b, "dense");
-    if (rc == 0 && strcmp(o.layout, "dense") != 0)
+    if (rc == 0 && strcmp(o.model.layout, "dense") != 0)
         rc = wsync_bench_layout(&b, "moe");
     b.cops->finalize(b.c, &err);
     wsync_loader_close(&b.l);

@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "wsync_cli.h"
 
+#include <errno.h>
 #include <libgen.h>
 #include <limits.h>
 #include <pthread.h>
@@ -154,4 +155,34 @@ int wsync_cli_exe_dir(char *out, size_t len)
         return -1;
     exe[n] = '\0';
     return snprintf(out, len, "%s", dirname(exe)) < (int)len ? 0 : -1;
+}
+
+int wsync_cli_sibling(char *out, size_t len, const char *name)
+{
+    char dir[PATH_MAX];
+
+    if (wsync_cli_exe_dir(dir, sizeof(dir)) != 0)
+        return -1;
+    return snprintf(out, len, "%s/%s", dir, name) < (int)len ? 0 : -1;
+}
+
+void wsync_cli_exec(const char *path, const char *sub, int argc, char **argv)
+{
+    char **args = calloc((size_t)argc + 2, sizeof(*args));
+    int n = 0, saved;
+
+    if (args == NULL) {
+        errno = ENOMEM;
+        return;
+    }
+    args[n++] = (char *)path;
+    if (sub != NULL)
+        args[n++] = (char *)sub;
+    for (int i = 1; i < argc; i++)
+        args[n++] = argv[i];
+    fflush(stdout);
+    execv(path, args);
+    saved = errno;
+    free(args);
+    errno = saved;
 }

@@ -39,4 +39,12 @@ json_t *wsync_cli_recv_json(int fd, const char *type, int timeout_ms, const char
 /* Directory of the running executable into out (no trailing slash). 0 on success. */
 int wsync_cli_exe_dir(char *out, size_t len);
 
+/* Path of the program `name` beside the running executable into out. 0 on success, -1 when the
+ * executable's directory is unknown or the path does not fit. */
+int wsync_cli_sibling(char *out, size_t len, const char *name);
+
+/* Replace this process with `path`, run as `path [sub] argv[1] .. argv[argc-1]` (sub may be NULL),
+ * after flushing stdout. Returns only on failure, with errno saying why. */
+void wsync_cli_exec(const char *path, const char *sub, int argc, char **argv);
+
 #endif

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "wsync_cli.h"
+#include "wsync_model_opt.h"
 
 static void wsync_demo_usage(FILE *out)
 {
@@ -37,11 +38,9 @@ static void wsync_demo_usage(FILE *out)
 static int wsync_demo_parse(int argc, char **argv, wsync_demo_options_t *o)
 {
     static const struct option longopts[] = {{"plugin", required_argument, NULL, 'p'},
-                                             {"layout", required_argument, NULL, 'l'},
+                                             WSYNC_MODEL_LONGOPTS,
                                              {"syncs", required_argument, NULL, 's'},
                                              {"bucket-mb", required_argument, NULL, 'b'},
-                                             {"scale", required_argument, NULL, 'S'},
-                                             {"layers", required_argument, NULL, 'L'},
                                              {"verify", no_argument, NULL, 'v'},
                                              {"no-verify", no_argument, NULL, 'n'},
                                              {"timeout-ms", required_argument, NULL, 't'},
@@ -63,24 +62,17 @@ static int wsync_demo_parse(int argc, char **argv, wsync_demo_options_t *o)
     o->lora_max_rank = 64;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        if (wsync_model_option(&o->model, c, optarg))
+            continue;
         switch (c) {
         case 'p':
             o->plugin = optarg;
-            break;
-        case 'l':
-            o->model.layout = optarg;
             break;
         case 's':
             o->syncs = (unsigned)strtoul(optarg, NULL, 10);
             break;
         case 'b':
             mb = strtoul(optarg, NULL, 10);
-            break;
-        case 'S':
-            o->model.scale = (unsigned)strtoul(optarg, NULL, 10);
-            break;
-        case 'L':
-            o->model.layers = (unsigned)strtoul(optarg, NULL, 10);
             break;
         case 'v':
             o->verify = 1;
@@ -197,22 +189,12 @@ static int wsync_demo_supervise(pid_t engine, pid_t trainer, const wsync_demo_op
  * (engine-shims/engine/) from this executable's directory with the same arguments. */
 static int wsync_demo_exec_engine(int argc, char **argv)
 {
-    char self[4096], tool[4200];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    char **args = calloc((size_t)argc + 2, sizeof(*args));
+    char tool[4200];
 
-    if (n <= 0 || args == NULL)
+    if (wsync_cli_sibling(tool, sizeof(tool), "wsync-engine") != 0)
         return 1;
-    self[n] = '\0';
-    snprintf(tool, sizeof(tool), "%.*s/wsync-engine", (int)(strrchr(self, '/') - self), self);
-    args[0] = tool;
-    args[1] = "demo";
-    for (int i = 1; i < argc; i++)
-        args[i + 1] = argv[i];
-    fflush(stdout);
-    execv(tool, args);
+    wsync_cli_exec(tool, "demo", argc, argv);
     fprintf(stderr, "wsync demo: --engine needs %s: %s\n", tool, strerror(errno));
-    free(args);
     return 1;
 }
 

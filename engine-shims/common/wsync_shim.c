@@ -97,3 +97,21 @@ json_t *wsync_shim_rank_buckets(const wsync_shim_encode_t *in, int with_buffer, 
     }
     return list;
 }
+
+wsync_result_t wsync_shim_flat_bucket(const wsync_shim_ctx_t *ctx, json_t *req, const char *key,
+                                      int format_required, json_t **bucket, wsync_error_t *err)
+{
+    const char *fmt = json_string_value(json_object_get(req, "load_format"));
+    json_t *b;
+
+    if ((fmt != NULL || format_required) && (fmt == NULL || strcmp(fmt, "flattened_bucket") != 0))
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
+                               "load_format \"%s\" is not supported by the wsync path; send "
+                               "load_format=\"flattened_bucket\"",
+                               fmt ? fmt : "(none)");
+    b = wsync_req_pick_rank(json_object_get(req, key), ctx->tp_rank, ctx->tp_size, key, err);
+    if (b == NULL)
+        return WSYNC_ERR_BAD_MANIFEST;
+    *bucket = b;
+    return WSYNC_OK;
+}

@@ -19,14 +19,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "wsync_model_opt.h"
 #include "wsync_ref_engine.h"
 #include "wsync_ref_lora_trainer.h"
 #include "wsync_ref_trainer.h"
 #include "wsync_wire.h"
 
 typedef struct wsync_engine_args {
-    const char *engine, *plugin, *engine_plugin, *layout, *socket;
-    unsigned rank, size, scale, layers, syncs, bucket_mb;
+    const char *engine, *plugin, *engine_plugin, *socket;
+    wsync_model_config_t model; /* scale 0: the layout's default */
+    unsigned rank, size, syncs, bucket_mb;
     int packed, timeout_ms;
     int lora;           /* demo --lora: adapter-only sync */
     unsigned lora_rank; /* --lora-rank */
@@ -44,36 +46,41 @@ static void wsync_engine_usage(void)
 
 static int wsync_engine_parse(int argc, char **argv, wsync_engine_args_t *a)
 {
-    static const struct option opts[] = {
-        {"engine", required_argument, 0, 'e'},        {"plugin", required_argument, 0, 'p'},
-        {"layout", required_argument, 0, 'l'},        {"tp-rank", required_argument, 0, 'r'},
-        {"tp-size", required_argument, 0, 'n'},       {"tp", required_argument, 0, 'n'},
-        {"socket", required_argument, 0, 's'},        {"scale", required_argument, 0, 'S'},
-        {"layers", required_argument, 0, 'L'},        {"syncs", required_argument, 0, 'k'},
-        {"bucket-mb", required_argument, 0, 'b'},     {"packed", no_argument, 0, 'P'},
-        {"timeout-ms", required_argument, 0, 't'},    {"help", no_argument, 0, 'h'},
-        {"engine-plugin", required_argument, 0, 'E'}, {"verify", no_argument, 0, 'v'},
-        {"no-verify", no_argument, 0, 'v'},           {"lora", no_argument, 0, 'R'},
-        {"lora-rank", required_argument, 0, 'K'},     {0, 0, 0, 0}};
+    static const struct option opts[] = {{"engine", required_argument, 0, 'e'},
+                                         {"plugin", required_argument, 0, 'p'},
+                                         WSYNC_MODEL_LONGOPTS,
+                                         {"tp-rank", required_argument, 0, 'r'},
+                                         {"tp-size", required_argument, 0, 'n'},
+                                         {"tp", required_argument, 0, 'n'},
+                                         {"socket", required_argument, 0, 's'},
+                                         {"syncs", required_argument, 0, 'k'},
+                                         {"bucket-mb", required_argument, 0, 'b'},
+                                         {"packed", no_argument, 0, 'P'},
+                                         {"timeout-ms", required_argument, 0, 't'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {"engine-plugin", required_argument, 0, 'E'},
+                                         {"verify", no_argument, 0, 'v'},
+                                         {"no-verify", no_argument, 0, 'v'},
+                                         {"lora", no_argument, 0, 'R'},
+                                         {"lora-rank", required_argument, 0, 'K'},
+                                         {0, 0, 0, 0}};
     int c;
 
-    *a = (wsync_engine_args_t){.layout = "dense",
+    *a = (wsync_engine_args_t){.model = {.layout = "dense", .layers = 2},
                                .size = 1,
-                               .layers = 2,
                                .syncs = 2,
                                .bucket_mb = 64,
                                .timeout_ms = 120000,
                                .lora_rank = 8};
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        if (wsync_model_option(&a->model, c, optarg))
+            continue;
         switch (c) {
         case 'e':
             a->engine = optarg;
             break;
         case 'p':
             a->plugin = optarg;
-            break;
-        case 'l':
-            a->layout = optarg;
             break;
         case 'r':
             a->rank = (unsigned)strtoul(optarg, NULL, 10);
@@ -83,12 +90,6 @@ static int wsync_engine_parse(int argc, char **argv, wsync_engine_args_t *a)
             break;
         case 's':
             a->socket = optarg;
-            break;
-        case 'S':
-            a->scale = (unsigned)strtoul(optarg, NULL, 10);
-            break;
-        case 'L':
-            a->layers = (unsigned)strtoul(optarg, NULL, 10);
             break;
         case 'k':
             a->syncs = (unsigned)strtoul(optarg, NULL, 10);
@@ -123,14 +124,14 @@ static int wsync_engine_parse(int argc, char **argv, wsync_engine_args_t *a)
         return -1;
     }
     /* Default scale: a few hundred MB; any scale keeps whole heads (tools/wsync_model.h). */
-    if (a->scale == 0)
-        a->scale = strcmp(a->layout, "moe") == 0 ? 4 : 8;
+    if (a->model.scale == 0)
+        a->model.scale = strcmp(a->model.layout, "moe") == 0 ? 4 : 8;
     return 0;
 }
 
 static wsync_model_config_t wsync_engine_model(const wsync_engine_args_t *a)
 {
-    return (wsync_model_config_t){.layout = a->layout, .scale = a->scale, .layers = a->layers};
+    return a->model;
 }
 
 static int wsync_engine_serve(const wsync_engine_args_t *a)
@@ -303,7 +304,7 @@ static int wsync_demo(const wsync_engine_args_t *a, const char *self)
     wsync_ref_trainer_t t;
     int status = 0;
 
-    if (a->lora && (a->size != 1 || strcmp(a->layout, "dense") != 0)) {
+    if (a->lora && (a->size != 1 || strcmp(a->model.layout, "dense") != 0)) {
         fprintf(stderr, "wsync demo --lora: the reference engine has LoRA slots for the dense "
                         "layout at --tp 1 only\n");
         return 2;
@@ -316,15 +317,15 @@ static int wsync_demo(const wsync_engine_args_t *a, const char *self)
         snprintf(sockets[r], sizeof(sockets[r]), "/tmp/wsync-demo-%d-%u.sock", (int)getpid(), r);
         snprintf(num[0], sizeof(num[0]), "%u", r);
         snprintf(num[1], sizeof(num[1]), "%u", a->size);
-        snprintf(num[2], sizeof(num[2]), "%u", a->scale);
-        snprintf(num[3], sizeof(num[3]), "%u", a->layers);
+        snprintf(num[2], sizeof(num[2]), "%u", a->model.scale);
+        snprintf(num[3], sizeof(num[3]), "%u", a->model.layers);
         pids[r] = fork();
         if (pids[r] == 0) {
             char *argv[24];
             int n = 0;
             argv[n++] = (char *)self;
             argv[n++] = "--engine", argv[n++] = (char *)a->engine;
-            argv[n++] = "--layout", argv[n++] = (char *)a->layout;
+            argv[n++] = "--layout", argv[n++] = (char *)a->model.layout;
             argv[n++] = "--tp-rank", argv[n++] = num[0];
             argv[n++] = "--tp-size", argv[n++] = num[1];
             argv[n++] = "--scale", argv[n++] = num[2];
@@ -346,8 +347,8 @@ static int wsync_demo(const wsync_engine_args_t *a, const char *self)
         if (!a->lora)
             printf("trainer: %s request format, plugin %s (%s), %zu HF tensors (%s, scale %u), "
                    "%zu buckets, %u engine processes (tp=%u)\n",
-                   a->engine, t.loader.plugin->name, t.loader.path, t.model.n, a->layout, a->scale,
-                   t.nbuckets, a->size, a->size);
+                   a->engine, t.loader.plugin->name, t.loader.path, t.model.n, a->model.layout,
+                   a->model.scale, t.nbuckets, a->size, a->size);
         fflush(stdout);
         for (unsigned r = 0; r < a->size && status == 0; r++) {
             wsync_error_t err = {.struct_size = sizeof(err)};

@@ -41,21 +41,14 @@ static const wsync_map_table_t wsync_lmdeploy_map = {
 static wsync_result_t wsync_lmdeploy_update(wsync_shim_ctx_t *ctx, json_t *req, json_t **extra,
                                             wsync_error_t *err)
 {
-    const char *fmt = json_string_value(json_object_get(req, "load_format"));
     int finished = json_is_true(json_object_get(req, "finished"));
     json_t *bucket, *fresh, *manifest;
     uint64_t gen = 0;
     wsync_result_t rc;
 
-    if (fmt == NULL || strcmp(fmt, "flattened_bucket") != 0)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
-                               "load_format \"%s\" is not supported by the wsync path; send "
-                               "load_format=\"flattened_bucket\"",
-                               fmt ? fmt : "(none)");
-    bucket = wsync_req_pick_rank(json_object_get(req, "serialized_named_tensors"), ctx->tp_rank,
-                                 ctx->tp_size, "serialized_named_tensors", err);
-    if (bucket == NULL)
-        return WSYNC_ERR_BAD_MANIFEST;
+    rc = wsync_shim_flat_bucket(ctx, req, "serialized_named_tensors", 1, &bucket, err);
+    if (rc != WSYNC_OK)
+        return rc;
     fresh = json_object_get(json_object_get(bucket, "flattened_tensor"), "buffer");
     rc = wsync_req_bucket_decode(bucket,
                                  fresh ? fresh : json_object_get(ctx->state, "persistent_buffer"),

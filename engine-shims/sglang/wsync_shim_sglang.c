@@ -27,22 +27,15 @@ static const wsync_map_table_t wsync_sglang_map = {
 static wsync_result_t wsync_sglang_update(wsync_shim_ctx_t *ctx, json_t *req, json_t **extra,
                                           wsync_error_t *err)
 {
-    const char *fmt = json_string_value(json_object_get(req, "load_format"));
     const char *version = json_string_value(json_object_get(req, "weight_version"));
     json_t *flush = json_object_get(req, "flush_cache");
     json_t *bucket, *manifest;
     uint64_t gen = 0;
     wsync_result_t rc;
 
-    if (fmt == NULL || strcmp(fmt, "flattened_bucket") != 0)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
-                               "load_format \"%s\" is not supported by the wsync path; send "
-                               "load_format=\"flattened_bucket\"",
-                               fmt ? fmt : "(none)");
-    bucket = wsync_req_pick_rank(json_object_get(req, "serialized_named_tensors"), ctx->tp_rank,
-                                 ctx->tp_size, "serialized_named_tensors", err);
-    if (bucket == NULL)
-        return WSYNC_ERR_BAD_MANIFEST;
+    rc = wsync_shim_flat_bucket(ctx, req, "serialized_named_tensors", 1, &bucket, err);
+    if (rc != WSYNC_OK)
+        return rc;
     rc = wsync_req_bucket_decode(bucket, NULL, 0, &manifest, err);
     if (rc == WSYNC_OK)
         rc = wsync_shim_apply(ctx, &manifest, 1, &gen, err);
@@ -75,16 +68,10 @@ static wsync_result_t wsync_sglang_lora(wsync_shim_ctx_t *ctx, const char *metho
                                    "load_lora_adapter needs lora_path (a PEFT directory)");
         return wsync_adapter_req_load(ctx, name, path, NULL, NULL, 0, extra, err);
     }
-    const char *fmt = json_string_value(json_object_get(req, "load_format"));
-    if (fmt != NULL && strcmp(fmt, "flattened_bucket") != 0)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
-                               "load_format \"%s\" is not supported by the wsync path; send "
-                               "load_format=\"flattened_bucket\"",
-                               fmt);
-    json_t *bucket = wsync_req_pick_rank(json_object_get(req, "serialized_tensors"), ctx->tp_rank,
-                                         ctx->tp_size, "serialized_tensors", err);
-    if (bucket == NULL)
-        return WSYNC_ERR_BAD_MANIFEST;
+    json_t *bucket;
+    wsync_result_t rc = wsync_shim_flat_bucket(ctx, req, "serialized_tensors", 0, &bucket, err);
+    if (rc != WSYNC_OK)
+        return rc;
     return wsync_adapter_req_load(ctx, name, NULL, bucket, json_object_get(req, "config_dict"), 0,
                                   extra, err);
 }

@@ -9,12 +9,8 @@
 #include <jansson.h>
 
 #include "wsync_adapter_convert.h"
+#include "wsync_dtype.h"
 #include "wsync_safetensors.h"
-
-static size_t wl_size(wsync_dtype_t dt)
-{
-    return dt == WSYNC_DTYPE_F64 ? 8 : dt == WSYNC_DTYPE_F32 ? 4 : 2;
-}
 
 static uint64_t wl_next(uint64_t *s)
 {
@@ -33,29 +29,6 @@ static double wl_value(uint64_t *s, uint64_t i)
     if (i % 89 == 5)
         v *= 3e4;
     return v;
-}
-
-static void wl_store(unsigned char *p, wsync_dtype_t dt, double v)
-{
-    uint16_t h;
-    float f;
-    switch (dt) {
-    case WSYNC_DTYPE_BF16:
-        h = wsync_f64_to_bf16(v);
-        memcpy(p, &h, 2);
-        break;
-    case WSYNC_DTYPE_F16:
-        h = wsync_f64_to_f16(v);
-        memcpy(p, &h, 2);
-        break;
-    case WSYNC_DTYPE_F32:
-        f = (float)v;
-        memcpy(p, &f, 4);
-        break;
-    default:
-        memcpy(p, &v, 8);
-        break;
-    }
 }
 
 int wl_write_dir(const char *dir, const char *config, const wl_module_t *m, size_t n, uint64_t seed,
@@ -83,9 +56,12 @@ int wl_write_dir(const char *dir, const char *config, const wl_module_t *m, size
         t[k].shape[0] = is_b ? x->out : x->r;
         t[k].shape[1] = is_b ? x->r : x->in;
         uint64_t count = (uint64_t)(t[k].shape[0] * t[k].shape[1]);
-        data[k] = malloc(count * wl_size(x->dtype) + 1);
-        for (uint64_t i = 0; i < count; i++)
-            wl_store(data[k] + i * wl_size(x->dtype), x->dtype, wl_value(&s, i));
+        data[k] = malloc(count * wsync_dtype_size(x->dtype) + 1);
+        for (uint64_t i = 0; i < count; i++) {
+            double v = wl_value(&s, i);
+            wsync_convert_row(data[k] + i * wsync_dtype_size(x->dtype), x->dtype, &v,
+                              WSYNC_DTYPE_F64, 1, 1.0);
+        }
         t[k].data = data[k];
     }
     json_t *meta = json_pack("{s:s}", "format", "pt");
@@ -128,8 +104,8 @@ int wl_slot_init(wl_slot_t *s, const char *name, uint32_t max_rank, const wl_tar
             s->parts[4 * i + p].out_features = t[i].part_out[p];
         }
         x->parts = t[i].n_parts ? &s->parts[4 * i] : NULL;
-        s->a_bytes[i] = (size_t)max_rank * (size_t)t[i].in * wl_size(t[i].dtype);
-        s->b_bytes[i] = (size_t)t[i].out * max_rank * wl_size(t[i].dtype);
+        s->a_bytes[i] = (size_t)max_rank * (size_t)t[i].in * wsync_dtype_size(t[i].dtype);
+        s->b_bytes[i] = (size_t)t[i].out * max_rank * wsync_dtype_size(t[i].dtype);
         for (int c = 0; c < 2; c++) {
             void **ab[2] = {&x->lora_a[c], &x->lora_b[c]};
             size_t sz[2] = {s->a_bytes[i], s->b_bytes[i]};

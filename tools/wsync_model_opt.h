@@ -1,0 +1,21 @@
+/* The synthetic model's command-line options, shared by every program that builds one (wsync
+ * demo, wsync bench, wsync-engine): --layout L, --scale S and --layers N, as getopt_long entries
+ * returning 'l', 'S' and 'L'. Include <getopt.h> before this header to use the table macro. */
+#ifndef WSYNC_MODEL_OPT_H
+#define WSYNC_MODEL_OPT_H
+
+#include "wsync_model.h"
+
+/* Entries for a `struct option` table (no terminator). */
+#define WSYNC_MODEL_LONGOPTS                                                                       \
+    {"layout", required_argument, NULL, 'l'}, {"scale", required_argument, NULL, 'S'},             \
+    {                                                                                              \
+        "layers", required_argument, NULL, 'L'                                                     \
+    }
+
+/* Apply getopt_long's option `c` with argument `arg` (borrowed: layout points into it) to m.
+ * 1 when `c` is one of the model options, 0 (m untouched) otherwise. Numbers are parsed with
+ * strtoul; range checks are the caller's. */
+int wsync_model_option(wsync_model_config_t *m, int c, const char *arg);
+
+#endif
