@@ -334,8 +334,9 @@ typedef struct wsync_consumer_v1 {
 struct wsync_staging; /* a retained staging buffer; opaque */
 
 #define WSYNC_STAGING_FIXED_LAYOUT 0x1u /* the first stage fixes names/dtypes/shapes for life */
-/* Publish without wsync64 digests: publish then never waits for the stage copy on the host (the
- * digests are its only reason to), at the price of no end-to-end verification for this buffer. */
+/* Stage without computing wsync64 digests: less work per bucket, at the price of no end-to-end
+ * verification for this buffer. publish still waits for the stage copy (a manifest never
+ * precedes its bytes). */
 #define WSYNC_STAGING_NO_DIGESTS 0x2u
 
 typedef struct wsync_staging_config_v1 {

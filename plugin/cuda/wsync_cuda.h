@@ -119,6 +119,25 @@ typedef struct wsync_cuda_mapping {
     char deferred_message[WSYNC_ERROR_MESSAGE_LEN];
 } wsync_cuda_mapping_t;
 
+/* The generation a new copy of `generation` from this buffer must be newer than: the cache
+ * entry's last one (a generation copied but not yet recorded may be copied again, by split
+ * calls), or the control block's consumed one, which survives close/reopen, so a replayed
+ * manifest is refused after a reopen too. */
+static inline uint64_t wsync_cuda_last_generation(const wsync_cache_entry_t *entry,
+                                                  const wsync_cuda_mapping_t *m,
+                                                  uint64_t generation)
+{
+    uint64_t last = entry->last_generation;
+    if (!m->recorded && last != 0 && generation == last)
+        last = generation - 1;
+    if (m->control != NULL) {
+        uint64_t consumed = atomic_load(&m->control->consumed_generation);
+        if (consumed > last)
+            last = consumed;
+    }
+    return last;
+}
+
 /* What open_handle returns: a view (base_offset, bytes) of a cached mapping. */
 #define WSYNC_CUDA_HANDLE_MAGIC 0x57534844u
 struct wsync_handle {

@@ -245,10 +245,7 @@ static wsync_result_t manifest_source(struct wsync_consumer *c, const wsync_adap
                           "(handle %p)",
                           (void *)h);
     wsync_cuda_mapping_t *mp = h->entry->mapping;
-    /* A generation copied but not yet recorded may be loaded again (split loads). */
-    uint64_t last = h->entry->last_generation;
-    if (m != NULL && !mp->recorded && last != 0 && m->generation == last)
-        last = m->generation - 1;
+    uint64_t last = m != NULL ? wsync_cuda_last_generation(h->entry, mp, m->generation) : 0;
     wsync_result_t rc = wsync_validate_adapter_manifest(m, &h->entry->key, h->bytes, last, err);
     if (rc != WSYNC_OK)
         return rc;

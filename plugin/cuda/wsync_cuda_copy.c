@@ -114,10 +114,8 @@ static wsync_result_t copy_locked(struct wsync_consumer *c, struct wsync_handle 
     if (rc != WSYNC_OK)
         return rc;
     /* Several calls (e.g. one per stream) may carry one generation until it is recorded. */
-    uint64_t last = entry->last_generation;
-    if (!m->recorded && last != 0 && generation == last)
-        last = generation - 1;
-    rc = wsync_validate_generation(last, generation, err);
+    rc = wsync_validate_generation(wsync_cuda_last_generation(entry, m, generation), generation,
+                                   err);
     if (rc != WSYNC_OK)
         return rc;
     if (m->control != NULL && atomic_load(&m->control->ready_generation) < generation) {

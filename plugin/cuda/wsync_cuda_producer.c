@@ -272,9 +272,11 @@ static wsync_result_t publish_body(struct wsync_staging *s, cudaStream_t st, int
     if (s->have_table_use)
         WSYNC_CUDA_TRY(err, cudaStreamWaitEvent(st, s->staged, 0));
     WSYNC_CUDA_TRY(err, cudaEventRecord(s->ready, st));
-    /* The digests were summed by the stage kernel: one small read-back, waited for here. */
+    /* Wait for the stage copy (and the digests it summed, read back with it) before the manifest
+     * exists: a manifest never precedes its bytes, so a producer that dies after publishing
+     * cannot leave an engine stream waiting on a *ready* that will never fire. */
     const int digests = (s->flags & WSYNC_STAGING_NO_DIGESTS) == 0;
-    if (s->have_table_use && digests)
+    if (s->have_table_use)
         WSYNC_CUDA_TRY(err, cudaEventSynchronize(s->staged));
     wsync_manifest_t m;
     memset(&m, 0, sizeof(m));
