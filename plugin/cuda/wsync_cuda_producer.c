@@ -354,9 +354,10 @@ static wsync_result_t staging_wait_consumed(struct wsync_staging *s, wsync_strea
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "wait_consumed(%llu): only generations 1..%llu were published",
                           (unsigned long long)generation, (unsigned long long)s->generation);
-    /* The consumer records *consumed* and then bumps the control word; after its ack this
-     * returns at once. Legacy IPC events carry only their latest record, so the stream wait
-     * below must come after that record: the control word guarantees it. */
+    /* The consumer's stream bumps the control word right after it records *consumed*, i.e. once
+     * its copies are done: this bounded host wait covers them and reports a consumer that died
+     * mid-copy (PEER_GONE) or stalls (TIMEOUT). The stream wait below then orders this stream
+     * after that record (legacy IPC events carry only their latest record). */
     wsync_result_t rc = wsync_control_wait_consumed(s->control, generation, s->timeout_ms,
                                                     atomic_load(&s->control->consumer_pid), err);
     if (rc != WSYNC_OK)
