@@ -77,6 +77,8 @@ typedef struct wsync_cuda_slot {
     size_t *op_index; /* index of each planned op in the caller's ops[] */
 } wsync_cuda_slot_t;
 
+#define WSYNC_CUDA_RING_RESERVE_OPS 8192u /* ops per slot reserved at consumer create */
+
 typedef struct wsync_cuda_ring {
     wsync_cuda_slot_t slot[WSYNC_CUDA_RING_SLOTS];
     unsigned next;
@@ -88,6 +90,10 @@ wsync_result_t wsync_cuda_ring_take(wsync_cuda_ring_t *r, size_t n, wsync_cuda_s
                                     wsync_error_t *err);
 /* Compare a finished slot's digests; DIGEST_MISMATCH names the first bad op. Frees the owner. */
 wsync_result_t wsync_cuda_slot_check(wsync_cuda_slot_t *s, wsync_error_t *err);
+/* Give every slot its event and room for n ops now (consumer create), so copy_weights does not
+ * allocate pinned or device memory (which can synchronize with work already on the GPU) unless
+ * a call brings more ops than any before. */
+wsync_result_t wsync_cuda_ring_reserve(wsync_cuda_ring_t *r, size_t n, wsync_error_t *err);
 void wsync_cuda_ring_free(wsync_cuda_ring_t *r);
 /* Layout of a slot image for n ops. */
 size_t wsync_cuda_slot_ops_bytes(size_t n);

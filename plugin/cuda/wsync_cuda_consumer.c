@@ -48,10 +48,16 @@ static wsync_result_t consumer_create(const wsync_consumer_config_t *config,
         rc = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for the manifest parse cache");
         goto fail;
     }
+    rc = wsync_cuda_ring_reserve(&c->ring, WSYNC_CUDA_RING_RESERVE_OPS, err);
+    if (rc != WSYNC_OK)
+        goto fail;
     WSYNC_LOG_INFO("cuda consumer on device %d (%s, %d SMs)", c->device, c->uuid, c->sm_count);
     *out = c;
     return WSYNC_OK;
 fail:
+    wsync_cuda_ring_free(&c->ring);
+    if (c->manifests)
+        wsync_manifest_cache_destroy(c->manifests);
     if (c->cache)
         wsync_cache_destroy(c->cache);
     if (c->default_stream)

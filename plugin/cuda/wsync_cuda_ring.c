@@ -111,6 +111,21 @@ wsync_result_t wsync_cuda_ring_take(wsync_cuda_ring_t *r, size_t n, wsync_cuda_s
     return WSYNC_OK;
 }
 
+wsync_result_t wsync_cuda_ring_reserve(wsync_cuda_ring_t *r, size_t n, wsync_error_t *err)
+{
+    for (unsigned i = 0; i < WSYNC_CUDA_RING_SLOTS; i++) {
+        wsync_cuda_slot_t *s = &r->slot[i];
+        if (s->done == NULL)
+            WSYNC_CUDA_TRY(err, cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming));
+        if (s->cap_ops < n) {
+            wsync_result_t rc = slot_grow(s, n, err);
+            if (rc != WSYNC_OK)
+                return rc;
+        }
+    }
+    return WSYNC_OK;
+}
+
 void wsync_cuda_ring_free(wsync_cuda_ring_t *r)
 {
     for (unsigned i = 0; i < WSYNC_CUDA_RING_SLOTS; i++) {
