@@ -40,8 +40,8 @@ typedef enum wsync_result {
     WSYNC_ERR_NO_DEVICE = 3,        /* backend has no usable device/driver on this machine */
     WSYNC_ERR_NOT_SUPPORTED = 4,    /* member or feature not implemented by this plugin */
     WSYNC_ERR_OUT_OF_MEMORY = 5,
-    WSYNC_ERR_BAD_MANIFEST = 6,    /* manifest JSON malformed or fails schema validation */
-    WSYNC_ERR_OUT_OF_BOUNDS = 7,   /* a copy op or tensor lies outside its buffer/parameter */
+    WSYNC_ERR_BAD_MANIFEST = 6,     /* manifest JSON malformed or fails schema validation */
+    WSYNC_ERR_OUT_OF_BOUNDS = 7,    /* a copy op or tensor lies outside its buffer/parameter */
     WSYNC_ERR_STALE_GENERATION = 8, /* generation not newer than the last one consumed */
     WSYNC_ERR_TIMEOUT = 9,          /* a bounded wait expired */
     WSYNC_ERR_DIGEST_MISMATCH = 10, /* wsync64 of copied bytes differs from the manifest */
@@ -227,23 +227,23 @@ struct wsync_handle;
 typedef struct wsync_adapter_source_v1 {
     size_t struct_size;
     wsync_adapter_source_kind_t kind;
-    const char *path;                     /* FROM_DIR */
-    struct wsync_handle *handle;          /* FROM_MANIFEST: an open handle */
-    const wsync_manifest_v1_t *manifest;  /* FROM_MANIFEST: tensors named as PEFT saves them */
-    const char *adapter_config_json;      /* FROM_MANIFEST: PEFT's adapter_config.json text */
+    const char *path;                    /* FROM_DIR */
+    struct wsync_handle *handle;         /* FROM_MANIFEST: an open handle */
+    const wsync_manifest_v1_t *manifest; /* FROM_MANIFEST: tensors named as PEFT saves them */
+    const char *adapter_config_json;     /* FROM_MANIFEST: PEFT's adapter_config.json text */
 } wsync_adapter_source_v1_t;
 
 /* --------------------------------------------------------------- consumer */
 
-struct wsync_consumer;                   /* one per engine device; opaque */
-struct wsync_handle;                     /* a cached mapping of one producer buffer; opaque */
-typedef void *wsync_stream_t;            /* cudaStream_t for CUDA, a plugin queue for host */
+struct wsync_consumer;        /* one per engine device; opaque */
+struct wsync_handle;          /* a cached mapping of one producer buffer; opaque */
+typedef void *wsync_stream_t; /* cudaStream_t for CUDA, a plugin queue for host */
 typedef void (*wsync_host_fn_t)(void *user);
 
 typedef struct wsync_consumer_config_v1 {
     size_t struct_size;
-    int device_ordinal;   /* CUDA ordinal; ignored by host */
-    uint32_t timeout_ms;  /* bound on any host-side wait (0 = 30000) */
+    int device_ordinal;  /* CUDA ordinal; ignored by host */
+    uint32_t timeout_ms; /* bound on any host-side wait (0 = 30000) */
 } wsync_consumer_config_v1_t;
 
 typedef struct wsync_consumer_v1 {
@@ -371,7 +371,8 @@ typedef struct wsync_producer_v1 {
      * With WSYNC_STAGING_FIXED_LAYOUT, names/dtypes/shapes must equal the first bucket's
      * (LAYOUT_MISMATCH otherwise, nothing written). Non-blocking on CUDA. */
     wsync_result_t (*stage)(struct wsync_staging *s, wsync_stream_t stream,
-                            const wsync_stage_tensor_v1_t *tensors, size_t n, wsync_error_v1_t *err);
+                            const wsync_stage_tensor_v1_t *tensors, size_t n,
+                            wsync_error_v1_t *err);
 
     /* Record *ready* for the next generation on `stream` and emit the manifest (NUL-terminated
      * JSON, plugin-owned, valid until the next publish or retire). Non-blocking. */
@@ -436,36 +437,54 @@ typedef wsync_result_t (*wsync_plugin_init_fn_t)(uint32_t *abi_version, const ws
 /* ---------------------------------------------------------- growth helpers */
 
 /* True when the table was built with `member` (struct_size covers it) and it is non-NULL. */
-#define WSYNC_HAS_OP(table, member)                                                               \
+#define WSYNC_HAS_OP(table, member)                                                                \
     ((table) != NULL &&                                                                            \
-     (table)->struct_size >= offsetof(__typeof__(*(table)), member) + sizeof((table)->member) &&  \
+     (table)->struct_size >= offsetof(__typeof__(*(table)), member) + sizeof((table)->member) &&   \
      (table)->member != NULL)
 
 /* True when a host-filled struct is large enough to hold `member`. */
-#define WSYNC_HAS_FIELD(s, member)                                                                \
+#define WSYNC_HAS_FIELD(s, member)                                                                 \
     ((s) != NULL && (s)->struct_size >= offsetof(__typeof__(*(s)), member) + sizeof((s)->member))
 
 static inline const char *wsync_strerror(wsync_result_t r)
 {
     switch (r) {
-    case WSYNC_OK: return "success";
-    case WSYNC_ERR_INVALID_ARGUMENT: return "invalid argument";
-    case WSYNC_ERR_INCOMPATIBLE: return "incompatible ABI version";
-    case WSYNC_ERR_NO_DEVICE: return "no usable device";
-    case WSYNC_ERR_NOT_SUPPORTED: return "not supported by this plugin";
-    case WSYNC_ERR_OUT_OF_MEMORY: return "out of memory";
-    case WSYNC_ERR_BAD_MANIFEST: return "malformed manifest";
-    case WSYNC_ERR_OUT_OF_BOUNDS: return "out of bounds";
-    case WSYNC_ERR_STALE_GENERATION: return "stale generation";
-    case WSYNC_ERR_TIMEOUT: return "timed out";
-    case WSYNC_ERR_DIGEST_MISMATCH: return "digest mismatch";
-    case WSYNC_ERR_SYSTEM: return "system call failed";
-    case WSYNC_ERR_BUSY: return "resource busy";
-    case WSYNC_ERR_LAYOUT_MISMATCH: return "layout mismatch";
-    case WSYNC_ERR_NOT_FOUND: return "not found";
-    case WSYNC_ERR_PEER_GONE: return "peer gone";
-    case WSYNC_ERR_INTERNAL: return "internal error";
-    case WSYNC_ERR_PERMISSION: return "permission denied";
+    case WSYNC_OK:
+        return "success";
+    case WSYNC_ERR_INVALID_ARGUMENT:
+        return "invalid argument";
+    case WSYNC_ERR_INCOMPATIBLE:
+        return "incompatible ABI version";
+    case WSYNC_ERR_NO_DEVICE:
+        return "no usable device";
+    case WSYNC_ERR_NOT_SUPPORTED:
+        return "not supported by this plugin";
+    case WSYNC_ERR_OUT_OF_MEMORY:
+        return "out of memory";
+    case WSYNC_ERR_BAD_MANIFEST:
+        return "malformed manifest";
+    case WSYNC_ERR_OUT_OF_BOUNDS:
+        return "out of bounds";
+    case WSYNC_ERR_STALE_GENERATION:
+        return "stale generation";
+    case WSYNC_ERR_TIMEOUT:
+        return "timed out";
+    case WSYNC_ERR_DIGEST_MISMATCH:
+        return "digest mismatch";
+    case WSYNC_ERR_SYSTEM:
+        return "system call failed";
+    case WSYNC_ERR_BUSY:
+        return "resource busy";
+    case WSYNC_ERR_LAYOUT_MISMATCH:
+        return "layout mismatch";
+    case WSYNC_ERR_NOT_FOUND:
+        return "not found";
+    case WSYNC_ERR_PEER_GONE:
+        return "peer gone";
+    case WSYNC_ERR_INTERNAL:
+        return "internal error";
+    case WSYNC_ERR_PERMISSION:
+        return "permission denied";
     }
     return "unknown wsync result";
 }

@@ -12,15 +12,14 @@
 
 /* Returns a listening fd (socket file created with mode 0600) or -1 with err set. */
 int wsync_wire_listen(const char *path, wsync_error_t *err);
-/* Accept one peer within timeout_ms; refuses (closes, WSYNC_ERR_PERMISSION naming the uid) a peer of
- * another uid. Returns the fd or -1. */
+/* Accept one peer within timeout_ms; refuses (closes, WSYNC_ERR_PERMISSION naming the uid) a peer
+ * of another uid. Returns the fd or -1. */
 int wsync_wire_accept(int listen_fd, int timeout_ms, wsync_error_t *err);
 int wsync_wire_connect(const char *path, int timeout_ms, wsync_error_t *err);
 
 wsync_result_t wsync_wire_send(int fd, const void *buf, size_t len, wsync_error_t *err);
 /* *buf is malloc'd and NUL-terminated (caller frees). PEER_GONE on orderly close, TIMEOUT after
  * timeout_ms without a complete message, BAD_MANIFEST for a length over the maximum. */
-wsync_result_t wsync_wire_recv(int fd, char **buf, size_t *len, int timeout_ms,
-                               wsync_error_t *err);
+wsync_result_t wsync_wire_recv(int fd, char **buf, size_t *len, int timeout_ms, wsync_error_t *err);
 
 #endif

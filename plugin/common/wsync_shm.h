@@ -1,5 +1,6 @@
 /* POSIX shared memory segments for staging and control. Created O_EXCL with mode 0600; opening
- * checks that the segment belongs to our uid and is 0600, so another user cannot feed or read us. */
+ * checks that the segment belongs to our uid and is 0600, so another user cannot feed or read us.
+ */
 #ifndef WSYNC_COMMON_SHM_H
 #define WSYNC_COMMON_SHM_H
 
