@@ -2,6 +2,11 @@
 # The test command: install what is missing, build, run every suite with ctest.
 # GPU tests (label gpu) skip with a visible message on machines without a GPU.
 source "$(dirname "${BASH_SOURCE[0]}")/../tools/bootstrap.sh"
+# Style: every C/CUDA source is formatted by the checked-in .clang-format.
+wsync_install_missing clang-format
+(cd "$WSYNC_ROOT" && find abi plugin adapters engine-shims tools tests \( -name '*.c' -o -name '*.h' \
+    -o -name '*.cu' \) -print0 | xargs -0 clang-format --dry-run --Werror)
+echo "wsync: clang-format: every source is formatted"
 wsync_build
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
     echo "wsync: no GPU on this machine: tests labelled 'gpu' will be reported as skipped"
