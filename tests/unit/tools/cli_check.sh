@@ -7,6 +7,9 @@
 #       runs demo --lora; passes when it exits 0, prints SYNCS "verified N/N adapter tensors"
 #       lines with N/N equal and non-zero, every sync moved exactly the adapter's bytes and fewer
 #       than the model's, and ends with PASS.
+#   cli_check.sh engine WSYNC PLUGIN SYNCS TP [demo options...]
+#       runs demo --tp TP through wsync-engine (options name --engine); passes when every rank
+#       prints SYNCS "verified N/N engine parameters" lines with N/N equal and non-zero.
 #   cli_check.sh info WSYNC PLUGIN
 #       info must succeed and name the plugin; info on a missing path must fail naming it.
 set -u
@@ -16,16 +19,16 @@ trap 'rm -f "$out"' EXIT
 
 fail() { echo "FAIL: $*"; echo "--- output ---"; cat "$out"; exit 1; }
 
-# run_demo SYNCS PATTERN [demo options...]: exit 0, SYNCS lines matching PATTERN whose
+# run_demo SYNCS LINES PATTERN [demo options...]: exit 0, LINES lines matching PATTERN whose
 # "verified N/M" have N == M > 0, and a PASS line (wsync's or wsync-engine's).
 run_demo() {
-    syncs=$1; pattern=$2; shift 2
+    syncs=$1; lines=$2; pattern=$3; shift 3
     timeout 300 "$wsync" demo --plugin "$plugin" --syncs "$syncs" "$@" >"$out" 2>&1
     rc=$?
     cat "$out"
     [ $rc -eq 0 ] || fail "wsync demo $* exited with $rc"
     n=$(grep -c "$pattern" "$out")
-    [ "$n" -eq "$syncs" ] || fail "expected $syncs lines matching '$pattern', got $n"
+    [ "$n" -eq "$lines" ] || fail "expected $lines lines matching '$pattern', got $n"
     bad=$(grep -o 'verified [0-9]*/[0-9]*' "$out" | awk '{ split($2, a, "/"); if (a[1] != a[2] || a[1] == 0) print }')
     [ -z "$bad" ] || fail "unequal verification: $bad"
     grep -Eq 'wsync demo: PASS|^demo [a-z]+: all ranks verified' "$out" || fail "no PASS line"
@@ -34,16 +37,20 @@ run_demo() {
 case $mode in
 demo)
     syncs=$1; shift
-    run_demo "$syncs" 'verified [0-9]*/[0-9]* tensors' "$@"
+    run_demo "$syncs" "$syncs" 'verified [0-9]*/[0-9]* tensors' "$@"
     ;;
 lora)
     syncs=$1; shift
-    run_demo "$syncs" 'verified [0-9]*/[0-9]* adapter tensors' --lora "$@"
+    run_demo "$syncs" "$syncs" 'verified [0-9]*/[0-9]* adapter tensors' --lora "$@"
     adapter=$(sed -n 's/.*adapter bytes \([0-9]*\).*/\1/p' "$out" | head -1)
     [ -n "$adapter" ] || fail "no 'adapter bytes' line"
     bad=$(grep -o 'bytes moved [0-9]* vs model bytes [0-9]*' "$out" | awk -v a="$adapter" '{ if ($3 != a || $3 + 0 >= $7 + 0) print }')
     [ -z "$bad" ] || fail "a sync moved other than the adapter's $adapter bytes or not less than the model: $bad"
     [ "$(grep -c 'bytes moved' "$out")" -eq "$syncs" ] || fail "missing 'bytes moved' lines"
+    ;;
+engine)
+    syncs=$1; tp=$2; shift 2
+    run_demo "$syncs" $((syncs * tp)) 'verified [0-9]*/[0-9]* engine parameters' --tp "$tp" "$@"
     ;;
 info)
     "$wsync" info "$plugin" >"$out" 2>&1 || fail "wsync info $plugin failed"
@@ -57,6 +64,6 @@ info)
     grep -q '/nonexistent/libwsync_none.so' "$out" || fail "the error does not name the path"
     ;;
 *)
-    echo "usage: $0 demo|lora|info WSYNC PLUGIN ..."; exit 2 ;;
+    echo "usage: $0 demo|lora|engine|info WSYNC PLUGIN ..."; exit 2 ;;
 esac
 echo "OK"
