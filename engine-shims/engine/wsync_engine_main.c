@@ -288,6 +288,31 @@ static int wsync_demo_lora(const wsync_engine_args_t *a, wsync_ref_trainer_t *ba
     return bad;
 }
 
+/* Connect to an engine rank, giving up early (with its exit status) when that rank's process
+ * has already exited, instead of waiting out the whole timeout. */
+static int wsync_demo_connect(const char *path, pid_t pid, uint32_t timeout_ms, wsync_error_t *err)
+{
+    for (uint32_t waited = 0;; waited += 200) {
+        wsync_error_t e = {.struct_size = sizeof(e)};
+        int fd = wsync_wire_connect(path, 200, &e);
+        if (fd >= 0)
+            return fd;
+        int ws = 0;
+        if (pid > 0 && waitpid(pid, &ws, WNOHANG) == pid) {
+            snprintf(err->message, sizeof(err->message),
+                     "the engine process (pid %d) exited with status %d before listening on %s; "
+                     "its own message above says why",
+                     (int)pid, WIFEXITED(ws) ? WEXITSTATUS(ws) : -1, path);
+            err->code = WSYNC_ERR_PEER_GONE;
+            return -1;
+        }
+        if (waited >= timeout_ms) {
+            *err = e;
+            return -1;
+        }
+    }
+}
+
 static int wsync_demo(const wsync_engine_args_t *a, const char *self)
 {
     wsync_ref_trainer_config_t tc = {.engine = a->engine,
@@ -352,7 +377,9 @@ static int wsync_demo(const wsync_engine_args_t *a, const char *self)
         fflush(stdout);
         for (unsigned r = 0; r < a->size && status == 0; r++) {
             wsync_error_t err = {.struct_size = sizeof(err)};
-            link.fd[r] = wsync_wire_connect(sockets[r], a->timeout_ms, &err);
+            link.fd[r] = wsync_demo_connect(sockets[r], pids[r], (uint32_t)a->timeout_ms, &err);
+            if (link.fd[r] < 0 && err.code == WSYNC_ERR_PEER_GONE)
+                pids[r] = 0; /* already reaped */
             if (link.fd[r] < 0) {
                 fprintf(stderr, "wsync demo: connect rank %u: %s\n", r, err.message);
                 status = 1;
@@ -376,7 +403,7 @@ static int wsync_demo(const wsync_engine_args_t *a, const char *self)
     }
     for (unsigned r = 0; r < a->size; r++) {
         int ws = 0;
-        if (status != 0)
+        if (status != 0 && pids[r] > 0) /* never kill(0 or -1, ...) */
             kill(pids[r], SIGTERM);
         if (pids[r] > 0 && waitpid(pids[r], &ws, 0) == pids[r] &&
             !(WIFEXITED(ws) && WEXITSTATUS(ws) == 0) && status == 0) {
