@@ -182,6 +182,21 @@ static __device__ __forceinline__ void wsync_k_flush(unsigned long long &acc,
     acc = 0;
 }
 
+/* Index of the last op whose first chunk is <= c (ops are sorted by chunk_begin). */
+__device__ __forceinline__ uint32_t wsync_k_find_op(const wsync_cuda_op_t *__restrict__ ops,
+                                                    uint32_t n_ops, uint64_t c)
+{
+    uint32_t lo = 0, hi = n_ops - 1;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi + 1) >> 1;
+        if (ops[mid].chunk_begin <= c)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
 template <bool VERIFY, bool STREAM, int U, int MINB>
 __global__ void __launch_bounds__(WSYNC_CUDA_BLOCK_THREADS, MINB)
     wsync_copy_kernel(const wsync_cuda_op_t *__restrict__ ops, uint32_t n_ops,
@@ -192,14 +207,7 @@ __global__ void __launch_bounds__(WSYNC_CUDA_BLOCK_THREADS, MINB)
     const uint64_t c_end = total_chunks * (blockIdx.x + 1) / gridDim.x;
     if (c >= c_end)
         return;
-    uint32_t lo = 0, hi = n_ops - 1;
-    while (lo < hi) {
-        uint32_t mid = (lo + hi + 1) >> 1;
-        if (ops[mid].chunk_begin <= c)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
+    uint32_t lo = wsync_k_find_op(ops, n_ops, c);
     /* The current op lives in shared memory: read field by field, it costs no registers. */
     __shared__ wsync_cuda_op_t op;
     unsigned long long acc = 0;
@@ -243,14 +251,7 @@ __global__ void __launch_bounds__(WSYNC_CUDA_BLOCK_THREADS, 1)
     uint64_t c = blockIdx.x;
     if (c >= total_chunks)
         return;
-    uint32_t lo = 0, hi = n_ops - 1;
-    while (lo < hi) {
-        uint32_t mid = (lo + hi + 1) >> 1;
-        if (ops[mid].chunk_begin <= c)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
+    uint32_t lo = wsync_k_find_op(ops, n_ops, c);
     uint32_t i = lo;
     wsync_cuda_op_t op = ops[i];
     unsigned long long acc = 0;
@@ -293,14 +294,7 @@ __global__ void __launch_bounds__(WSYNC_CUDA_BLOCK_THREADS, 2)
     const uint64_t step = IL ? gridDim.x : 1;
     if (c >= c_end)
         return;
-    uint32_t lo = 0, hi = n_ops - 1;
-    while (lo < hi) {
-        uint32_t mid = (lo + hi + 1) >> 1;
-        if (ops[mid].chunk_begin <= c)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
+    uint32_t lo = wsync_k_find_op(ops, n_ops, c);
     uint32_t i = lo;
     const unsigned char *src = ops[i].src;
     unsigned char *dst = ops[i].dst;
