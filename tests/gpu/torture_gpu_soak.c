@@ -24,6 +24,7 @@
 #undef realloc
 #undef free
 
+#include "rel_proc.h"
 #include "wsync_gpu_rel.h"
 
 #define SOAK_CYCLES 10000u
@@ -50,8 +51,8 @@ static void meter_sample(soak_meter_t *m, uint64_t g)
     size_t free_b = 0, total = 0;
     WG_CK(cudaMemGetInfo(&free_b, &total));
     int maps = wr_maps_snapshot(g == SOAK_WARMUP ? warm_maps : now_maps, sizeof(warm_maps));
-    long rss = wr_rss_kb();
-    int fds = wr_count_fds();
+    long rss = rel_proc_rss_kb();
+    int fds = rel_proc_count_fds();
     if (g == SOAK_WARMUP) {
         m->gpu_free_warm = m->gpu_free_min = free_b;
         m->rss_warm = m->rss_max = rss;

@@ -12,8 +12,6 @@
 #include "wsync_gpu_test.h"
 
 /* ---- /proc/self counters ---- */
-long wr_rss_kb(void);
-int wr_count_fds(void);
 int wr_count_maps(void);
 /* Copy /proc/self/maps into buf (NUL-terminated, truncated at cap - 1); allocates nothing, so
  * taking a snapshot adds no mapping. Returns the number of lines copied. */

@@ -1,5 +1,6 @@
 /* Helpers of rel_harness.h. Runs inside cmocka tests: failures assert. */
 #include "rel_harness.h"
+#include "rel_proc.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
@@ -197,28 +198,16 @@ uint64_t rel_digest_of_fill(uint8_t b, size_t bytes)
 
 long rel_rss_kb(void)
 {
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    long kb = -1;
-    assert_non_null(f);
-    while (fgets(line, sizeof(line), f))
-        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
-            break;
-    fclose(f);
+    long kb = rel_proc_rss_kb();
+    assert_true(kb >= 0);
     return kb;
 }
 
 int rel_count_fds(void)
 {
-    DIR *d = opendir("/proc/self/fd");
-    struct dirent *e;
-    int n = 0;
-    assert_non_null(d);
-    while ((e = readdir(d)) != NULL)
-        if (e->d_name[0] != '.')
-            n++;
-    closedir(d);
-    return n - 1; /* the directory stream itself */
+    int n = rel_proc_count_fds();
+    assert_true(n >= 0);
+    return n;
 }
 
 int rel_count_wsync_maps(void)
