@@ -36,6 +36,10 @@ wsync_result_t wsync_cuda_fail(wsync_error_t *err, cudaError_t e, const char *wh
     } while (0)
 
 /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" of `device` into out (WSYNC_DEVICE_MAX). */
+/* The planned flat ops t[0..n) as one cudaMemcpyBatchAsync on s (a cudaMemcpyAsync each before
+ * CUDA 12.8); overlap asks for the copy engines. Empty ops are skipped. */
+wsync_result_t wsync_cuda_batch_memcpy(const wsync_cuda_op_t *t, size_t n, int overlap,
+                                       cudaStream_t s, const char *who, wsync_error_t *err);
 wsync_result_t wsync_cuda_device_uuid(int device, char *out, wsync_error_t *err);
 /* Check the ordinal against cudaGetDeviceCount and make it current. */
 wsync_result_t wsync_cuda_use_device(int device, wsync_error_t *err);

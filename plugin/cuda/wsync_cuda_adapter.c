@@ -284,7 +284,7 @@ wsync_result_t wsync_cuda_hot_load_adapter(struct wsync_consumer *c,
     if (rc == WSYNC_OK && src->kind == WSYNC_ADAPTER_FROM_MANIFEST) {
         /* Every byte is read (the stream was synchronized): the producer may refresh. */
         wsync_cuda_mapping_t *mp = src->handle->entry->mapping;
-        if (mp->has_consumed)
+        if (mp->has_consumed && mp->control == NULL)
             rc = cudaEventRecord(mp->consumed, st) == cudaSuccess
                      ? WSYNC_OK
                      : wsync_cuda_fail(err, cudaGetLastError(), __func__,

@@ -53,8 +53,10 @@ static wsync_result_t stream_use(wsync_cuda_mapping_t *m, cudaStream_t s,
 /* Tuning knobs read per call (docs/PERFORMANCE.md): WSYNC_CUDA_KERNEL_VARIANT and
  * WSYNC_CUDA_BLOCKS_PER_SM; unset means the measured default for the source: contiguous chunk
  * ranges for cuda_vmm_fd mappings (they read like local memory), interleaved chunks for legacy
- * IPC mappings. Variant 7: cudaMemcpyBatchAsync (flat ops without verification only). */
+ * IPC mappings. Variant 7: cudaMemcpyBatchAsync, 8: the same asking for the copy engines
+ * (cudaMemcpyFlagPreferOverlapWithCompute); both for flat ops without verification only. */
 #define WSYNC_CUDA_VARIANT_BATCH_MEMCPY 7
+#define WSYNC_CUDA_VARIANT_BATCH_OVERLAP 8
 static void launch_cfg(wsync_cuda_launch_cfg_t *cfg, int is_vmm)
 {
     const char *v = getenv("WSYNC_CUDA_KERNEL_VARIANT");
@@ -62,45 +64,6 @@ static void launch_cfg(wsync_cuda_launch_cfg_t *cfg, int is_vmm)
     v = getenv("WSYNC_CUDA_BLOCKS_PER_SM");
     cfg->blocks_per_sm = v ? atoi(v) : 0;
     cfg->flat = 0;
-}
-
-/* One cudaMemcpyBatchAsync for every op (all planned 1-D). */
-static wsync_result_t batch_memcpy(const wsync_cuda_op_t *t, size_t n, cudaStream_t s,
-                                   wsync_error_t *err)
-{
-    void **dst = malloc(n * sizeof(*dst));
-    const void **src = malloc(n * sizeof(*src));
-    size_t *sizes = malloc(n * sizeof(*sizes));
-    size_t k = 0;
-    cudaError_t e = cudaSuccess;
-    if (dst && src && sizes) {
-        for (size_t i = 0; i < n; i++)
-            if (t[i].chunk_end > t[i].chunk_begin) {
-                dst[k] = t[i].dst;
-                src[k] = t[i].src;
-                sizes[k++] = t[i].row_bytes;
-            }
-#if CUDART_VERSION >= 12080
-        struct cudaMemcpyAttributes a;
-        memset(&a, 0, sizeof(a));
-        a.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-        size_t idx = 0;
-        if (k > 0)
-            e = cudaMemcpyBatchAsync((void *const *)dst, (const void *const *)src, sizes, k, &a,
-                                     &idx, 1, s);
-#else
-        for (size_t i = 0; i < k && e == cudaSuccess; i++)
-            e = cudaMemcpyAsync(dst[i], src[i], sizes[i], cudaMemcpyDeviceToDevice, s);
-#endif
-    }
-    free(dst);
-    free(src);
-    free(sizes);
-    if (!(dst && src && sizes))
-        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu batch entries", n);
-    if (e != cudaSuccess)
-        return wsync_cuda_fail(err, e, "copy_weights", "cudaMemcpyBatchAsync");
-    return WSYNC_OK;
 }
 
 static wsync_result_t copy_locked(struct wsync_consumer *c, struct wsync_handle *h, cudaStream_t s,
@@ -160,8 +123,11 @@ static wsync_result_t copy_locked(struct wsync_consumer *c, struct wsync_handle 
     wsync_cuda_launch_cfg_t cfg;
     launch_cfg(&cfg, m->is_vmm);
     cfg.flat = flat;
-    if (n_ops > 0 && cfg.variant == WSYNC_CUDA_VARIANT_BATCH_MEMCPY && flat && !verify) {
-        rc = batch_memcpy(table, n_ops, s, err);
+    const int batch = cfg.variant == WSYNC_CUDA_VARIANT_BATCH_MEMCPY ||
+                      cfg.variant == WSYNC_CUDA_VARIANT_BATCH_OVERLAP;
+    if (n_ops > 0 && batch && flat && !verify) {
+        rc = wsync_cuda_batch_memcpy(table, n_ops, cfg.variant == WSYNC_CUDA_VARIANT_BATCH_OVERLAP,
+                                     s, "copy_weights", err);
         if (rc != WSYNC_OK)
             return rc;
     } else if (n_ops > 0) {
@@ -299,7 +265,9 @@ static wsync_result_t record_locked(struct wsync_consumer *c, struct wsync_handl
 #else
         cudaStream_t rec = first->stream;
 #endif
-        if (m->has_consumed)
+        /* A foreign producer without a control block gets its *consumed* event; ours publish
+         * none (an engine killed with that record queued would poison the event for good). */
+        if (m->has_consumed && m->control == NULL)
             WSYNC_CUDA_TRY(err, cudaEventRecord(m->consumed, rec));
         /* The control block's consumed generation moves when the GPU gets there, not when the
          * record is enqueued: a producer's bounded host wait then covers the copies, and an

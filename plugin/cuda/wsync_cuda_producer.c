@@ -24,8 +24,9 @@ struct wsync_staging {
     wsync_buffer_kind_t kind; /* CUDA_IPC or CUDA_VMM_FD */
     cudaIpcMemHandle_t mem_handle;
     wsync_cuda_vmm_t vmm; /* CUDA_VMM_FD: the allocation */
-    cudaEvent_t ready, consumed;
-    cudaIpcEventHandle_t ready_handle, consumed_handle;
+    /* *ready* only: *consumed* travels in the control block (see wait_consumed) */
+    cudaEvent_t ready;
+    cudaIpcEventHandle_t ready_handle;
     char uuid[WSYNC_DEVICE_MAX];
     wsync_shm_t control_shm;
     wsync_control_t *control;
@@ -53,8 +54,6 @@ static void staging_free(struct wsync_staging *s)
         cudaEventDestroy(s->staged);
     if (s->ready)
         cudaEventDestroy(s->ready);
-    if (s->consumed)
-        cudaEventDestroy(s->consumed);
     if (s->table_host)
         cudaFreeHost(s->table_host);
     if (s->table_dev)
@@ -121,10 +120,7 @@ static wsync_result_t staging_create(const wsync_staging_config_t *config,
     }
     STAGING_TRY(
         cudaEventCreateWithFlags(&s->ready, cudaEventInterprocess | cudaEventDisableTiming));
-    STAGING_TRY(
-        cudaEventCreateWithFlags(&s->consumed, cudaEventInterprocess | cudaEventDisableTiming));
     STAGING_TRY(cudaIpcGetEventHandle(&s->ready_handle, s->ready));
-    STAGING_TRY(cudaIpcGetEventHandle(&s->consumed_handle, s->consumed));
     STAGING_TRY(cudaEventCreateWithFlags(&s->staged, cudaEventDisableTiming));
     STAGING_TRY(cudaStreamCreateWithFlags(&s->default_stream, cudaStreamNonBlocking));
 #undef STAGING_TRY
@@ -173,6 +169,15 @@ static uint64_t *sums_back(struct wsync_staging *s)
     return (uint64_t *)(s->table_host + wsync_cuda_slot_ops_bytes(s->cap)) + s->cap;
 }
 
+/* WSYNC_CUDA_STAGE_ENGINE=ce (read per call): a stage without digests goes to the copy
+ * engines (cudaMemcpyBatchAsync), so it can run beside the engine's copy kernel instead of
+ * taking turns with it on the SMs (docs/PERFORMANCE.md). Unset or "sm": the copy kernel. */
+static int stage_on_copy_engines(void)
+{
+    const char *v = getenv("WSYNC_CUDA_STAGE_ENGINE");
+    return v != NULL && strcmp(v, "ce") == 0;
+}
+
 static wsync_result_t stage_body(struct wsync_staging *s, cudaStream_t st,
                                  const wsync_stage_tensor_t *t, size_t n, wsync_error_t *err)
 {
@@ -199,7 +204,11 @@ static wsync_result_t stage_body(struct wsync_staging *s, cudaStream_t st,
     unsigned long long *sums = (unsigned long long *)(s->table_dev + ops);
     const int digests = (s->flags & WSYNC_STAGING_NO_DIGESTS) == 0;
     cudaError_t e = cudaSuccess;
-    if (n > 0) {
+    if (n > 0 && !digests && stage_on_copy_engines()) {
+        rc = wsync_cuda_batch_memcpy(table, n, 1, st, "stage", err);
+        if (rc != WSYNC_OK)
+            goto out;
+    } else if (n > 0) {
         e = cudaMemcpyAsync(s->table_dev, s->table_host, ops + n * sizeof(uint64_t),
                             cudaMemcpyHostToDevice, st);
         /* local memory: contiguous chunk ranges measured fastest (docs/PERFORMANCE.md) */
@@ -253,12 +262,8 @@ static wsync_result_t staging_stage(struct wsync_staging *s, wsync_stream_t stre
     wsync_cuda_range_push("wsync:stage");
     cudaSetDevice(s->device);
     cudaStream_t st = stream ? (cudaStream_t)stream : s->default_stream;
-    /* The stage stream may differ from the one wait_consumed was given: order it after the
-     * consumer's copies too (the event still holds that generation's record). */
-    if (s->generation > 0 && cudaStreamWaitEvent(st, s->consumed, 0) != cudaSuccess) {
-        wsync_cuda_range_pop();
-        return wsync_cuda_fail(err, cudaGetLastError(), __func__, "cudaStreamWaitEvent(consumed)");
-    }
+    /* No stream wait is needed: wait_consumed returned only after the consumer's stream had
+     * passed its copies of the previous generation (the control word moves in stream order). */
     wsync_result_t rc = stage_body(s, st, t, n, err);
     wsync_cuda_range_pop();
     return rc;
@@ -272,12 +277,13 @@ static wsync_result_t publish_body(struct wsync_staging *s, cudaStream_t st, int
     if (s->have_table_use)
         WSYNC_CUDA_TRY(err, cudaStreamWaitEvent(st, s->staged, 0));
     WSYNC_CUDA_TRY(err, cudaEventRecord(s->ready, st));
-    /* Wait for the stage copy (and the digests it summed, read back with it) before the manifest
-     * exists: a manifest never precedes its bytes, so a producer that dies after publishing
-     * cannot leave an engine stream waiting on a *ready* that will never fire. */
+    /* Wait for *ready* itself (after the stage copy and the digests it summed, read back with
+     * it) before the manifest exists: a manifest never precedes its bytes, and no record of the
+     * interprocess event is still queued when a consumer can first wait on it, so a producer
+     * that dies after publishing cannot leave an engine stream waiting on a *ready* that will
+     * never fire. */
     const int digests = (s->flags & WSYNC_STAGING_NO_DIGESTS) == 0;
-    if (s->have_table_use)
-        WSYNC_CUDA_TRY(err, cudaEventSynchronize(s->staged));
+    WSYNC_CUDA_TRY(err, cudaEventSynchronize(s->ready));
     wsync_manifest_t m;
     memset(&m, 0, sizeof(m));
     m.struct_size = sizeof(m);
@@ -299,9 +305,9 @@ static wsync_result_t publish_body(struct wsync_staging *s, cudaStream_t st, int
     memcpy(b->ready, &s->ready_handle, sizeof(s->ready_handle));
     b->ready_len = sizeof(s->ready_handle);
     b->has_ready = 1;
-    memcpy(b->consumed, &s->consumed_handle, sizeof(s->consumed_handle));
-    b->consumed_len = sizeof(s->consumed_handle);
-    b->has_consumed = 1;
+    /* No *consumed* event: an engine killed with a record of an interprocess event still
+     * queued leaves that event unable to complete, and every later record or wait on it, in
+     * any process, hangs (found by torture_gpu_fault). The control block carries consumed. */
     snprintf(b->control, sizeof(b->control), "%s", s->control_shm.name);
     if (s->have_current) {
         const uint64_t *sums = sums_back(s);
@@ -354,17 +360,15 @@ static wsync_result_t staging_wait_consumed(struct wsync_staging *s, wsync_strea
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "wait_consumed(%llu): only generations 1..%llu were published",
                           (unsigned long long)generation, (unsigned long long)s->generation);
-    /* The consumer's stream bumps the control word right after it records *consumed*, i.e. once
-     * its copies are done: this bounded host wait covers them and reports a consumer that died
-     * mid-copy (PEER_GONE) or stalls (TIMEOUT). The stream wait below then orders this stream
-     * after that record (legacy IPC events carry only their latest record). */
+    /* The consumer's stream bumps the control word once its copies are done (a host function
+     * queued after them): this bounded host wait covers them, so any GPU work enqueued after it
+     * is ordered after the copies, and it reports a consumer that died mid-copy (PEER_GONE) or
+     * stalls (TIMEOUT). */
+    (void)stream;
     wsync_result_t rc = wsync_control_wait_consumed(s->control, generation, s->timeout_ms,
                                                     atomic_load(&s->control->consumer_pid), err);
     if (rc != WSYNC_OK)
         return rc;
-    cudaSetDevice(s->device);
-    WSYNC_CUDA_TRY(err, cudaStreamWaitEvent(stream ? (cudaStream_t)stream : s->default_stream,
-                                            s->consumed, 0));
     if (generation > s->waited)
         s->waited = generation;
     return WSYNC_OK;

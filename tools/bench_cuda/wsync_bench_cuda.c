@@ -196,8 +196,14 @@ static int wb_producer_main(const wb_opts_t *o)
         /* "syncN": N staging buffers used in turn (N = 1: one reused for every bucket) */
         wb_recv_expect(o->fd, "sync", &m);
         int quit = strcmp(m, "quit") == 0;
-        int fast = strncmp(m, "fast", 4) == 0;
-        int nbuf = strncmp(m, "sync", 4) == 0 || fast ? atoi(m + 4) : 1;
+        /* "fceN": the no-digest set, staged on the copy engines (WSYNC_CUDA_STAGE_ENGINE=ce) */
+        int ce = strncmp(m, "fce", 3) == 0;
+        int fast = strncmp(m, "fast", 4) == 0 || ce;
+        int nbuf = strncmp(m, "sync", 4) == 0 || fast ? atoi(m + (ce ? 3 : 4)) : 1;
+        if (ce)
+            setenv("WSYNC_CUDA_STAGE_ENGINE", "ce", 1);
+        else
+            unsetenv("WSYNC_CUDA_STAGE_ENGINE");
         if (nbuf < 1 || nbuf > WB_MAX_BUF)
             nbuf = 1;
         free(m);
@@ -504,11 +510,12 @@ static int wb_consumer_main(const wb_opts_t *o)
     A.cfg.flat = 1;
     for (size_t i = 0; i < E.l.n; i++)
         A.cfg.flat &= wsync_cuda_op_is_flat(&kops_h[i]);
-#define WB_NVAR 8 /* 7: cudaMemcpyBatchAsync inside copy_weights (no bare kernel) */
+#define WB_NVAR 12 /* 7, 8: cudaMemcpyBatchAsync inside copy_weights (no bare kernel) */
+#define WB_BARE(v) ((v) != 7 && (v) != 8)
     double ms_var[WB_NVAR], ms_var_ipc[WB_NVAR], ms_plugin_var[WB_NVAR];
     for (int v = 0; v < WB_NVAR; v++) {
         A.cfg.variant = v;
-        ms_var[v] = v < 7 ? wb_time_events(&E, o->iters, wb_kernel_copy, &A) : 0;
+        ms_var[v] = WB_BARE(v) ? wb_time_events(&E, o->iters, wb_kernel_copy, &A) : 0;
     }
     /* The same from memory another process exported (legacy IPC), like the staging buffer. */
     cudaIpcMemHandle_t th;
@@ -527,7 +534,7 @@ static int wb_consumer_main(const wb_opts_t *o)
     WB_CK(cudaMemcpy(A.kops, kops_h, E.l.n * sizeof(*kops_h), cudaMemcpyHostToDevice));
     for (int v = 0; v < WB_NVAR; v++) {
         A.cfg.variant = v;
-        ms_var_ipc[v] = v < 7 ? wb_time_events(&E, o->iters, wb_kernel_copy, &A) : 0;
+        ms_var_ipc[v] = WB_BARE(v) ? wb_time_events(&E, o->iters, wb_kernel_copy, &A) : 0;
     }
     A.src = src;
 
@@ -588,7 +595,7 @@ static int wb_consumer_main(const wb_opts_t *o)
     wb_row("(a') cudaMemcpyAsync, from IPC memory", ms_whole_ipc, E.l.payload, ms_whole, ms_each);
     for (int v = 0; v < WB_NVAR; v++) {
         char what[64];
-        if (v < 7) {
+        if (WB_BARE(v)) {
             snprintf(what, sizeof(what), "kernel variant %d, local src", v);
             wb_row(what, ms_var[v], E.l.payload, ms_whole, ms_each);
             snprintf(what, sizeof(what), "kernel variant %d, IPC src", v);
@@ -644,6 +651,39 @@ static int wb_consumer_main(const wb_opts_t *o)
     printf("  (c) full sync, %zu buckets through 2 staging buffers, producer without digests "
            "(WSYNC_STAGING_NO_DIGESTS): median %.2f ms, %.1f GB/s end to end\n",
            plan.nb, ms_fast, E.l.payload / ms_fast / 1e6);
+    /* Where the two passes run: the stage on the copy engines ("fce": no digests,
+     * WSYNC_CUDA_STAGE_ENGINE=ce in the producer) and/or the engine's copy on them (consumer
+     * variant 8), so the two processes stop taking turns on the SMs. */
+    static const struct {
+        const char *kind;
+        int nbuf;
+        const char *variant;
+        const char *what;
+    } xs[] = {
+        {"fce", 2, NULL, "stage on copy engines, copy kernel"},
+        {"fce", 1, NULL, "stage on copy engines, copy kernel"},
+        {"sync", 2, "8", "stage kernel (digests), copy on copy engines"},
+        {"fast", 2, "8", "stage kernel, copy on copy engines"},
+        {"fce", 2, "8", "both on copy engines"},
+        {"fast", 2, "9", "stage kernel, copy bulk-copy kernel"},
+    };
+    double ms_x[sizeof(xs) / sizeof(xs[0])];
+    for (size_t x = 0; x < sizeof(xs) / sizeof(xs[0]); x++) {
+        if (xs[x].variant)
+            setenv("WSYNC_CUDA_KERNEL_VARIANT", xs[x].variant, 1);
+        wsync_handle_t **kp = strcmp(xs[x].kind, "sync") == 0 ? keep : keep_fast;
+        for (unsigned i = 0; i < WB_WARMUP + o->iters; i++) {
+            double ms = wb_sync(&E, fd, &plan, 0, xs[x].nbuf, kp, &failures, xs[x].kind);
+            if (i >= WB_WARMUP)
+                t[i - WB_WARMUP] = ms;
+        }
+        unsetenv("WSYNC_CUDA_KERNEL_VARIANT");
+        ms_x[x] = wb_median(t, o->iters);
+        printf("  (c) full sync, %d buffer%s, %s (%s%d, consumer variant %s): median %.2f ms\n",
+               xs[x].nbuf, xs[x].nbuf > 1 ? "s" : "", xs[x].what, xs[x].kind, xs[x].nbuf,
+               xs[x].variant ? xs[x].variant : "default", ms_x[x]);
+        fflush(stdout);
+    }
     for (int k = 0; k < WB_MAX_BUF; k++)
         if (keep_fast[k] != NULL)
             WB_OK(E.p->consumer->close_handle(E.c, keep_fast[k], err));
