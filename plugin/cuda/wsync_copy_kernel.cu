@@ -335,150 +335,6 @@ __global__ void __launch_bounds__(WSYNC_CUDA_BLOCK_THREADS, 2)
     }
 }
 
-/* ---- Bulk-copy (TMA) kernel, sm_90+: one thread per SM streams its contiguous chunk range
- * through NS shared-memory buffers of SB bytes: cp.async.bulk global -> shared (completion on
- * an mbarrier), then cp.async.bulk shared -> global (bulk groups), with NS - 1 loads in flight.
- * Flat ops only (one 16-byte aligned run each), no verification. */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define WSYNC_K_HAVE_TMA 1
-#endif
-
-static __device__ __forceinline__ uint32_t wsync_k_smem(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-template <int NS, int SB>
-__global__ void __launch_bounds__(32, 1)
-    wsync_copy_kernel_tma(const wsync_cuda_op_t *__restrict__ ops, uint32_t n_ops,
-                          uint64_t total_chunks)
-{
-#ifdef WSYNC_K_HAVE_TMA
-    extern __shared__ __align__(128) unsigned char wsync_k_buf[];
-    __shared__ __align__(8) unsigned long long bar[NS];
-    if (threadIdx.x != 0)
-        return;
-    uint64_t c = total_chunks * blockIdx.x / gridDim.x;
-    const uint64_t c_end = total_chunks * (blockIdx.x + 1) / gridDim.x;
-    if (c >= c_end)
-        return;
-    for (int b = 0; b < NS; b++)
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(wsync_k_smem(&bar[b]))
-                     : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    uint32_t i = wsync_k_find_op(ops, n_ops, c);
-    const unsigned char *src = ops[i].src;
-    unsigned char *dst = ops[i].dst;
-    uint64_t cb = ops[i].chunk_begin, ce = ops[i].chunk_end, bytes = ops[i].row_bytes;
-    uint32_t sub = 0; /* bytes of chunk c already handed out */
-    unsigned char *pend_dst[NS];
-    uint32_t pend_n[NS];
-    /* The next piece (<= SB bytes, 16-byte multiple) of the range; short tails copied here. */
-    auto next = [&](const unsigned char *&ps, unsigned char *&pd, uint32_t &pn) -> bool {
-        for (;;) {
-            if (c >= c_end)
-                return false;
-            while (c >= ce) {
-                ++i;
-                src = ops[i].src;
-                dst = ops[i].dst;
-                cb = ops[i].chunk_begin;
-                ce = ops[i].chunk_end;
-                bytes = ops[i].row_bytes;
-            }
-            const uint64_t off = (c - cb) * WSYNC_CUDA_CHUNK_BYTES;
-            const uint32_t seg = (uint32_t)min((uint64_t)WSYNC_CUDA_CHUNK_BYTES, bytes - off);
-            const uint32_t vec = seg & ~15u;
-            if (sub < vec) {
-                pn = min((uint32_t)SB, vec - sub);
-                ps = src + off + sub;
-                pd = dst + off + sub;
-                sub += pn;
-                if (sub < vec || seg == vec) {
-                    if (sub >= vec) {
-                        c++;
-                        sub = 0;
-                    }
-                    return true;
-                }
-                for (uint32_t t = vec; t < seg; t++) /* tail of the op: under 16 bytes */
-                    dst[off + t] = src[off + t];
-                c++;
-                sub = 0;
-                return true;
-            }
-            for (uint32_t t = vec; t < seg; t++)
-                dst[off + t] = src[off + t];
-            c++;
-            sub = 0;
-        }
-    };
-    auto load = [&](int b, const unsigned char *ps, uint32_t pn) {
-        const uint32_t ba = wsync_k_smem(&bar[b]);
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(ba), "r"(pn)
-                     : "memory");
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
-                     "%2, [%3];" ::"r"(wsync_k_smem(wsync_k_buf + (size_t)b * SB)),
-                     "l"(ps), "r"(pn), "r"(ba)
-                     : "memory");
-    };
-    int issued = 0;
-    for (int b = 0; b < NS; b++) {
-        const unsigned char *ps;
-        if (!next(ps, pend_dst[b], pend_n[b]))
-            break;
-        load(b, ps, pend_n[b]);
-        issued++;
-    }
-    for (int j = 0; j < issued; j++) {
-        const int b = j % NS;
-        const uint32_t ba = wsync_k_smem(&bar[b]);
-        const uint32_t parity = (uint32_t)(j / NS) & 1u;
-        uint32_t ok = 0;
-        do
-            asm volatile("{\n\t.reg .pred p;\n\t"
-                         "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                         "selp.u32 %0, 1, 0, p;\n\t}"
-                         : "=r"(ok)
-                         : "r"(ba), "r"(parity)
-                         : "memory");
-        while (!ok);
-        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(
-                         pend_dst[b]),
-                     "r"(wsync_k_smem(wsync_k_buf + (size_t)b * SB)), "r"(pend_n[b])
-                     : "memory");
-        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-        if (j >= 1) { /* refill the buffer of piece j - 1 once its store has read it */
-            asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
-            const int bp = (j - 1) % NS;
-            const unsigned char *ps;
-            if (next(ps, pend_dst[bp], pend_n[bp])) {
-                load(bp, ps, pend_n[bp]);
-                issued++;
-            }
-        }
-    }
-    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-#else
-    (void)ops;
-    (void)n_ops;
-    (void)total_chunks;
-#endif
-}
-
-template <int NS, int SB>
-static cudaError_t wsync_k_launch_tma(const wsync_cuda_op_t *ops, uint32_t n_ops,
-                                      uint64_t total_chunks, unsigned grid, cudaStream_t stream)
-{
-    const int smem = NS * SB;
-    cudaError_t e = cudaFuncSetAttribute(wsync_copy_kernel_tma<NS, SB>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess)
-        return e;
-    wsync_copy_kernel_tma<NS, SB><<<grid, 32, smem, stream>>>(ops, n_ops, total_chunks);
-    return cudaGetLastError();
-}
-
 extern "C" uint64_t wsync_cuda_plan_op(wsync_cuda_op_t *op, const void *src, void *dst,
                                        uint64_t src_pitch, uint64_t dst_pitch, uint64_t rows,
                                        uint64_t row_bytes, int digest, uint64_t chunk_begin)
@@ -532,15 +388,8 @@ extern "C" cudaError_t wsync_cuda_launch_copy(const wsync_cuda_op_t *ops, uint32
         return cudaSuccess;
     int variant = cfg ? cfg->variant : WSYNC_CUDA_DEFAULT_VARIANT;
     const int flat = cfg != NULL && cfg->flat && !verify;
-    if ((variant == 5 || variant == 6 || variant >= 9) && !flat)
-        variant = variant == 6 ? 3 : 0; /* the lean and bulk kernels take flat ops only */
-    if (variant >= 9) {
-        int dev = 0, major = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-            major < 9)
-            variant = 0; /* bulk copies need sm_90 */
-    }
+    if ((variant == 5 || variant == 6) && !flat)
+        variant = variant == 5 ? 0 : 3; /* the lean kernel handles flat ops only */
     int bps = (cfg && cfg->blocks_per_sm > 0)    ? cfg->blocks_per_sm
               : (variant == 4 || variant == 5 || variant == 6) ? 2
                                                              : 1;
@@ -574,12 +423,6 @@ extern "C" cudaError_t wsync_cuda_launch_copy(const wsync_cuda_op_t *ops, uint32
     case 6:
         wsync_copy_kernel_flat<true, true><<<g, b, 0, stream>>>(ops, n_ops, total_chunks);
         break;
-    case 9:
-        return wsync_k_launch_tma<6, 32768>(ops, n_ops, total_chunks, g.x, stream);
-    case 10:
-        return wsync_k_launch_tma<4, 49152>(ops, n_ops, total_chunks, g.x, stream);
-    case 11:
-        return wsync_k_launch_tma<12, 16384>(ops, n_ops, total_chunks, g.x, stream);
     default:
         WSYNC_K_LAUNCH(false, 8, 1);
         break;

@@ -36,6 +36,23 @@ wsync_result_t wsync_cuda_fail(wsync_error_t *err, cudaError_t e, const char *wh
     } while (0)
 
 /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" of `device` into out (WSYNC_DEVICE_MAX). */
+/* The copy engines' share of a batch (docs/PERFORMANCE.md): one cudaMemcpyAsync of a whole
+ * payload (the copy engines) reads and writes HBM more efficiently than any SM copy kernel
+ * measured, and both run at once, so the largest contiguous ops, up to `share` of the bytes
+ * (none below min_bytes), go to the copy engines while the kernel moves the rest. */
+typedef struct wsync_cuda_split {
+    size_t n_kernel;     /* table[0..n_kernel): the kernel's ops, chunk numbers compacted */
+    uint64_t chunks;     /* the kernel's chunk count */
+    wsync_cuda_op_t *ce; /* malloc'd: the copy engines' ops (free it), NULL when none */
+    size_t n_ce;
+    uint64_t ce_bytes;
+} wsync_cuda_split_t;
+wsync_result_t wsync_cuda_split(wsync_cuda_op_t *table, size_t n, double share,
+                                uint64_t min_bytes, wsync_cuda_split_t *out, wsync_error_t *err);
+/* WSYNC_CUDA_CE_SHARE / WSYNC_CUDA_CE_MIN_BYTES (read per call), else the measured defaults. */
+double wsync_cuda_ce_share(void);
+uint64_t wsync_cuda_ce_min_bytes(void);
+
 /* The planned flat ops t[0..n) as one cudaMemcpyBatchAsync on s (a cudaMemcpyAsync each before
  * CUDA 12.8); overlap asks for the copy engines. Empty ops are skipped. */
 wsync_result_t wsync_cuda_batch_memcpy(const wsync_cuda_op_t *t, size_t n, int overlap,
@@ -164,6 +181,8 @@ struct wsync_consumer {
     uint32_t timeout_ms;
     cudaStream_t default_stream;
     cudaStream_t side_stream; /* fixture build only: where the early consumed is recorded */
+    cudaStream_t ce_stream;   /* the copy engines' share of copy_weights (fork / join) */
+    cudaEvent_t ce_fork, ce_join;
     wsync_cache_t *cache;
     wsync_manifest_cache_t *manifests; /* parse cache; thread safe on its own */
     wsync_cuda_ring_t ring;

@@ -34,8 +34,14 @@ static wsync_result_t consumer_create(const wsync_consumer_config_t *config,
     e = cudaStreamCreateWithFlags(&c->default_stream, cudaStreamNonBlocking);
     if (e == cudaSuccess)
         e = cudaStreamCreateWithFlags(&c->side_stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess)
+        e = cudaStreamCreateWithFlags(&c->ce_stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess)
+        e = cudaEventCreateWithFlags(&c->ce_fork, cudaEventDisableTiming);
+    if (e == cudaSuccess)
+        e = cudaEventCreateWithFlags(&c->ce_join, cudaEventDisableTiming);
     if (e != cudaSuccess) {
-        rc = wsync_cuda_fail(err, e, __func__, "cudaStreamCreateWithFlags(NonBlocking)");
+        rc = wsync_cuda_fail(err, e, __func__, "creating the consumer's streams and events");
         goto fail;
     }
     c->cache = wsync_cache_create(wsync_cuda_map, wsync_cuda_unmap, c);
@@ -64,6 +70,12 @@ fail:
         cudaStreamDestroy(c->default_stream);
     if (c->side_stream)
         cudaStreamDestroy(c->side_stream);
+    if (c->ce_stream)
+        cudaStreamDestroy(c->ce_stream);
+    if (c->ce_fork)
+        cudaEventDestroy(c->ce_fork);
+    if (c->ce_join)
+        cudaEventDestroy(c->ce_join);
     pthread_mutex_destroy(&c->lock);
     free(c);
     return rc;
@@ -114,6 +126,9 @@ static wsync_result_t consumer_finalize(struct wsync_consumer *c, wsync_error_t 
     pthread_mutex_unlock(&c->lock);
     cudaStreamDestroy(c->default_stream);
     cudaStreamDestroy(c->side_stream);
+    cudaStreamDestroy(c->ce_stream);
+    cudaEventDestroy(c->ce_fork);
+    cudaEventDestroy(c->ce_join);
     pthread_mutex_destroy(&c->lock);
     free(c);
     wsync_cuda_stats_log();

@@ -64,6 +64,23 @@ static void launch_cfg(wsync_cuda_launch_cfg_t *cfg, int is_vmm)
     v = getenv("WSYNC_CUDA_BLOCKS_PER_SM");
     cfg->blocks_per_sm = v ? atoi(v) : 0;
     cfg->flat = 0;
+    cfg->ce_share = wsync_cuda_ce_share();
+    cfg->ce_min_bytes = wsync_cuda_ce_min_bytes();
+}
+
+/* The copy engines' share on the consumer's ce stream, ordered after everything on s so far
+ * (the *ready* wait included); the caller joins s to ce_join after its own launch. */
+static wsync_result_t copy_engines_fork(struct wsync_consumer *c, const wsync_cuda_split_t *sp,
+                                        cudaStream_t s, wsync_error_t *err)
+{
+    WSYNC_CUDA_TRY(err, cudaEventRecord(c->ce_fork, s));
+    WSYNC_CUDA_TRY(err, cudaStreamWaitEvent(c->ce_stream, c->ce_fork, 0));
+    wsync_result_t rc = wsync_cuda_batch_memcpy(sp->ce, sp->n_ce, 1, c->ce_stream, "copy_weights",
+                                                err);
+    if (rc != WSYNC_OK)
+        return rc;
+    WSYNC_CUDA_TRY(err, cudaEventRecord(c->ce_join, c->ce_stream));
+    return WSYNC_OK;
 }
 
 static wsync_result_t copy_locked(struct wsync_consumer *c, struct wsync_handle *h, cudaStream_t s,
@@ -131,11 +148,33 @@ static wsync_result_t copy_locked(struct wsync_consumer *c, struct wsync_handle 
         if (rc != WSYNC_OK)
             return rc;
     } else if (n_ops > 0) {
-        size_t up = ops_bytes + (verify ? n_ops * sizeof(uint64_t) : 0);
-        WSYNC_CUDA_TRY(err, cudaMemcpyAsync(slot->dev, slot->host, up, cudaMemcpyHostToDevice, s));
-        WSYNC_CUDA_TRY(err,
-                       wsync_cuda_launch_copy((const wsync_cuda_op_t *)slot->dev, (uint32_t)n_ops,
-                                              chunks, sums, verify, c->sm_count, &cfg, s));
+        /* Without verification the copy engines take a share of the large ops (digests are
+         * summed by the kernel only). */
+        wsync_cuda_split_t sp = {.n_kernel = n_ops, .chunks = chunks};
+        if (!verify) {
+            rc = wsync_cuda_split(table, n_ops, cfg.ce_share, cfg.ce_min_bytes, &sp, err);
+            if (rc != WSYNC_OK)
+                return rc;
+        }
+        if (sp.n_ce > 0) {
+            rc = copy_engines_fork(c, &sp, s, err);
+            free(sp.ce);
+            if (rc != WSYNC_OK)
+                return rc;
+        }
+        const size_t n_k = sp.n_kernel;
+        /* with verify, n_k == n_ops and the zeroed sums follow the table */
+        const size_t up =
+            verify ? ops_bytes + n_ops * sizeof(uint64_t) : wsync_cuda_slot_ops_bytes(n_k);
+        if (n_k > 0) {
+            WSYNC_CUDA_TRY(err,
+                           cudaMemcpyAsync(slot->dev, slot->host, up, cudaMemcpyHostToDevice, s));
+            WSYNC_CUDA_TRY(err, wsync_cuda_launch_copy((const wsync_cuda_op_t *)slot->dev,
+                                                       (uint32_t)n_k, sp.chunks, sums, verify,
+                                                       c->sm_count, &cfg, s));
+        }
+        if (sp.n_ce > 0) /* join: the caller's stream carries both shares from here on */
+            WSYNC_CUDA_TRY(err, cudaStreamWaitEvent(s, c->ce_join, 0));
         atomic_fetch_add(&wsync_cuda_stats.launches, 1);
         if (verify) {
             unsigned char *back =

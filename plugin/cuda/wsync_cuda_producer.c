@@ -36,6 +36,8 @@ struct wsync_staging {
     unsigned char *table_dev;
     size_t cap;
     cudaEvent_t staged; /* recorded after the stage kernel and the sums read-back */
+    cudaStream_t ce_stream; /* the copy engines' share of a stage without digests */
+    cudaEvent_t ce_fork, ce_join;
     int have_table_use;
     wsync_layout_t retained; /* the fixed layout (WSYNC_STAGING_FIXED_LAYOUT) */
     int have_retained;
@@ -54,6 +56,12 @@ static void staging_free(struct wsync_staging *s)
         cudaEventDestroy(s->staged);
     if (s->ready)
         cudaEventDestroy(s->ready);
+    if (s->ce_stream)
+        cudaStreamDestroy(s->ce_stream);
+    if (s->ce_fork)
+        cudaEventDestroy(s->ce_fork);
+    if (s->ce_join)
+        cudaEventDestroy(s->ce_join);
     if (s->table_host)
         cudaFreeHost(s->table_host);
     if (s->table_dev)
@@ -122,6 +130,9 @@ static wsync_result_t staging_create(const wsync_staging_config_t *config,
         cudaEventCreateWithFlags(&s->ready, cudaEventInterprocess | cudaEventDisableTiming));
     STAGING_TRY(cudaIpcGetEventHandle(&s->ready_handle, s->ready));
     STAGING_TRY(cudaEventCreateWithFlags(&s->staged, cudaEventDisableTiming));
+    STAGING_TRY(cudaStreamCreateWithFlags(&s->ce_stream, cudaStreamNonBlocking));
+    STAGING_TRY(cudaEventCreateWithFlags(&s->ce_fork, cudaEventDisableTiming));
+    STAGING_TRY(cudaEventCreateWithFlags(&s->ce_join, cudaEventDisableTiming));
     STAGING_TRY(cudaStreamCreateWithFlags(&s->default_stream, cudaStreamNonBlocking));
 #undef STAGING_TRY
     rc = wsync_cuda_device_uuid(s->device, s->uuid, err);
@@ -169,15 +180,6 @@ static uint64_t *sums_back(struct wsync_staging *s)
     return (uint64_t *)(s->table_host + wsync_cuda_slot_ops_bytes(s->cap)) + s->cap;
 }
 
-/* WSYNC_CUDA_STAGE_ENGINE=ce (read per call): a stage without digests goes to the copy
- * engines (cudaMemcpyBatchAsync), so it can run beside the engine's copy kernel instead of
- * taking turns with it on the SMs (docs/PERFORMANCE.md). Unset or "sm": the copy kernel. */
-static int stage_on_copy_engines(void)
-{
-    const char *v = getenv("WSYNC_CUDA_STAGE_ENGINE");
-    return v != NULL && strcmp(v, "ce") == 0;
-}
-
 static wsync_result_t stage_body(struct wsync_staging *s, cudaStream_t st,
                                  const wsync_stage_tensor_t *t, size_t n, wsync_error_t *err)
 {
@@ -204,22 +206,45 @@ static wsync_result_t stage_body(struct wsync_staging *s, cudaStream_t st,
     unsigned long long *sums = (unsigned long long *)(s->table_dev + ops);
     const int digests = (s->flags & WSYNC_STAGING_NO_DIGESTS) == 0;
     cudaError_t e = cudaSuccess;
-    if (n > 0 && !digests && stage_on_copy_engines()) {
-        rc = wsync_cuda_batch_memcpy(table, n, 1, st, "stage", err);
+    /* Without digests the copy engines take a share of the large tensors, as in copy_weights
+     * (the kernel alone sums digests): forked from st, joined back before *staged*. */
+    wsync_cuda_split_t sp = {.n_kernel = n, .chunks = chunks};
+    if (n > 0 && !digests) {
+        rc = wsync_cuda_split(table, n, wsync_cuda_ce_share(), wsync_cuda_ce_min_bytes(), &sp,
+                              err);
         if (rc != WSYNC_OK)
             goto out;
-    } else if (n > 0) {
-        e = cudaMemcpyAsync(s->table_dev, s->table_host, ops + n * sizeof(uint64_t),
+    }
+    if (sp.n_ce > 0) {
+        e = cudaEventRecord(s->ce_fork, st);
+        if (e == cudaSuccess)
+            e = cudaStreamWaitEvent(s->ce_stream, s->ce_fork, 0);
+        rc = e == cudaSuccess ? wsync_cuda_batch_memcpy(sp.ce, sp.n_ce, 1, s->ce_stream, "stage",
+                                                        err)
+                              : wsync_cuda_fail(err, e, "stage", "forking the copy-engine share");
+        free(sp.ce);
+        if (rc == WSYNC_OK && (e = cudaEventRecord(s->ce_join, s->ce_stream)) != cudaSuccess)
+            rc = wsync_cuda_fail(err, e, "stage", "recording the copy-engine share");
+        if (rc != WSYNC_OK)
+            goto out;
+    }
+    if (sp.n_kernel > 0) {
+        e = cudaMemcpyAsync(s->table_dev, s->table_host,
+                            digests ? ops + n * sizeof(uint64_t)
+                                    : wsync_cuda_slot_ops_bytes(sp.n_kernel),
                             cudaMemcpyHostToDevice, st);
         /* local memory: contiguous chunk ranges measured fastest (docs/PERFORMANCE.md) */
         const wsync_cuda_launch_cfg_t cfg = {.variant = WSYNC_CUDA_STAGE_VARIANT};
         if (e == cudaSuccess)
-            e = wsync_cuda_launch_copy((const wsync_cuda_op_t *)s->table_dev, (uint32_t)n, chunks,
-                                       sums, digests, s->sm_count, &cfg, st);
+            e = wsync_cuda_launch_copy((const wsync_cuda_op_t *)s->table_dev,
+                                       (uint32_t)sp.n_kernel, sp.chunks, sums, digests,
+                                       s->sm_count, &cfg, st);
         if (e == cudaSuccess && digests)
             e = cudaMemcpyAsync(sums_back(s), sums, n * sizeof(uint64_t), cudaMemcpyDeviceToHost,
                                 st);
     }
+    if (e == cudaSuccess && sp.n_ce > 0)
+        e = cudaStreamWaitEvent(st, s->ce_join, 0);
     if (e == cudaSuccess)
         e = cudaEventRecord(s->staged, st);
     if (e != cudaSuccess) {

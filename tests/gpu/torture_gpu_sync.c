@@ -1,8 +1,8 @@
 /* Cross-process sync through libwsync_cuda.so with digests: the producer stages tensors of
  * awkward sizes (vector path, 16-byte tail, odd lengths, empty) over three generations; the
  * consumer copies them whole, as a row-parallel 2-D slice and from a misaligned source into a
- * misaligned destination (byte path), all verified by the fused digest against host wsync64;
- * then a wrong digest, an out-of-bounds op and a replayed generation are refused, the last two
+ * misaligned destination (byte path), all verified by the fused digest against host wsync64,
+ * and again unverified with the copy engines taking a share of the contiguous ops; then a wrong digest, an out-of-bounds op and a replayed generation are refused, the last two
  * before any byte is written. */
 #include <stdlib.h>
 #include <string.h>
@@ -183,6 +183,25 @@ static int consumer(int fd, void *arg)
         ops[NT + 2].digest ^= 1;
         WG_OK(p->consumer->copy_weights(c, h, st, m->generation, ops, NT + 2 + last_gen,
                                         WSYNC_COPY_VERIFY, err));
+        /* The same generation again, unverified (split calls may carry one generation until
+         * it is recorded): the copy engines take a share of the contiguous ops, every one
+         * (g 1), half the bytes of those of 1 MiB or more (g 2), the default (g 3); the bytes
+         * must be the same. Tensor 0 goes to the spare, which holds the previous generation's
+         * bytes. */
+        static const char *share[] = {"1", "0.5", NULL}, *min_bytes[] = {"0", "1048576", NULL};
+        if (share[g - 1])
+            setenv("WSYNC_CUDA_CE_SHARE", share[g - 1], 1);
+        if (min_bytes[g - 1])
+            setenv("WSYNC_CUDA_CE_MIN_BYTES", min_bytes[g - 1], 1);
+        wsync_copy_op_t again[NT + 2];
+        for (size_t k = 0; k < NT + 2; k++) {
+            again[k] = ops[k];
+            again[k].has_digest = 0;
+        }
+        again[0].dst = dst2;
+        WG_OK(p->consumer->copy_weights(c, h, st, m->generation, again, NT + 2, 0, err));
+        unsetenv("WSYNC_CUDA_CE_SHARE");
+        unsetenv("WSYNC_CUDA_CE_MIN_BYTES");
         if (last_gen) {
             wsync_error_t e = {.struct_size = sizeof(e)};
             WG_CHECK(p->consumer->record_consumed(c, h, 1, &e) == WSYNC_ERR_DIGEST_MISMATCH,
@@ -202,6 +221,19 @@ static int consumer(int fd, void *arg)
         WG_OK(p->consumer->mem_copy(c, host, odd + 3, 3001, 1, err));
         host_digest(g, 2, 5, 1, 3001, 3001, want);
         WG_CHECK(memcmp(host, want, 3001) == 0, "byte-path bytes differ");
+        WG_OK(p->consumer->mem_copy(c, host, dst2, T[0].bytes, 1, err));
+        host_digest(g, 0, 0, 1, T[0].bytes, T[0].bytes, want);
+        WG_CHECK(memcmp(host, want, T[0].bytes) == 0,
+                 "tensor 0 bytes differ after the unverified copy (CE share %s)",
+                 share[g - 1] ? share[g - 1] : "default");
+        WG_OK(p->consumer->mem_copy(c, host, dst[3], T[3].bytes, 1, err));
+        host_digest(g, 3, 0, 1, T[3].bytes, T[3].bytes, want);
+        WG_CHECK(memcmp(host, want, T[3].bytes) == 0,
+                 "tensor 3 bytes differ after the unverified copy (CE share %s)",
+                 share[g - 1] ? share[g - 1] : "default");
+        WG_OK(p->consumer->mem_copy(c, host, odd + 3, 3001, 1, err));
+        host_digest(g, 2, 5, 1, 3001, 3001, want);
+        WG_CHECK(memcmp(host, want, 3001) == 0, "byte-path bytes differ (unverified)");
         if (g < SYNC_GENS) {
             WG_OK(p->consumer->close_handle(c, h, err));
             p->consumer->manifest_free(c, m);

@@ -31,6 +31,7 @@
 #include "wsync_abi.h"
 #include "wsync_bench_layout.h"
 #include "wsync_bench_lora.h"
+#include "wsync_bench_pingpong.h"
 #include "wsync_copy_kernel.h"
 #include "wsync_cuda_harness.h"
 
@@ -46,6 +47,7 @@ typedef struct wb_opts {
     unsigned iters, layers, scale;
     uint64_t bucket;
     int lora;
+    int pingpong;
     const char *dir;
 } wb_opts_t;
 
@@ -196,14 +198,14 @@ static int wb_producer_main(const wb_opts_t *o)
         /* "syncN": N staging buffers used in turn (N = 1: one reused for every bucket) */
         wb_recv_expect(o->fd, "sync", &m);
         int quit = strcmp(m, "quit") == 0;
-        /* "fceN": the no-digest set, staged on the copy engines (WSYNC_CUDA_STAGE_ENGINE=ce) */
-        int ce = strncmp(m, "fce", 3) == 0;
-        int fast = strncmp(m, "fast", 4) == 0 || ce;
-        int nbuf = strncmp(m, "sync", 4) == 0 || fast ? atoi(m + (ce ? 3 : 4)) : 1;
-        if (ce)
-            setenv("WSYNC_CUDA_STAGE_ENGINE", "ce", 1);
+        /* "fastkN": the no-digest set staged by the kernel alone (no copy-engine share) */
+        int kernel_only = strncmp(m, "fastk", 5) == 0;
+        int fast = strncmp(m, "fast", 4) == 0;
+        int nbuf = strncmp(m, "sync", 4) == 0 || fast ? atoi(m + (kernel_only ? 5 : 4)) : 1;
+        if (kernel_only)
+            setenv("WSYNC_CUDA_CE_SHARE", "0", 1);
         else
-            unsetenv("WSYNC_CUDA_STAGE_ENGINE");
+            unsetenv("WSYNC_CUDA_CE_SHARE");
         if (nbuf < 1 || nbuf > WB_MAX_BUF)
             nbuf = 1;
         free(m);
@@ -298,6 +300,9 @@ typedef struct wb_copy_arg {
     uint64_t chunks;
     wsync_cuda_launch_cfg_t cfg;
     int sm;
+    cudaStream_t st2; /* wb_mixed_copy: the copy-engine share */
+    cudaEvent_t fork, join;
+    uint64_t ce_bytes;
 } wb_copy_arg_t;
 
 static void wb_memcpy_whole(void *a)
@@ -326,6 +331,17 @@ static void wb_kernel_copy(void *a)
     wb_copy_arg_t *x = a;
     WB_CK(wsync_cuda_launch_copy(x->kops, (uint32_t)x->n_ops, x->chunks, NULL, 0, x->sm, &x->cfg,
                                  x->E->st));
+}
+
+static void wb_mixed_copy(void *a)
+{
+    wb_copy_arg_t *x = a;
+    WB_CK(cudaEventRecord(x->fork, x->E->st));
+    WB_CK(cudaStreamWaitEvent(x->st2, x->fork, 0));
+    WB_CK(cudaMemcpyAsync(x->dst, x->src, x->ce_bytes, cudaMemcpyDeviceToDevice, x->st2));
+    WB_CK(cudaEventRecord(x->join, x->st2));
+    WB_CK(wsync_cuda_launch_copy(x->kops, 1, x->chunks, NULL, 0, x->sm, &x->cfg, x->E->st));
+    WB_CK(cudaStreamWaitEvent(x->E->st, x->join, 0));
 }
 
 static void wb_row(const char *what, double ms, uint64_t bytes, double limit_ms, double each_ms)
@@ -510,12 +526,45 @@ static int wb_consumer_main(const wb_opts_t *o)
     A.cfg.flat = 1;
     for (size_t i = 0; i < E.l.n; i++)
         A.cfg.flat &= wsync_cuda_op_is_flat(&kops_h[i]);
-#define WB_NVAR 12 /* 7, 8: cudaMemcpyBatchAsync inside copy_weights (no bare kernel) */
+#define WB_NVAR 9 /* 7, 8: cudaMemcpyBatchAsync inside copy_weights (no bare kernel) */
 #define WB_BARE(v) ((v) != 7 && (v) != 8)
     double ms_var[WB_NVAR], ms_var_ipc[WB_NVAR], ms_plugin_var[WB_NVAR];
     for (int v = 0; v < WB_NVAR; v++) {
         A.cfg.variant = v;
         ms_var[v] = WB_BARE(v) ? wb_time_events(&E, o->iters, wb_kernel_copy, &A) : 0;
+    }
+    /* The bare kernel over the whole payload as one op, into one allocation: what the kernel
+     * does where (a) does, without per-tensor destinations. */
+    wsync_cuda_op_t whole_op;
+    wsync_cuda_op_t *whole_dev;
+    uint64_t whole_chunks = wsync_cuda_plan_op(&whole_op, src, whole, E.l.packed, E.l.packed, 1,
+                                               E.l.packed, 0, 0);
+    WB_CK(cudaMalloc((void **)&whole_dev, sizeof(whole_op)));
+    WB_CK(cudaMemcpy(whole_dev, &whole_op, sizeof(whole_op), cudaMemcpyHostToDevice));
+    wb_copy_arg_t W = A;
+    W.kops = whole_dev;
+    W.n_ops = 1;
+    W.chunks = whole_chunks;
+    W.cfg.variant = 0;
+    W.cfg.flat = 1;
+    const double ms_kernel_whole = wb_time_events(&E, o->iters, wb_kernel_copy, &W);
+    /* The copy engines and the kernel together: a share f of the payload as one
+     * cudaMemcpyAsync on a second stream, the rest by the kernel, joined. */
+    static const double fr[] = {0.25, 0.4, 0.5, 0.6, 0.75};
+    double ms_mixed[sizeof(fr) / sizeof(fr[0])];
+    WB_CK(cudaStreamCreateWithFlags(&W.st2, cudaStreamNonBlocking));
+    WB_CK(cudaEventCreateWithFlags(&W.fork, cudaEventDisableTiming));
+    WB_CK(cudaEventCreateWithFlags(&W.join, cudaEventDisableTiming));
+    W.kops = NULL;
+    for (size_t k = 0; k < sizeof(fr) / sizeof(fr[0]); k++) {
+        W.ce_bytes = ((uint64_t)(E.l.packed * fr[k])) & ~(uint64_t)(WSYNC_CUDA_CHUNK_BYTES - 1);
+        wsync_cuda_op_t rest;
+        W.chunks = wsync_cuda_plan_op(&rest, (unsigned char *)src + W.ce_bytes,
+                                      (unsigned char *)whole + W.ce_bytes, E.l.packed - W.ce_bytes,
+                                      E.l.packed - W.ce_bytes, 1, E.l.packed - W.ce_bytes, 0, 0);
+        WB_CK(cudaMemcpy(whole_dev, &rest, sizeof(rest), cudaMemcpyHostToDevice));
+        W.kops = whole_dev;
+        ms_mixed[k] = wb_time_events(&E, o->iters, wb_mixed_copy, &W);
     }
     /* The same from memory another process exported (legacy IPC), like the staging buffer. */
     cudaIpcMemHandle_t th;
@@ -557,13 +606,31 @@ static int wb_consumer_main(const wb_opts_t *o)
     A.n_ops = m->n_tensors;
     A.gen = m->generation;
     A.flags = 0;
-    for (int v = 0; v < WB_NVAR; v++) { /* the plugin reads its tuning knob per call */
+    setenv("WSYNC_CUDA_CE_SHARE", "0", 1); /* the kernel variants alone */
+    for (int v = 0; v < WB_NVAR; v++) { /* the plugin reads its tuning knobs per call */
         char vs[8];
         snprintf(vs, sizeof(vs), "%d", v);
         setenv("WSYNC_CUDA_KERNEL_VARIANT", vs, 1);
         ms_plugin_var[v] = wb_time_events(&E, o->iters, wb_plugin_copy, &A);
     }
     unsetenv("WSYNC_CUDA_KERNEL_VARIANT");
+    /* The copy engines' share of copy_weights (WSYNC_CUDA_CE_SHARE), default variant. */
+    /* x (one cudaMemcpyBatchAsync, or a cudaMemcpyAsync per op) x the smallest op it takes */
+    static const char *shares[] = {"0", "0.3", "0.5", "0.7", "1"};
+    static const char *mins[] = {"1048576", "67108864"}, *loops[] = {"0", "1"};
+#define WB_NSH (sizeof(shares) / sizeof(shares[0]))
+    double ms_share[WB_NSH][2][2];
+    for (size_t k = 0; k < WB_NSH; k++)
+        for (int mi = 0; mi < 2; mi++)
+            for (int li = 0; li < 2; li++) {
+                setenv("WSYNC_CUDA_CE_SHARE", shares[k], 1);
+                setenv("WSYNC_CUDA_CE_MIN_BYTES", mins[mi], 1);
+                setenv("WSYNC_CUDA_CE_LOOP", loops[li], 1);
+                ms_share[k][mi][li] = wb_time_events(&E, o->iters, wb_plugin_copy, &A);
+            }
+    unsetenv("WSYNC_CUDA_CE_SHARE");
+    unsetenv("WSYNC_CUDA_CE_MIN_BYTES");
+    unsetenv("WSYNC_CUDA_CE_LOOP");
     double ms_plugin = wb_time_events(&E, o->iters, wb_plugin_copy, &A);
     A.flags = WSYNC_COPY_VERIFY;
     double ms_verify = wb_time_events(&E, o->iters, wb_plugin_copy, &A);
@@ -593,6 +660,12 @@ static int wb_consumer_main(const wb_opts_t *o)
     wb_row("copy_weights", ms_plugin, E.l.payload, ms_whole, ms_each);
     wb_row("copy_weights + verify", ms_verify, E.l.payload, ms_whole, ms_each);
     wb_row("(a') cudaMemcpyAsync, from IPC memory", ms_whole_ipc, E.l.payload, ms_whole, ms_each);
+    wb_row("kernel variant 0, whole as one op", ms_kernel_whole, E.l.payload, ms_whole, ms_each);
+    for (size_t k = 0; k < sizeof(fr) / sizeof(fr[0]); k++) {
+        char what[64];
+        snprintf(what, sizeof(what), "whole: %.0f%% memcpy + kernel", fr[k] * 100);
+        wb_row(what, ms_mixed[k], E.l.payload, ms_whole, ms_each);
+    }
     for (int v = 0; v < WB_NVAR; v++) {
         char what[64];
         if (WB_BARE(v)) {
@@ -604,6 +677,14 @@ static int wb_consumer_main(const wb_opts_t *o)
         snprintf(what, sizeof(what), "copy_weights, variant %d", v);
         wb_row(what, ms_plugin_var[v], E.l.payload, ms_whole, ms_each);
     }
+    for (size_t k = 0; k < WB_NSH; k++)
+        for (int mi = 0; mi < 2; mi++)
+            for (int li = 0; li < 2; li++) {
+                char what[64];
+                snprintf(what, sizeof(what), "copy_weights, CE %s >=%s MiB %s", shares[k],
+                         mi ? "64" : "1", li ? "loop" : "batch");
+                wb_row(what, ms_share[k][mi][li], E.l.payload, ms_whole, ms_each);
+            }
 
     /* (c) + (d): full syncs through 1 GiB buckets: one staging buffer reused for every bucket,
      * then two used alternately (stage of bucket b+1 overlaps the copy of bucket b). */
@@ -651,39 +732,44 @@ static int wb_consumer_main(const wb_opts_t *o)
     printf("  (c) full sync, %zu buckets through 2 staging buffers, producer without digests "
            "(WSYNC_STAGING_NO_DIGESTS): median %.2f ms, %.1f GB/s end to end\n",
            plan.nb, ms_fast, E.l.payload / ms_fast / 1e6);
-    /* Where the two passes run: the stage on the copy engines ("fce": no digests,
-     * WSYNC_CUDA_STAGE_ENGINE=ce in the producer) and/or the engine's copy on them (consumer
-     * variant 8), so the two processes stop taking turns on the SMs. */
+    /* The copy engines' share on either side: "0" = the consumer's kernel alone; "fastk" =
+     * the producer's kernel alone (a stage with digests always runs on the kernel alone). */
     static const struct {
         const char *kind;
         int nbuf;
         const char *variant;
         const char *what;
     } xs[] = {
-        {"fce", 2, NULL, "stage on copy engines, copy kernel"},
-        {"fce", 1, NULL, "stage on copy engines, copy kernel"},
-        {"sync", 2, "8", "stage kernel (digests), copy on copy engines"},
-        {"fast", 2, "8", "stage kernel, copy on copy engines"},
-        {"fce", 2, "8", "both on copy engines"},
-        {"fast", 2, "9", "stage kernel, copy bulk-copy kernel"},
+        {"sync", 2, "0", "digests, both kernels alone"},
+        {"fastk", 2, "0", "no digests, both kernels alone"},
+        {"fastk", 2, NULL, "no digests, stage kernel alone, copy with copy-engine share"},
     };
     double ms_x[sizeof(xs) / sizeof(xs[0])];
     for (size_t x = 0; x < sizeof(xs) / sizeof(xs[0]); x++) {
         if (xs[x].variant)
-            setenv("WSYNC_CUDA_KERNEL_VARIANT", xs[x].variant, 1);
+            setenv("WSYNC_CUDA_CE_SHARE", xs[x].variant, 1);
         wsync_handle_t **kp = strcmp(xs[x].kind, "sync") == 0 ? keep : keep_fast;
         for (unsigned i = 0; i < WB_WARMUP + o->iters; i++) {
             double ms = wb_sync(&E, fd, &plan, 0, xs[x].nbuf, kp, &failures, xs[x].kind);
             if (i >= WB_WARMUP)
                 t[i - WB_WARMUP] = ms;
         }
-        unsetenv("WSYNC_CUDA_KERNEL_VARIANT");
+        unsetenv("WSYNC_CUDA_CE_SHARE");
         ms_x[x] = wb_median(t, o->iters);
-        printf("  (c) full sync, %d buffer%s, %s (%s%d, consumer variant %s): median %.2f ms\n",
+        printf("  (c) full sync, %d buffer%s, %s (%s%d, consumer CE share %s): median %.2f ms\n",
                xs[x].nbuf, xs[x].nbuf > 1 ? "s" : "", xs[x].what, xs[x].kind, xs[x].nbuf,
                xs[x].variant ? xs[x].variant : "default", ms_x[x]);
         fflush(stdout);
     }
+    /* The copy engines' shares on both sides move every byte: poison, sync, check. */
+    WB_CK(cudaMemsetAsync(bad_dev, 0, sizeof(*bad_dev), E.st));
+    for (size_t i = 0; i < E.l.n; i++)
+        WB_CK(cudaMemsetAsync(E.dst[i], 0xA5, E.l.t[i].bytes, E.st));
+    wb_sync(&E, fd, &plan, 0, 2, keep_fast, &failures, "fast");
+    unsigned long long bad_fast = wb_count_bad(&E, bad_dev);
+    printf("  unverified sync with the copy engines' shares (2 buffers, no digests): %llu wrong "
+           "words in engine params\n",
+           bad_fast);
     for (int k = 0; k < WB_MAX_BUF; k++)
         if (keep_fast[k] != NULL)
             WB_OK(E.p->consumer->close_handle(E.c, keep_fast[k], err));
@@ -712,14 +798,17 @@ static int wb_consumer_main(const wb_opts_t *o)
     WB_OK(E.p->consumer->finalize(E.c, err));
     free(t);
     wb_plan_free(&plan);
-    return WIFEXITED(st) && WEXITSTATUS(st) == 0 && failures == 0 && bad == 0 ? 0 : 1;
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0 && failures == 0 && bad == 0 && bad_fast == 0
+               ? 0
+               : 1;
 }
 
 static void wb_usage(FILE *f)
 {
     fprintf(f, "usage: wsync-bench-cuda [--layout dense|moe|both] [--iters N] [--plugin PATH]\n"
                "                        [--layers L] [--scale S] [--bucket-mib M]\n"
-               "       wsync-bench-cuda --lora [--iters N] [--plugin PATH] [--layers L]\n");
+               "       wsync-bench-cuda --lora [--iters N] [--plugin PATH] [--layers L]\n"
+               "       wsync-bench-cuda --pingpong [--iters N]\n");
 }
 
 int main(int argc, char **argv)
@@ -730,7 +819,8 @@ int main(int argc, char **argv)
         {"scale", required_argument, NULL, 'S'},  {"bucket-mib", required_argument, NULL, 'b'},
         {"role", required_argument, NULL, 'r'},   {"fd", required_argument, NULL, 'f'},
         {"help", no_argument, NULL, 'h'},         {"lora", no_argument, NULL, 'o'},
-        {"dir", required_argument, NULL, 'd'},    {NULL, 0, NULL, 0}};
+        {"dir", required_argument, NULL, 'd'},    {"pingpong", no_argument, NULL, 'P'},
+        {NULL, 0, NULL, 0}};
     wb_opts_t o = {.layout = "both", .iters = 20, .scale = 1, .bucket = 1ull << 30, .fd = -1};
     int c;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -764,6 +854,9 @@ int main(int argc, char **argv)
             break;
         case 'd':
             o.dir = optarg;
+            break;
+        case 'P':
+            o.pingpong = 1;
             break;
         case 'h':
             wb_usage(stdout);
@@ -801,6 +894,8 @@ int main(int argc, char **argv)
     if (o.role && strcmp(o.role, "lora-producer") == 0 && o.dir)
         return wb_lora_producer_main(o.plugin, o.fd, o.dir);
 
+    if (o.pingpong) /* forks first: before anything in this process touches CUDA */
+        return wb_pingpong_main(o.iters);
     char why[512];
     int pr = wh_probe(o.plugin, why, sizeof(why));
     if (pr != 0) {
@@ -810,6 +905,7 @@ int main(int argc, char **argv)
     }
     if (o.lora)
         return wb_lora_main(wb_self, o.plugin, o.iters, o.layers);
+
     int rc = 0;
     const char *layouts[2] = {"dense", "moe"};
     for (int k = 0; k < 2; k++) {

@@ -1,0 +1,288 @@
+/* wsync-bench-cuda --pingpong: what two processes taking turns on one GPU cost, without the
+ * plugin. The sync's two passes (trainer params -> staging, staging -> engine params) are each
+ * one bandwidth-bound copy kernel per 1 GiB bucket; here each process copies within its own
+ * memory (so no mapping kind is involved) and the hand-off between them is driven:
+ *   gpu:  on the GPU, by stream memory operations on a shared host word (cuStreamWaitValue32 /
+ *         cuStreamWriteValue32): no host in the loop at all;
+ *   host: by the host, as the protocol does today: the producer waits for its kernel and bumps a
+ *         shared word, the consumer spins on it and launches; *consumed* from a host function.
+ * with 1 and 2 buffers, against the same 2 x 16 copies run by one process (no turn-taking). */
+#define _GNU_SOURCE
+#include "wsync_bench_pingpong.h"
+
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include "wsync_copy_kernel.h"
+
+#define WP_BUCKET (1ull << 30)
+#define WP_NB 16
+#define WP_TRIALS 4 /* modes x buffer counts */
+
+typedef struct wp_shared {
+    _Atomic uint32_t ready;    /* producer: last bucket staged (trial base + b + 1) */
+    _Atomic uint32_t consumed; /* consumer: last bucket copied */
+    _Atomic uint32_t go;       /* trial number + 1 the producer should run */
+    _Atomic uint32_t done;     /* trial number + 1 the producer finished */
+    _Atomic uint32_t quit;
+} wp_shared_t;
+
+typedef CUresult (*wp_wait_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+typedef CUresult (*wp_write_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+typedef struct wp_ctx {
+    wp_shared_t *sh;
+    CUdeviceptr d_ready, d_consumed; /* device views of sh->ready / sh->consumed */
+    wp_wait_fn wait32;
+    wp_write_fn write32;
+    cudaStream_t st;
+    int sm;
+    unsigned char *src, *mid, *dst; /* 16 buckets -> 2 buffers -> 16 buckets */
+    wsync_cuda_op_t *ops[2];        /* device tables for 1 and 2 buffers (wp_ops) */
+} wp_ctx_t;
+
+static wp_shared_t *wp_sh_for_cb; /* the host function's target (one per process) */
+
+#define WP_CK(call)                                                                                \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "wsync-bench-cuda --pingpong: %s:%d %s: %s\n", __FILE__, __LINE__,     \
+                    #call, cudaGetErrorString(e_));                                                \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static double wp_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static int wp_cmp(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double wp_median(double *t, unsigned n)
+{
+    qsort(t, n, sizeof(*t), wp_cmp);
+    return n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
+}
+
+/* Spins until *w reaches v; a peer that died or hangs ends the run after 20 s. */
+static void wp_spin_until(_Atomic uint32_t *w, uint32_t v)
+{
+    const double end = wp_now_ms() + 20000;
+    while ((int32_t)(atomic_load(w) - v) < 0) {
+        if (wp_now_ms() > end) {
+            fprintf(stderr, "wsync-bench-cuda --pingpong: the other process stopped\n");
+            exit(1);
+        }
+        sched_yield();
+    }
+}
+
+/* The device op table for nbuf (1 or 2): [0, NB) src bucket b -> mid buffer b % nbuf;
+ * [NB, 2 NB) mid buffer b % nbuf -> dst bucket b. */
+static wsync_cuda_op_t *wp_ops(wp_ctx_t *x, int nbuf)
+{
+    wsync_cuda_op_t h[2 * WP_NB];
+    for (int b = 0; b < WP_NB; b++) {
+        unsigned char *m = x->mid + (uint64_t)(b % nbuf) * WP_BUCKET;
+        wsync_cuda_plan_op(&h[b], x->src + (uint64_t)b * WP_BUCKET, m, WP_BUCKET, WP_BUCKET, 1,
+                           WP_BUCKET, 0, 0);
+        wsync_cuda_plan_op(&h[WP_NB + b], m, x->dst + (uint64_t)b * WP_BUCKET, WP_BUCKET,
+                           WP_BUCKET, 1, WP_BUCKET, 0, 0);
+    }
+    wsync_cuda_op_t *d;
+    WP_CK(cudaMalloc((void **)&d, sizeof(h)));
+    WP_CK(cudaMemcpy(d, h, sizeof(h), cudaMemcpyHostToDevice));
+    return d;
+}
+
+static void wp_setup(wp_ctx_t *x, wp_shared_t *sh)
+{
+    x->sh = sh;
+    WP_CK(cudaSetDevice(0));
+    WP_CK(cudaDeviceGetAttribute(&x->sm, cudaDevAttrMultiProcessorCount, 0));
+    WP_CK(cudaStreamCreateWithFlags(&x->st, cudaStreamNonBlocking));
+    WP_CK(cudaHostRegister(sh, 4096, cudaHostRegisterMapped | cudaHostRegisterPortable));
+    void *d;
+    WP_CK(cudaHostGetDevicePointer(&d, (void *)&sh->ready, 0));
+    x->d_ready = (CUdeviceptr)(uintptr_t)d;
+    WP_CK(cudaHostGetDevicePointer(&d, (void *)&sh->consumed, 0));
+    x->d_consumed = (CUdeviceptr)(uintptr_t)d;
+    enum cudaDriverEntryPointQueryResult q;
+    void *f = NULL;
+    WP_CK(cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &f, 12000, cudaEnableDefault, &q));
+    x->wait32 = (wp_wait_fn)f;
+    WP_CK(
+        cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &f, 12000, cudaEnableDefault, &q));
+    x->write32 = (wp_write_fn)f;
+    if (x->wait32 == NULL || x->write32 == NULL) {
+        fprintf(stderr, "wsync-bench-cuda --pingpong: no stream memory operations\n");
+        exit(1);
+    }
+    WP_CK(cudaMalloc((void **)&x->src, WP_NB * WP_BUCKET));
+    WP_CK(cudaMalloc((void **)&x->mid, 2 * WP_BUCKET));
+    WP_CK(cudaMalloc((void **)&x->dst, WP_NB * WP_BUCKET));
+    WP_CK(cudaMemset(x->src, 0x5a, WP_NB * WP_BUCKET));
+    wp_sh_for_cb = sh;
+    for (int nbuf = 1; nbuf <= 2; nbuf++)
+        x->ops[nbuf - 1] = wp_ops(x, nbuf);
+}
+
+static void wp_copy(wp_ctx_t *x, const wsync_cuda_op_t *op)
+{
+    const wsync_cuda_launch_cfg_t cfg = {.variant = WSYNC_CUDA_VMM_VARIANT, .flat = 1};
+    WP_CK(wsync_cuda_launch_copy(op, 1, WP_BUCKET / WSYNC_CUDA_CHUNK_BYTES, NULL, 0, x->sm, &cfg,
+                                 x->st));
+}
+
+static void CUDART_CB wp_signal(void *user)
+{
+    atomic_store(&wp_sh_for_cb->consumed, (uint32_t)(uintptr_t)user);
+}
+
+/* One side of one trial: producer (stage passes) or consumer (copy passes). */
+static void wp_side(wp_ctx_t *x, int producer, int gpu, int nbuf, uint32_t base)
+{
+    const wsync_cuda_op_t *ops = x->ops[nbuf - 1];
+    for (int b = 0; b < WP_NB; b++) {
+        if (producer) {
+            /* buffer b % nbuf is free once bucket b - nbuf was copied */
+            const uint32_t need = base + (uint32_t)(b >= nbuf ? b - nbuf + 1 : 0);
+            if (gpu) {
+                if (x->wait32(x->st, x->d_consumed, need, CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS)
+                    exit(1);
+                wp_copy(x, ops + b);
+                if (x->write32(x->st, x->d_ready, base + b + 1, CU_STREAM_WRITE_VALUE_DEFAULT) !=
+                    CUDA_SUCCESS)
+                    exit(1);
+            } else {
+                wp_spin_until(&x->sh->consumed, need);
+                wp_copy(x, ops + b);
+                WP_CK(cudaStreamSynchronize(x->st));
+                atomic_store(&x->sh->ready, base + b + 1);
+            }
+        } else {
+            if (gpu) {
+                if (x->wait32(x->st, x->d_ready, base + b + 1, CU_STREAM_WAIT_VALUE_GEQ) !=
+                    CUDA_SUCCESS)
+                    exit(1);
+                wp_copy(x, ops + WP_NB + b);
+                if (x->write32(x->st, x->d_consumed, base + b + 1,
+                               CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS)
+                    exit(1);
+            } else {
+                wp_spin_until(&x->sh->ready, base + b + 1);
+                wp_copy(x, ops + WP_NB + b);
+                WP_CK(cudaLaunchHostFunc(x->st, wp_signal, (void *)(uintptr_t)(base + b + 1)));
+            }
+        }
+    }
+    WP_CK(cudaStreamSynchronize(x->st));
+}
+
+static const struct {
+    int gpu, nbuf;
+} wp_trials[WP_TRIALS] = {{1, 2}, {1, 1}, {0, 2}, {0, 1}};
+
+static int wp_producer(wp_shared_t *sh)
+{
+    wp_ctx_t x;
+    wp_setup(&x, sh);
+    for (uint32_t n = 1;; n++) {
+        while (atomic_load(&sh->go) < n && !atomic_load(&sh->quit)) {
+            if (getppid() == 1)
+                return 1; /* the measuring process is gone */
+            sched_yield();
+        }
+        if (atomic_load(&sh->quit))
+            return 0;
+        const uint32_t t = (n - 1) % WP_TRIALS;
+        wp_side(&x, 1, wp_trials[t].gpu, wp_trials[t].nbuf, (n - 1) * 64u);
+        atomic_store(&sh->done, n);
+    }
+}
+
+int wb_pingpong_main(unsigned iters)
+{
+    wp_shared_t *sh = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (sh == MAP_FAILED)
+        return 1;
+    memset(sh, 0, sizeof(*sh));
+    pid_t pid = fork(); /* before any CUDA call in either process */
+    if (pid == 0)
+        _exit(wp_producer(sh));
+    wp_ctx_t x;
+    wp_setup(&x, sh);
+    cudaEvent_t e0, e1;
+    WP_CK(cudaEventCreate(&e0));
+    WP_CK(cudaEventCreate(&e1));
+    /* one process: the 16 stage copies and 16 engine copies, alternating, no turn-taking */
+    double *t = calloc(iters + 2, sizeof(*t));
+    const wsync_cuda_op_t *ops2 = x.ops[1];
+    for (unsigned i = 0; i < iters + 2; i++) {
+        WP_CK(cudaEventRecord(e0, x.st));
+        for (int b = 0; b < WP_NB; b++) {
+            wp_copy(&x, ops2 + b);
+            wp_copy(&x, ops2 + WP_NB + b);
+        }
+        WP_CK(cudaEventRecord(e1, x.st));
+        WP_CK(cudaEventSynchronize(e1));
+        float ms;
+        WP_CK(cudaEventElapsedTime(&ms, e0, e1));
+        t[i] = ms;
+    }
+    const double one = wp_median(t + 2, iters);
+    printf("wsync-bench-cuda --pingpong: 16 x 1 GiB stage copies + 16 x 1 GiB engine copies "
+           "(median of %u after warm-up)\n",
+           iters);
+    printf("  one process, alternating on one stream: %.2f ms\n", one);
+    double *tk[WP_TRIALS], best[WP_TRIALS];
+    for (int k = 0; k < WP_TRIALS; k++)
+        tk[k] = calloc(iters, sizeof(double));
+    uint32_t n = 0;
+    for (unsigned i = 0; i < iters + 1; i++)
+        for (int k = 0; k < WP_TRIALS; k++) {
+            n++;
+            const uint32_t base = (n - 1) * 64u;
+            atomic_store(&sh->ready, base);
+            atomic_store(&sh->consumed, base);
+            double t0 = wp_now_ms();
+            atomic_store(&sh->go, n);
+            wp_side(&x, 0, wp_trials[k].gpu, wp_trials[k].nbuf, base);
+            wp_spin_until(&sh->done, n);
+            double ms = wp_now_ms() - t0;
+            if (i > 0)
+                tk[k][i - 1] = ms;
+        }
+    for (int k = 0; k < WP_TRIALS; k++) {
+        best[k] = wp_median(tk[k], iters);
+        free(tk[k]);
+    }
+    atomic_store(&sh->quit, 1);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    for (int k = 0; k < WP_TRIALS; k++)
+        printf("  two processes, hand-off on the %s, %d buffer%s: %.2f ms (%.3fx one process)\n",
+               wp_trials[k].gpu ? "GPU (stream memory operations)" : "host (as the protocol)",
+               wp_trials[k].nbuf, wp_trials[k].nbuf > 1 ? "s" : "", best[k], best[k] / one);
+    free(t);
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
+}
