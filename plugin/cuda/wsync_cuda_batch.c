@@ -21,12 +21,6 @@ wsync_result_t wsync_cuda_batch_memcpy(const wsync_cuda_op_t *t, size_t n, int o
                 src[k] = t[i].src;
                 sizes[k++] = t[i].row_bytes;
             }
-        const char *loop = getenv("WSYNC_CUDA_CE_LOOP"); /* measurement knob */
-        if (loop != NULL && strcmp(loop, "1") == 0) {
-            for (size_t i = 0; i < k && e == cudaSuccess; i++)
-                e = cudaMemcpyAsync(dst[i], src[i], sizes[i], cudaMemcpyDeviceToDevice, s);
-            k = 0;
-        }
 #if CUDART_VERSION >= 12080
         struct cudaMemcpyAttributes a;
         memset(&a, 0, sizeof(a));

@@ -76,7 +76,7 @@ wsync_result_t wsync_cuda_split(wsync_cuda_op_t *table, size_t n, double share,
 }
 
 /* Measured on one H200 (docs/PERFORMANCE.md). */
-#define WSYNC_CUDA_CE_SHARE_DEFAULT 0.6
+#define WSYNC_CUDA_CE_SHARE_DEFAULT 0.3
 #define WSYNC_CUDA_CE_MIN_BYTES_DEFAULT (64ull << 20)
 
 double wsync_cuda_ce_share(void)

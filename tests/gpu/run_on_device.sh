@@ -3,7 +3,8 @@
 # configure + build (Release, sm_90), ctest -L 'gpu|cuda' (the conformance suite's cuda runs
 # included when it builds) with each staging kind (legacy IPC, then cuda_vmm_fd),
 # compute-sanitizer memcheck of the copy and convert kernels,
-# wsync-bench-cuda --layout both for each staging kind, and --lora. Logs go to $OUT (or
+# wsync-bench-cuda --layout both for each staging kind, --lora and --pingpong, and the fault
+# test's per-trial figures for each staging kind. Logs go to $OUT (or
 # ./device-out) and to stdout.
 #   usage: tests/gpu/run_on_device.sh [build-dir]
 #   env: ITERS (default 20), KINDS (staging kinds benchmarked, default "ipc vmm"),
@@ -73,6 +74,13 @@ for kind in $KINDS; do
 done
 echo "=== wsync-bench-cuda --lora" | tee -a "$OUT/bench.log"
 timeout 200 "$BUILD/bin/wsync-bench-cuda" --lora --iters "$ITERS" >>"$OUT/bench.log" 2>&1 || status=1
+echo "=== wsync-bench-cuda --pingpong" | tee -a "$OUT/bench.log"
+timeout 200 "$BUILD/bin/wsync-bench-cuda" --pingpong --iters "$ITERS" 2>&1 | tee -a "$OUT/bench.log" || status=1
+echo "=== torture_gpu_fault, both staging kinds (figures for docs/RELIABILITY.md)" | tee "$OUT/fault.log"
+for kind in ipc vmm; do
+  WSYNC_CUDA_STAGING_KIND=$kind timeout 200 "$BUILD/tests/torture_gpu_fault" >>"$OUT/fault.log" 2>&1 || status=1
+done
+grep -E "^\[(ipc|vmm)\]" "$OUT/fault.log" | grep -vE "^\[plugin" | tail -30
 echo "run_on_device.sh: status $status, $(( $(date +%s) - t0 )) s"
 grep -hE "summary|tests passed|tests failed|buckets torn" "$OUT"/ctest.log "$OUT"/bench.log
 grep -hE "=== |copy_weights|kernel variant|\(a|\(b|\(c|\(d|FROM_|baseline|verified|wsync-bench-cuda" "$OUT/bench.log" >"$OUT/bench-short.log"

@@ -615,22 +615,19 @@ static int wb_consumer_main(const wb_opts_t *o)
     }
     unsetenv("WSYNC_CUDA_KERNEL_VARIANT");
     /* The copy engines' share of copy_weights (WSYNC_CUDA_CE_SHARE), default variant. */
-    /* x (one cudaMemcpyBatchAsync, or a cudaMemcpyAsync per op) x the smallest op it takes */
-    static const char *shares[] = {"0", "0.3", "0.5", "0.7", "1"};
-    static const char *mins[] = {"1048576", "67108864"}, *loops[] = {"0", "1"};
+    /* x the smallest op the copy engines take */
+    static const char *shares[] = {"0", "0.3", "0.5", "1"};
+    static const char *mins[] = {"1048576", "67108864"};
 #define WB_NSH (sizeof(shares) / sizeof(shares[0]))
-    double ms_share[WB_NSH][2][2];
+    double ms_share[WB_NSH][2];
     for (size_t k = 0; k < WB_NSH; k++)
-        for (int mi = 0; mi < 2; mi++)
-            for (int li = 0; li < 2; li++) {
-                setenv("WSYNC_CUDA_CE_SHARE", shares[k], 1);
-                setenv("WSYNC_CUDA_CE_MIN_BYTES", mins[mi], 1);
-                setenv("WSYNC_CUDA_CE_LOOP", loops[li], 1);
-                ms_share[k][mi][li] = wb_time_events(&E, o->iters, wb_plugin_copy, &A);
-            }
+        for (int mi = 0; mi < 2; mi++) {
+            setenv("WSYNC_CUDA_CE_SHARE", shares[k], 1);
+            setenv("WSYNC_CUDA_CE_MIN_BYTES", mins[mi], 1);
+            ms_share[k][mi] = wb_time_events(&E, o->iters, wb_plugin_copy, &A);
+        }
     unsetenv("WSYNC_CUDA_CE_SHARE");
     unsetenv("WSYNC_CUDA_CE_MIN_BYTES");
-    unsetenv("WSYNC_CUDA_CE_LOOP");
     double ms_plugin = wb_time_events(&E, o->iters, wb_plugin_copy, &A);
     A.flags = WSYNC_COPY_VERIFY;
     double ms_verify = wb_time_events(&E, o->iters, wb_plugin_copy, &A);
@@ -678,13 +675,12 @@ static int wb_consumer_main(const wb_opts_t *o)
         wb_row(what, ms_plugin_var[v], E.l.payload, ms_whole, ms_each);
     }
     for (size_t k = 0; k < WB_NSH; k++)
-        for (int mi = 0; mi < 2; mi++)
-            for (int li = 0; li < 2; li++) {
-                char what[64];
-                snprintf(what, sizeof(what), "copy_weights, CE %s >=%s MiB %s", shares[k],
-                         mi ? "64" : "1", li ? "loop" : "batch");
-                wb_row(what, ms_share[k][mi][li], E.l.payload, ms_whole, ms_each);
-            }
+        for (int mi = 0; mi < 2; mi++) {
+            char what[64];
+            snprintf(what, sizeof(what), "copy_weights, CE share %s, ops >= %s MiB", shares[k],
+                     mi ? "64" : "1");
+            wb_row(what, ms_share[k][mi], E.l.payload, ms_whole, ms_each);
+        }
 
     /* (c) + (d): full syncs through 1 GiB buckets: one staging buffer reused for every bucket,
      * then two used alternately (stage of bucket b+1 overlaps the copy of bucket b). */
