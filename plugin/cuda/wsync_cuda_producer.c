@@ -311,8 +311,8 @@ static wsync_result_t publish_body(struct wsync_staging *s, cudaStream_t st, int
     const int digests = (s->flags & WSYNC_STAGING_NO_DIGESTS) == 0;
     if (s->have_table_use)
         WSYNC_CUDA_TRY(err, cudaEventSynchronize(s->staged));
-    /* Blocking on the interprocess event itself was measured slow (MoE syncs 23 -> 30 ms):
-     * it is polled instead, right behind *staged*. */
+    /* *ready* follows *staged* on st; polled until done, so no record of it is still queued
+     * when the manifest exists. */
     cudaError_t q;
     while ((q = cudaEventQuery(s->ready)) == cudaErrorNotReady)
         sched_yield();
