@@ -390,9 +390,9 @@ extern "C" cudaError_t wsync_cuda_launch_copy(const wsync_cuda_op_t *ops, uint32
     const int flat = cfg != NULL && cfg->flat && !verify;
     if ((variant == 5 || variant == 6) && !flat)
         variant = variant == 5 ? 0 : 3; /* the lean kernel handles flat ops only */
-    int bps = (cfg && cfg->blocks_per_sm > 0)    ? cfg->blocks_per_sm
+    int bps = (cfg && cfg->blocks_per_sm > 0)                  ? cfg->blocks_per_sm
               : (variant == 4 || variant == 5 || variant == 6) ? 2
-                                                             : 1;
+                                                               : 1;
     uint64_t grid = (uint64_t)(sm_count > 0 ? sm_count : 1) * (uint64_t)bps;
     if (grid > total_chunks)
         grid = total_chunks;

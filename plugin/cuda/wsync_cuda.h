@@ -47,8 +47,8 @@ typedef struct wsync_cuda_split {
     size_t n_ce;
     uint64_t ce_bytes;
 } wsync_cuda_split_t;
-wsync_result_t wsync_cuda_split(wsync_cuda_op_t *table, size_t n, double share,
-                                uint64_t min_bytes, wsync_cuda_split_t *out, wsync_error_t *err);
+wsync_result_t wsync_cuda_split(wsync_cuda_op_t *table, size_t n, double share, uint64_t min_bytes,
+                                wsync_cuda_split_t *out, wsync_error_t *err);
 /* WSYNC_CUDA_CE_SHARE / WSYNC_CUDA_CE_MIN_BYTES (read per call), else the measured defaults. */
 double wsync_cuda_ce_share(void);
 uint64_t wsync_cuda_ce_min_bytes(void);

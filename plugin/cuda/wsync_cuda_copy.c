@@ -75,8 +75,8 @@ static wsync_result_t copy_engines_fork(struct wsync_consumer *c, const wsync_cu
 {
     WSYNC_CUDA_TRY(err, cudaEventRecord(c->ce_fork, s));
     WSYNC_CUDA_TRY(err, cudaStreamWaitEvent(c->ce_stream, c->ce_fork, 0));
-    wsync_result_t rc = wsync_cuda_batch_memcpy(sp->ce, sp->n_ce, 1, c->ce_stream, "copy_weights",
-                                                err);
+    wsync_result_t rc =
+        wsync_cuda_batch_memcpy(sp->ce, sp->n_ce, 1, c->ce_stream, "copy_weights", err);
     if (rc != WSYNC_OK)
         return rc;
     WSYNC_CUDA_TRY(err, cudaEventRecord(c->ce_join, c->ce_stream));
@@ -169,9 +169,9 @@ static wsync_result_t copy_locked(struct wsync_consumer *c, struct wsync_handle 
         if (n_k > 0) {
             WSYNC_CUDA_TRY(err,
                            cudaMemcpyAsync(slot->dev, slot->host, up, cudaMemcpyHostToDevice, s));
-            WSYNC_CUDA_TRY(err, wsync_cuda_launch_copy((const wsync_cuda_op_t *)slot->dev,
-                                                       (uint32_t)n_k, sp.chunks, sums, verify,
-                                                       c->sm_count, &cfg, s));
+            WSYNC_CUDA_TRY(err,
+                           wsync_cuda_launch_copy((const wsync_cuda_op_t *)slot->dev, (uint32_t)n_k,
+                                                  sp.chunks, sums, verify, c->sm_count, &cfg, s));
         }
         if (sp.n_ce > 0) /* join: the caller's stream carries both shares from here on */
             WSYNC_CUDA_TRY(err, cudaStreamWaitEvent(s, c->ce_join, 0));

@@ -36,7 +36,7 @@ struct wsync_staging {
     unsigned char *table_host;
     unsigned char *table_dev;
     size_t cap;
-    cudaEvent_t staged; /* recorded after the stage kernel and the sums read-back */
+    cudaEvent_t staged;     /* recorded after the stage kernel and the sums read-back */
     cudaStream_t ce_stream; /* the copy engines' share of a stage without digests */
     cudaEvent_t ce_fork, ce_join;
     int have_table_use;
@@ -211,8 +211,7 @@ static wsync_result_t stage_body(struct wsync_staging *s, cudaStream_t st,
      * (the kernel alone sums digests): forked from st, joined back before *staged*. */
     wsync_cuda_split_t sp = {.n_kernel = n, .chunks = chunks};
     if (n > 0 && !digests) {
-        rc = wsync_cuda_split(table, n, wsync_cuda_ce_share(), wsync_cuda_ce_min_bytes(), &sp,
-                              err);
+        rc = wsync_cuda_split(table, n, wsync_cuda_ce_share(), wsync_cuda_ce_min_bytes(), &sp, err);
         if (rc != WSYNC_OK)
             goto out;
     }
@@ -220,9 +219,9 @@ static wsync_result_t stage_body(struct wsync_staging *s, cudaStream_t st,
         e = cudaEventRecord(s->ce_fork, st);
         if (e == cudaSuccess)
             e = cudaStreamWaitEvent(s->ce_stream, s->ce_fork, 0);
-        rc = e == cudaSuccess ? wsync_cuda_batch_memcpy(sp.ce, sp.n_ce, 1, s->ce_stream, "stage",
-                                                        err)
-                              : wsync_cuda_fail(err, e, "stage", "forking the copy-engine share");
+        rc = e == cudaSuccess
+                 ? wsync_cuda_batch_memcpy(sp.ce, sp.n_ce, 1, s->ce_stream, "stage", err)
+                 : wsync_cuda_fail(err, e, "stage", "forking the copy-engine share");
         free(sp.ce);
         if (rc == WSYNC_OK && (e = cudaEventRecord(s->ce_join, s->ce_stream)) != cudaSuccess)
             rc = wsync_cuda_fail(err, e, "stage", "recording the copy-engine share");
@@ -237,9 +236,8 @@ static wsync_result_t stage_body(struct wsync_staging *s, cudaStream_t st,
         /* local memory: contiguous chunk ranges measured fastest (docs/PERFORMANCE.md) */
         const wsync_cuda_launch_cfg_t cfg = {.variant = WSYNC_CUDA_STAGE_VARIANT};
         if (e == cudaSuccess)
-            e = wsync_cuda_launch_copy((const wsync_cuda_op_t *)s->table_dev,
-                                       (uint32_t)sp.n_kernel, sp.chunks, sums, digests,
-                                       s->sm_count, &cfg, st);
+            e = wsync_cuda_launch_copy((const wsync_cuda_op_t *)s->table_dev, (uint32_t)sp.n_kernel,
+                                       sp.chunks, sums, digests, s->sm_count, &cfg, st);
         if (e == cudaSuccess && digests)
             e = cudaMemcpyAsync(sums_back(s), sums, n * sizeof(uint64_t), cudaMemcpyDeviceToHost,
                                 st);

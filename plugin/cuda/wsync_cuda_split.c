@@ -13,8 +13,8 @@ static uint64_t op_bytes(const wsync_cuda_op_t *op)
     return op->chunk_end > op->chunk_begin ? op->rows * op->row_bytes : 0;
 }
 
-wsync_result_t wsync_cuda_split(wsync_cuda_op_t *table, size_t n, double share,
-                                uint64_t min_bytes, wsync_cuda_split_t *out, wsync_error_t *err)
+wsync_result_t wsync_cuda_split(wsync_cuda_op_t *table, size_t n, double share, uint64_t min_bytes,
+                                wsync_cuda_split_t *out, wsync_error_t *err)
 {
     memset(out, 0, sizeof(*out));
     out->n_kernel = n;
@@ -27,8 +27,8 @@ wsync_result_t wsync_cuda_split(wsync_cuda_op_t *table, size_t n, double share,
         return WSYNC_OK;
     const uint64_t target = share >= 1 ? total : (uint64_t)((double)total * share);
     /* size classes, largest first; within one, op order */
-    static const uint64_t classes[] = {256ull << 20, 64ull << 20, 16ull << 20, 4ull << 20,
-                                       1ull << 20,   256ull << 10, 0};
+    static const uint64_t classes[] = {
+        256ull << 20, 64ull << 20, 16ull << 20, 4ull << 20, 1ull << 20, 256ull << 10, 0};
     uint64_t taken = 0;
     size_t n_ce = 0;
     for (size_t k = 0; k < sizeof(classes) / sizeof(classes[0]) && taken < target; k++) {

@@ -2,8 +2,9 @@
  * awkward sizes (vector path, 16-byte tail, odd lengths, empty) over three generations; the
  * consumer copies them whole, as a row-parallel 2-D slice and from a misaligned source into a
  * misaligned destination (byte path), all verified by the fused digest against host wsync64,
- * and again unverified with the copy engines taking a share of the contiguous ops; then a wrong digest, an out-of-bounds op and a replayed generation are refused, the last two
- * before any byte is written. */
+ * and again unverified with the copy engines taking a share of the contiguous ops; then a wrong
+ * digest, an out-of-bounds op and a replayed generation are refused, the last two before any byte
+ * is written. */
 #include <stdlib.h>
 #include <string.h>
 

@@ -537,8 +537,8 @@ static int wb_consumer_main(const wb_opts_t *o)
      * does where (a) does, without per-tensor destinations. */
     wsync_cuda_op_t whole_op;
     wsync_cuda_op_t *whole_dev;
-    uint64_t whole_chunks = wsync_cuda_plan_op(&whole_op, src, whole, E.l.packed, E.l.packed, 1,
-                                               E.l.packed, 0, 0);
+    uint64_t whole_chunks =
+        wsync_cuda_plan_op(&whole_op, src, whole, E.l.packed, E.l.packed, 1, E.l.packed, 0, 0);
     WB_CK(cudaMalloc((void **)&whole_dev, sizeof(whole_op)));
     WB_CK(cudaMemcpy(whole_dev, &whole_op, sizeof(whole_op), cudaMemcpyHostToDevice));
     wb_copy_arg_t W = A;
@@ -607,7 +607,7 @@ static int wb_consumer_main(const wb_opts_t *o)
     A.gen = m->generation;
     A.flags = 0;
     setenv("WSYNC_CUDA_CE_SHARE", "0", 1); /* the kernel variants alone */
-    for (int v = 0; v < WB_NVAR; v++) { /* the plugin reads its tuning knobs per call */
+    for (int v = 0; v < WB_NVAR; v++) {    /* the plugin reads its tuning knobs per call */
         char vs[8];
         snprintf(vs, sizeof(vs), "%d", v);
         setenv("WSYNC_CUDA_KERNEL_VARIANT", vs, 1);
@@ -794,9 +794,8 @@ static int wb_consumer_main(const wb_opts_t *o)
     WB_OK(E.p->consumer->finalize(E.c, err));
     free(t);
     wb_plan_free(&plan);
-    return WIFEXITED(st) && WEXITSTATUS(st) == 0 && failures == 0 && bad == 0 && bad_fast == 0
-               ? 0
-               : 1;
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0 && failures == 0 && bad == 0 && bad_fast == 0 ? 0
+                                                                                               : 1;
 }
 
 static void wb_usage(FILE *f)
@@ -809,14 +808,19 @@ static void wb_usage(FILE *f)
 
 int main(int argc, char **argv)
 {
-    static const struct option lo[] = {
-        {"layout", required_argument, NULL, 'l'}, {"iters", required_argument, NULL, 'i'},
-        {"plugin", required_argument, NULL, 'p'}, {"layers", required_argument, NULL, 'L'},
-        {"scale", required_argument, NULL, 'S'},  {"bucket-mib", required_argument, NULL, 'b'},
-        {"role", required_argument, NULL, 'r'},   {"fd", required_argument, NULL, 'f'},
-        {"help", no_argument, NULL, 'h'},         {"lora", no_argument, NULL, 'o'},
-        {"dir", required_argument, NULL, 'd'},    {"pingpong", no_argument, NULL, 'P'},
-        {NULL, 0, NULL, 0}};
+    static const struct option lo[] = {{"layout", required_argument, NULL, 'l'},
+                                       {"iters", required_argument, NULL, 'i'},
+                                       {"plugin", required_argument, NULL, 'p'},
+                                       {"layers", required_argument, NULL, 'L'},
+                                       {"scale", required_argument, NULL, 'S'},
+                                       {"bucket-mib", required_argument, NULL, 'b'},
+                                       {"role", required_argument, NULL, 'r'},
+                                       {"fd", required_argument, NULL, 'f'},
+                                       {"help", no_argument, NULL, 'h'},
+                                       {"lora", no_argument, NULL, 'o'},
+                                       {"dir", required_argument, NULL, 'd'},
+                                       {"pingpong", no_argument, NULL, 'P'},
+                                       {NULL, 0, NULL, 0}};
     wb_opts_t o = {.layout = "both", .iters = 20, .scale = 1, .bucket = 1ull << 30, .fd = -1};
     int c;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {

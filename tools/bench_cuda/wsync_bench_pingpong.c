@@ -105,8 +105,8 @@ static wsync_cuda_op_t *wp_ops(wp_ctx_t *x, int nbuf)
         unsigned char *m = x->mid + (uint64_t)(b % nbuf) * WP_BUCKET;
         wsync_cuda_plan_op(&h[b], x->src + (uint64_t)b * WP_BUCKET, m, WP_BUCKET, WP_BUCKET, 1,
                            WP_BUCKET, 0, 0);
-        wsync_cuda_plan_op(&h[WP_NB + b], m, x->dst + (uint64_t)b * WP_BUCKET, WP_BUCKET,
-                           WP_BUCKET, 1, WP_BUCKET, 0, 0);
+        wsync_cuda_plan_op(&h[WP_NB + b], m, x->dst + (uint64_t)b * WP_BUCKET, WP_BUCKET, WP_BUCKET,
+                           1, WP_BUCKET, 0, 0);
     }
     wsync_cuda_op_t *d;
     WP_CK(cudaMalloc((void **)&d, sizeof(h)));
@@ -128,7 +128,8 @@ static void wp_setup(wp_ctx_t *x, wp_shared_t *sh)
     x->d_consumed = (CUdeviceptr)(uintptr_t)d;
     enum cudaDriverEntryPointQueryResult q;
     void *f = NULL;
-    WP_CK(cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &f, 12000, cudaEnableDefault, &q));
+    WP_CK(
+        cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &f, 12000, cudaEnableDefault, &q));
     x->wait32 = (wp_wait_fn)f;
     WP_CK(
         cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &f, 12000, cudaEnableDefault, &q));
@@ -185,8 +186,8 @@ static void wp_side(wp_ctx_t *x, int producer, int gpu, int nbuf, uint32_t base)
                     CUDA_SUCCESS)
                     exit(1);
                 wp_copy(x, ops + WP_NB + b);
-                if (x->write32(x->st, x->d_consumed, base + b + 1,
-                               CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS)
+                if (x->write32(x->st, x->d_consumed, base + b + 1, CU_STREAM_WRITE_VALUE_DEFAULT) !=
+                    CUDA_SUCCESS)
                     exit(1);
             } else {
                 wp_spin_until(&x->sh->ready, base + b + 1);
