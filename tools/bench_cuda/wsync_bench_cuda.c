@@ -75,25 +75,6 @@ static char wb_self[PATH_MAX];
         }                                                                                          \
     } while (0)
 
-static double wb_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static int wb_cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double wb_median(double *v, unsigned n)
-{
-    qsort(v, n, sizeof(*v), wb_cmp);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 static void wb_recv_expect(int fd, const char *what, char **out)
 {
     char *m = NULL;
@@ -216,20 +197,20 @@ static int wb_producer_main(const wb_opts_t *o)
         for (size_t b = 0; b < plan.nb; b++) {
             wsync_staging_t *s = sg[set + b % nbuf];
             uint64_t *lg = &last[set + b % nbuf];
-            double t0 = wb_now_ms();
+            double t0 = wh_now_ms();
             if (*lg > 0) /* the consumer acked that generation: order the reuse after it */
                 WB_OK(p->producer->wait_consumed(s, st, *lg, err));
-            double t1 = wb_now_ms();
+            double t1 = wh_now_ms();
             wb_stage_pieces(p, s, st, &l, &plan, b, trainer);
-            double t2 = wb_now_ms();
+            double t2 = wh_now_ms();
             WB_OK(p->producer->publish(s, st, b + 1 == plan.nb, &json, lg, err));
-            double t3 = wb_now_ms();
+            double t3 = wh_now_ms();
             wh_send_str(o->fd, json);
             if (nbuf == 1 || b + 1 == plan.nb) {
                 wb_recv_expect(o->fd, "ack", &m);
                 free(m);
             }
-            double t4 = wb_now_ms();
+            double t4 = wh_now_ms();
             tw += t1 - t0, ts += t2 - t1, tp += t3 - t2, ta += t4 - t3;
         }
         if (nbuf > 1)
@@ -283,7 +264,7 @@ static double wb_time_events(wb_engine_t *E, unsigned iters, void (*fn)(void *),
         if (i >= WB_WARMUP)
             t[i - WB_WARMUP] = ms;
     }
-    double med = wb_median(t, iters);
+    double med = wh_median(t, iters);
     free(t);
     return med;
 }
@@ -401,32 +382,32 @@ static double wb_ct[6]; /* consumer host ms: recv, parse, open, copy, record, cl
 static double wb_sync(wb_engine_t *E, int fd, const wb_plan_t *plan, uint32_t flags, int nbuf,
                       wsync_handle_t **keep, int *digest_failures, const char *kind)
 {
-    double t0 = wb_now_ms();
+    double t0 = wh_now_ms();
     char req[16];
     snprintf(req, sizeof(req), "%s%d", kind, nbuf);
     wh_send_str(fd, req);
     for (size_t b = 0; b < plan->nb; b++) {
         char *json;
         size_t len;
-        double q0 = wb_now_ms();
+        double q0 = wh_now_ms();
         if (wh_recv(fd, &json, &len) != 0)
             exit(1);
-        double q1 = wb_now_ms();
+        double q1 = wh_now_ms();
         const wsync_manifest_t *m;
         WB_OK(E->p->consumer->parse_manifest(E->c, json, len, &m, err));
-        double q2 = wb_now_ms();
+        double q2 = wh_now_ms();
         wsync_handle_t *h;
         WB_OK(E->p->consumer->open_handle(E->c, &m->buffer, &h, err));
         if (keep[b % nbuf] == NULL) /* the engine keeps a reference: the mapping stays cached */
             WB_OK(E->p->consumer->open_handle(E->c, &m->buffer, &keep[b % nbuf], err));
         wsync_copy_op_t *ops = wb_bucket_ops(E, plan, b, m);
-        double q3 = wb_now_ms();
+        double q3 = wh_now_ms();
         WB_OK(E->p->consumer->copy_weights(E->c, h, E->st, m->generation, ops, m->n_tensors, flags,
                                            err));
-        double q4 = wb_now_ms();
+        double q4 = wh_now_ms();
         wsync_error_t e = {.struct_size = sizeof(e)};
         wsync_result_t r = E->p->consumer->record_consumed(E->c, h, flags != 0, &e);
-        double q5 = wb_now_ms();
+        double q5 = wh_now_ms();
         if (r == WSYNC_ERR_DIGEST_MISMATCH)
             (*digest_failures)++;
         else if (r != WSYNC_OK) {
@@ -438,12 +419,12 @@ static double wb_sync(wb_engine_t *E, int fd, const wb_plan_t *plan, uint32_t fl
         free(ops);
         free(json);
         wh_send_str(fd, "ack");
-        double q6 = wb_now_ms();
+        double q6 = wh_now_ms();
         wb_ct[0] += q1 - q0, wb_ct[1] += q2 - q1, wb_ct[2] += q3 - q2, wb_ct[3] += q4 - q3;
         wb_ct[4] += q5 - q4, wb_ct[5] += q6 - q5;
     }
     WB_CK(cudaStreamSynchronize(E->st));
-    return wb_now_ms() - t0;
+    return wh_now_ms() - t0;
 }
 
 static int wb_spawn_producer(const wb_opts_t *o, int fd, pid_t *pid)
@@ -703,7 +684,7 @@ static int wb_consumer_main(const wb_opts_t *o)
                 t[i - WB_WARMUP] = ms;
         }
         opens_per[nbuf] = wh_stats.ipc_mem_opens - opens0;
-        ms_sync[nbuf] = wb_median(t, o->iters);
+        ms_sync[nbuf] = wh_median(t, o->iters);
         unsigned nsync = WB_WARMUP + o->iters;
         printf("  (c) full sync, %zu buckets of <= %llu MiB through %d staging buffer%s, %.2f GB: "
                "median %.2f ms, %.1f GB/s end to end\n",
@@ -724,7 +705,7 @@ static int wb_consumer_main(const wb_opts_t *o)
         if (i >= WB_WARMUP)
             t[i - WB_WARMUP] = ms;
     }
-    double ms_fast = wb_median(t, o->iters);
+    double ms_fast = wh_median(t, o->iters);
     printf("  (c) full sync, %zu buckets through 2 staging buffers, producer without digests "
            "(WSYNC_STAGING_NO_DIGESTS): median %.2f ms, %.1f GB/s end to end\n",
            plan.nb, ms_fast, E.l.payload / ms_fast / 1e6);
@@ -751,7 +732,7 @@ static int wb_consumer_main(const wb_opts_t *o)
                 t[i - WB_WARMUP] = ms;
         }
         unsetenv("WSYNC_CUDA_CE_SHARE");
-        ms_x[x] = wb_median(t, o->iters);
+        ms_x[x] = wh_median(t, o->iters);
         printf("  (c) full sync, %d buffer%s, %s (%s%d, consumer CE share %s): median %.2f ms\n",
                xs[x].nbuf, xs[x].nbuf > 1 ? "s" : "", xs[x].what, xs[x].kind, xs[x].nbuf,
                xs[x].variant ? xs[x].variant : "default", ms_x[x]);

@@ -46,25 +46,6 @@
                     err_.message);                                                                 \
     } while (0)
 
-static double wl_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static int wl_cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double wl_median(double *v, unsigned n)
-{
-    qsort(v, n, sizeof(*v), wl_cmp);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 int wb_lora_producer_main(const char *plugin, int fd, const char *dir)
 {
     const wsync_plugin_t *p;
@@ -131,7 +112,7 @@ int wb_lora_producer_main(const char *plugin, int fd, const char *dir)
  * bytes onto the GPU. */
 static double wl_read_baseline(const char *path, unsigned char *pinned, void *dev, size_t size)
 {
-    double t0 = wl_now_ms();
+    double t0 = wh_now_ms();
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         WL_FAIL("open %s", path);
@@ -144,7 +125,7 @@ static double wl_read_baseline(const char *path, unsigned char *pinned, void *de
     }
     close(fd);
     WL_CK(cudaMemcpy(dev, pinned, size, cudaMemcpyHostToDevice));
-    return wl_now_ms() - t0;
+    return wh_now_ms() - t0;
 }
 
 int wb_lora_main(const char *self, const char *plugin, unsigned iters, unsigned layers)
@@ -206,12 +187,12 @@ int wb_lora_main(const char *self, const char *plugin, unsigned iters, unsigned 
     wsync_adapter_source_t dsrc = {
         .struct_size = sizeof(dsrc), .kind = WSYNC_ADAPTER_FROM_DIR, .path = dir};
     for (unsigned i = 0; i < WL_WARMUP + iters; i++) {
-        double t0 = wl_now_ms();
+        double t0 = wh_now_ms();
         WL_OK(p->consumer->hot_load_adapter(c, &dsrc, &dev.slot, stream, err));
         if (i >= WL_WARMUP)
-            t[i - WL_WARMUP] = wl_now_ms() - t0;
+            t[i - WL_WARMUP] = wh_now_ms() - t0;
     }
-    double ms_dir = wl_median(t, iters);
+    double ms_dir = wh_median(t, iters);
     /* the loaded copy against the host executor's load of the same directory */
     WL_OK(wsync_adapter_hot_load(&dsrc, &host.slot, NULL, NULL, NULL, err));
     if (host.active != dev.active) /* same number of switches: align the copy index */
@@ -229,7 +210,7 @@ int wb_lora_main(const char *self, const char *plugin, unsigned iters, unsigned 
         if (i >= WL_WARMUP)
             t[i - WL_WARMUP] = ms;
     }
-    double ms_read = wl_median(t, iters);
+    double ms_read = wh_median(t, iters);
 
     /* FROM_MANIFEST: the producer stages the same tensors and publishes per load */
     double *tp = calloc(iters, sizeof(*tp));
@@ -241,7 +222,7 @@ int wb_lora_main(const char *self, const char *plugin, unsigned iters, unsigned 
         size_t len;
         if (wh_recv(fd, &json, &len) != 0)
             WL_FAIL("producer gone");
-        double q0 = wl_now_ms();
+        double q0 = wh_now_ms();
         const wsync_manifest_t *m;
         WL_OK(p->consumer->parse_manifest(c, json, len, &m, err));
         wsync_handle_t *h;
@@ -254,9 +235,9 @@ int wb_lora_main(const char *self, const char *plugin, unsigned iters, unsigned 
                                        .handle = h,
                                        .manifest = m,
                                        .adapter_config_json = WL_CONFIG};
-        double q1 = wl_now_ms();
+        double q1 = wh_now_ms();
         WL_OK(p->consumer->hot_load_adapter(c, &msrc, &dev.slot, stream, err));
-        double q2 = wl_now_ms();
+        double q2 = wh_now_ms();
         WL_OK(p->consumer->close_handle(c, h, err));
         p->consumer->manifest_free(c, m);
         wh_free(json);
@@ -265,8 +246,8 @@ int wb_lora_main(const char *self, const char *plugin, unsigned iters, unsigned 
             tp[i - WL_WARMUP] = q1 - q0;
         }
     }
-    double ms_ipc = wl_median(t, iters);
-    double ms_parse = wl_median(tp, iters);
+    double ms_ipc = wh_median(t, iters);
+    double ms_parse = wh_median(tp, iters);
     if (host.active != dev.active)
         WL_OK(wsync_adapter_hot_load(&dsrc, &host.slot, NULL, NULL, NULL, err));
     uint64_t diff_ipc = wl_slot_compare(&dev, &host, dev.active, why, sizeof(why));

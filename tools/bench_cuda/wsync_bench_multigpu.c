@@ -66,25 +66,6 @@ typedef struct mg_opts {
         }                                                                                          \
     } while (0)
 
-static double mg_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static int mg_cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double mg_median(double *v, unsigned n)
-{
-    qsort(v, n, sizeof(*v), mg_cmp);
-    return n ? v[n / 2] : 0;
-}
-
 static double mg_gbps(uint64_t bytes, double ms)
 {
     return ms > 0 ? (double)bytes / (ms * 1e6) : 0;
@@ -210,10 +191,10 @@ static void mg_tp_engine(mg_opts_t *o, int r, int fd)
                                        .dst_extent = per,
                                        .rows = 1,
                                        .row_bytes = per};
-        double t0 = mg_now_ms();
+        double t0 = wh_now_ms();
         MG_OK(p->consumer->copy_weights(c, h, st, m->generation, ops, o->tensors, 0, err));
         MG_OK(p->consumer->record_consumed(c, h, 1, err));
-        double t1 = mg_now_ms();
+        double t1 = wh_now_ms();
         if (i >= MG_WARMUP)
             ms[i - MG_WARMUP] = t1 - t0;
         p->consumer->manifest_free(c, m);
@@ -243,8 +224,8 @@ static void mg_tp_engine(mg_opts_t *o, int r, int fd)
     }
     char label[64];
     snprintf(label, sizeof(label), "tp=%d/gpu%d", o->gpus, r);
-    mg_report(o, label, mg_gbps(o->bytes, mg_median(ms, o->iters)),
-              mg_gbps(o->bytes, mg_median(lim, o->iters)));
+    mg_report(o, label, mg_gbps(o->bytes, wh_median(ms, o->iters)),
+              mg_gbps(o->bytes, wh_median(lim, o->iters)));
     MG_OK(p->consumer->finalize(c, err));
     exit(0);
 }
@@ -297,7 +278,7 @@ static void mg_nccl_rank(mg_opts_t *o, int rank)
      * Each rank times its own part until its stream is done (wall clock). */
     for (int phase = 0; phase < 2; phase++)
         for (unsigned i = 0; i < MG_WARMUP + o->iters; i++) {
-            double t0 = mg_now_ms();
+            double t0 = wh_now_ms();
             if (phase == 0)
                 MG_OK(wsync_nccl_broadcast_raw(l, rank == 0 ? buf : NULL, raw_dst, o->bytes, st,
                                                err));
@@ -306,15 +287,15 @@ static void mg_nccl_rank(mg_opts_t *o, int rank)
             else
                 MG_OK(wsync_nccl_recv(l, NULL, i + 1, o->bytes, ops, o->tensors, st, 0, err));
             MG_CK(cudaStreamSynchronize(st));
-            double t1 = mg_now_ms();
+            double t1 = wh_now_ms();
             if (i >= MG_WARMUP)
                 (phase == 0 ? raw : path)[i - MG_WARMUP] = t1 - t0;
         }
     if (rank > 0) {
         char label[64];
         snprintf(label, sizeof(label), "nccl/gpu0->gpu%d", rank);
-        mg_report(o, label, mg_gbps(o->bytes, mg_median(path, o->iters)),
-                  mg_gbps(o->bytes, mg_median(raw, o->iters)));
+        mg_report(o, label, mg_gbps(o->bytes, wh_median(path, o->iters)),
+                  mg_gbps(o->bytes, wh_median(raw, o->iters)));
     }
     wsync_nccl_link_close(l, 0);
     exit(0);

@@ -25,6 +25,7 @@
 #include <cuda_runtime_api.h>
 
 #include "wsync_copy_kernel.h"
+#include "wsync_cuda_harness.h"
 
 #define WP_BUCKET (1ull << 30)
 #define WP_NB 16
@@ -64,31 +65,12 @@ static wp_shared_t *wp_sh_for_cb; /* the host function's target (one per process
         }                                                                                          \
     } while (0)
 
-static double wp_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static int wp_cmp(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double wp_median(double *t, unsigned n)
-{
-    qsort(t, n, sizeof(*t), wp_cmp);
-    return n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
-}
-
 /* Spins until *w reaches v; a peer that died or hangs ends the run after 20 s. */
 static void wp_spin_until(_Atomic uint32_t *w, uint32_t v)
 {
-    const double end = wp_now_ms() + 20000;
+    const double end = wh_now_ms() + 20000;
     while ((int32_t)(atomic_load(w) - v) < 0) {
-        if (wp_now_ms() > end) {
+        if (wh_now_ms() > end) {
             fprintf(stderr, "wsync-bench-cuda --pingpong: the other process stopped\n");
             exit(1);
         }
@@ -250,7 +232,7 @@ int wb_pingpong_main(unsigned iters)
         WP_CK(cudaEventElapsedTime(&ms, e0, e1));
         t[i] = ms;
     }
-    const double one = wp_median(t + 2, iters);
+    const double one = wh_median(t + 2, iters);
     printf("wsync-bench-cuda --pingpong: 16 x 1 GiB stage copies + 16 x 1 GiB engine copies "
            "(median of %u after warm-up)\n",
            iters);
@@ -265,16 +247,16 @@ int wb_pingpong_main(unsigned iters)
             const uint32_t base = (n - 1) * 64u;
             atomic_store(&sh->ready, base);
             atomic_store(&sh->consumed, base);
-            double t0 = wp_now_ms();
+            double t0 = wh_now_ms();
             atomic_store(&sh->go, n);
             wp_side(&x, 0, wp_trials[k].gpu, wp_trials[k].nbuf, base);
             wp_spin_until(&sh->done, n);
-            double ms = wp_now_ms() - t0;
+            double ms = wh_now_ms() - t0;
             if (i > 0)
                 tk[k][i - 1] = ms;
         }
     for (int k = 0; k < WP_TRIALS; k++) {
-        best[k] = wp_median(tk[k], iters);
+        best[k] = wh_median(tk[k], iters);
         free(tk[k]);
     }
     atomic_store(&sh->quit, 1);

@@ -38,6 +38,11 @@ int wh_send_str(int fd, const char *s);
 /* Free a buffer from wh_recv (callers built with cmocka's malloc wrappers must use this). */
 void wh_free(void *buf);
 
+/* CLOCK_MONOTONIC in milliseconds. */
+double wh_now_ms(void);
+/* Median of v[0..n) (sorts v in place); n > 0. */
+double wh_median(double *v, unsigned n);
+
 /* Device helpers, enqueued on `s`. Word i of a filled buffer is mix(seed + i); bytes past the
  * last full word are the low bytes of the next word. */
 cudaError_t wh_fill(void *p, size_t bytes, uint64_t seed, cudaStream_t s);
