@@ -1,0 +1,144 @@
+/* The copy engines' share of a batch (plugin/cuda/wsync_cuda_split.c), without a device: the
+ * largest contiguous ops first up to the share, none under the minimum, 2-D and empty ops always
+ * left to the kernel, and the kernel's ops compacted in order with their chunk spans kept. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "wsync_cuda.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+/* the split's arrays come from the real allocator */
+#undef malloc
+#undef calloc
+#undef realloc
+#undef free
+
+#define MIB (1ull << 20)
+
+typedef struct shape {
+    uint64_t rows, row_bytes; /* rows > 1: a 2-D op with pitch 2 * row_bytes */
+} shape_t;
+
+/* Plan ops of the given shapes at distinct, aligned fake addresses; returns the chunk total. */
+static uint64_t plan(const shape_t *sh, size_t n, wsync_cuda_op_t *t)
+{
+    uint64_t chunks = 0;
+    for (size_t i = 0; i < n; i++) {
+        const uint64_t pitch = sh[i].rows > 1 ? 2 * sh[i].row_bytes : sh[i].row_bytes;
+        const void *src = (const void *)(uintptr_t)(0x100000000ull * (i + 1));
+        void *dst = (void *)(uintptr_t)(0x10000000000ull * (i + 1));
+        chunks += wsync_cuda_plan_op(&t[i], src, dst, pitch, pitch, sh[i].rows, sh[i].row_bytes, 0,
+                                     chunks);
+    }
+    return chunks;
+}
+
+/* The kernel's ops are a compacted, in-order subsequence with consecutive chunk ranges. */
+static void assert_compacted(const wsync_cuda_op_t *before, size_t n, const wsync_cuda_op_t *t,
+                             const wsync_cuda_split_t *sp)
+{
+    uint64_t next = 0;
+    size_t j = 0;
+    for (size_t k = 0; k < sp->n_kernel; k++) {
+        while (j < n && before[j].dst != t[k].dst)
+            j++;
+        assert_true(j < n); /* found, and after the previous one */
+        assert_int_equal(t[k].chunk_begin, next);
+        assert_int_equal(t[k].chunk_end - t[k].chunk_begin,
+                         before[j].chunk_end - before[j].chunk_begin);
+        assert_int_equal(t[k].row_bytes, before[j].row_bytes);
+        assert_int_equal(t[k].flags, before[j].flags);
+        next = t[k].chunk_end;
+        j++;
+    }
+    assert_int_equal(sp->chunks, next);
+    assert_int_equal(sp->n_kernel + sp->n_ce, n);
+}
+
+static void test_share_zero_keeps_everything(void **state)
+{
+    (void)state;
+    const shape_t sh[] = {{1, 1024 * MIB}, {1, 100 * MIB}, {1, 4096}};
+    wsync_cuda_op_t t[3];
+    const uint64_t chunks = plan(sh, 3, t);
+    wsync_cuda_split_t sp;
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    assert_int_equal(wsync_cuda_split(t, 3, 0.0, 0, &sp, &err), WSYNC_OK);
+    assert_int_equal(sp.n_kernel, 3);
+    assert_int_equal(sp.n_ce, 0);
+    assert_null(sp.ce);
+    assert_int_equal(sp.chunks, chunks);
+}
+
+static void test_largest_first_up_to_the_share(void **state)
+{
+    (void)state;
+    /* 100 MiB comes first in op order, but the 1 GiB op alone covers 10% */
+    const shape_t sh[] = {{1, 100 * MIB}, {1, 1024 * MIB}, {1, 8 * MIB}, {4, 16 * MIB}};
+    wsync_cuda_op_t t[4], before[4];
+    plan(sh, 4, t);
+    memcpy(before, t, sizeof(t));
+    wsync_cuda_split_t sp;
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    assert_int_equal(wsync_cuda_split(t, 4, 0.1, 64 * MIB, &sp, &err), WSYNC_OK);
+    assert_int_equal(sp.n_ce, 1);
+    assert_ptr_equal(sp.ce[0].dst, before[1].dst);
+    assert_int_equal(sp.ce[0].row_bytes, 1024 * MIB);
+    assert_int_equal(sp.ce_bytes, 1024 * MIB);
+    assert_compacted(before, 4, t, &sp);
+    free(sp.ce);
+}
+
+static void test_minimum_and_2d_stay_with_the_kernel(void **state)
+{
+    (void)state;
+    const shape_t sh[] = {{1, 100 * MIB}, {1, 1 * MIB}, {8, 64 * MIB}, {1, 0}, {1, 300 * MIB}};
+    wsync_cuda_op_t t[5], before[5];
+    plan(sh, 5, t);
+    memcpy(before, t, sizeof(t));
+    wsync_cuda_split_t sp;
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    assert_int_equal(wsync_cuda_split(t, 5, 1.0, 64 * MIB, &sp, &err), WSYNC_OK);
+    /* the 300 MiB and 100 MiB ops; not the 1 MiB one (minimum), the 2-D one or the empty one */
+    assert_int_equal(sp.n_ce, 2);
+    assert_ptr_equal(sp.ce[0].dst, before[0].dst); /* CE ops keep op order */
+    assert_ptr_equal(sp.ce[1].dst, before[4].dst);
+    assert_int_equal(sp.ce_bytes, 400 * MIB);
+    assert_compacted(before, 5, t, &sp);
+    for (size_t k = 0; k < sp.n_kernel; k++)
+        assert_true(t[k].rows > 1 || t[k].row_bytes < 64 * MIB ||
+                    t[k].chunk_end == t[k].chunk_begin);
+    free(sp.ce);
+}
+
+static void test_everything_contiguous_with_no_minimum(void **state)
+{
+    (void)state;
+    const shape_t sh[] = {{1, 28}, {1, 12345}, {4096, 128}, {1, 8 * MIB}};
+    wsync_cuda_op_t t[4], before[4];
+    plan(sh, 4, t);
+    memcpy(before, t, sizeof(t));
+    wsync_cuda_split_t sp;
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    assert_int_equal(wsync_cuda_split(t, 4, 1.0, 0, &sp, &err), WSYNC_OK);
+    assert_int_equal(sp.n_ce, 3);
+    assert_int_equal(sp.n_kernel, 1);
+    assert_int_equal(t[0].rows, 4096); /* only the 2-D op is left */
+    assert_compacted(before, 4, t, &sp);
+    free(sp.ce);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_share_zero_keeps_everything),
+        cmocka_unit_test(test_largest_first_up_to_the_share),
+        cmocka_unit_test(test_minimum_and_2d_stay_with_the_kernel),
+        cmocka_unit_test(test_everything_contiguous_with_no_minimum),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
