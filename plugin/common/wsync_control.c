@@ -113,6 +113,19 @@ uint32_t wsync_control_live_mappers(wsync_control_t *c, int64_t *a_pid)
     return live;
 }
 
+wsync_result_t wsync_control_retire(wsync_control_t *c, const char *name, wsync_error_t *err)
+{
+    int64_t holder = 0;
+    uint32_t mapped = wsync_control_live_mappers(c, &holder);
+    if (mapped > 0)
+        return WSYNC_FAIL(err, WSYNC_ERR_BUSY,
+                          "staging buffer %s is still mapped by %u consumer(s) (pid %lld): the "
+                          "consumer must close_handle and ack before the producer retires",
+                          name, mapped, (long long)holder);
+    atomic_store(&c->retired, 1);
+    return WSYNC_OK;
+}
+
 static void wsync_futex_wake_all(_Atomic uint32_t *word)
 {
     syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);

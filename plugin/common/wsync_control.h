@@ -46,6 +46,9 @@ void wsync_control_detach(wsync_control_t *c);
  * lowered), so a consumer that crashed while mapping does not block retire forever. *a_pid (may
  * be NULL) receives one live holder's pid for messages. */
 uint32_t wsync_control_live_mappers(wsync_control_t *c, int64_t *a_pid);
+/* The producer's retire handshake: BUSY, naming the buffer `name` and a live holder, while
+ * live consumers map it; otherwise marks it retired (consumers must close) and returns OK. */
+wsync_result_t wsync_control_retire(wsync_control_t *c, const char *name, wsync_error_t *err);
 
 /* Store `generation` (monotonic max) and wake every waiter. */
 void wsync_control_signal_ready(wsync_control_t *c, uint64_t generation);

@@ -410,14 +410,9 @@ static wsync_result_t staging_retire(struct wsync_staging *s, wsync_error_t *err
 {
     if (s == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "retire(NULL)");
-    int64_t holder = 0;
-    uint32_t mapped = wsync_control_live_mappers(s->control, &holder);
-    if (mapped > 0)
-        return WSYNC_FAIL(err, WSYNC_ERR_BUSY,
-                          "staging buffer %s is still mapped by %u consumer(s) (pid %lld): the "
-                          "consumer must close_handle and ack before the producer retires",
-                          s->control_shm.name, mapped, (long long)holder);
-    atomic_store(&s->control->retired, 1);
+    wsync_result_t rc = wsync_control_retire(s->control, s->control_shm.name, err);
+    if (rc != WSYNC_OK)
+        return rc;
     cudaSetDevice(s->device);
     staging_free(s);
     return WSYNC_OK;

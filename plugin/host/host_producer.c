@@ -230,17 +230,12 @@ wsync_result_t wsync_host_retire(struct wsync_staging *s, wsync_error_t *err)
 {
     if (s == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "staging is NULL");
-    int64_t holder = 0;
-    uint32_t mapped = wsync_control_live_mappers(s->control, &holder);
-    if (mapped > 0)
-        return WSYNC_FAIL(err, WSYNC_ERR_BUSY,
-                          "staging %s is still mapped by %u consumer(s) (pid %lld); the "
-                          "consumer must close_handle and ack before the producer retires",
-                          s->shm.name, mapped, (long long)holder);
+    wsync_result_t rc = wsync_control_retire(s->control, s->shm.name, err);
+    if (rc != WSYNC_OK)
+        return rc;
     for (size_t i = 0; i < s->n_streams; i++)
         wsync_host_stream_destroy(s->streams[i]);
     wsync_host_stream_destroy(s->default_stream);
-    atomic_store(&s->control->retired, 1);
     wsync_host_unlink_unregister(&s->unlink_node);
     wsync_shm_unlink(&s->shm);
     wsync_shm_close(&s->shm);
