@@ -58,9 +58,6 @@ typedef struct wsync_cuda_launch_cfg {
     int blocks_per_sm;
     int variant;
     int flat; /* every op satisfies wsync_cuda_op_is_flat */
-    /* the callers' copy-engine share (wsync_cuda_split); the kernel launch ignores these */
-    double ce_share;
-    uint64_t ce_min_bytes;
 } wsync_cuda_launch_cfg_t;
 
 /* 1 when the planned op is empty or one contiguous run on the 16-byte vector path. */

@@ -53,6 +53,23 @@ wsync_result_t wsync_cuda_split(wsync_cuda_op_t *table, size_t n, double share, 
 double wsync_cuda_ce_share(void);
 uint64_t wsync_cuda_ce_min_bytes(void);
 
+/* The copy engines' lane of one consumer or staging buffer: a stream and its fork/join events. */
+typedef struct wsync_cuda_lane {
+    cudaStream_t stream;
+    cudaEvent_t fork, join;
+} wsync_cuda_lane_t;
+cudaError_t wsync_cuda_lane_create(wsync_cuda_lane_t *l);
+void wsync_cuda_lane_destroy(wsync_cuda_lane_t *l); /* of a zeroed or partly made lane too */
+/* Split table (the share and minimum of wsync_cuda_ce_share / wsync_cuda_ce_min_bytes) and
+ * enqueue the copy engines' share on the lane, after everything on s so far. *sp then describes
+ * the kernel's ops (its ce array already freed); after launching them, wsync_cuda_lane_join
+ * makes s wait for the lane. `who` names the caller in errors. */
+wsync_result_t wsync_cuda_lane_split(wsync_cuda_lane_t *l, wsync_cuda_op_t *table, size_t n,
+                                     cudaStream_t s, const char *who, wsync_cuda_split_t *sp,
+                                     wsync_error_t *err);
+cudaError_t wsync_cuda_lane_join(const wsync_cuda_lane_t *l, const wsync_cuda_split_t *sp,
+                                 cudaStream_t s);
+
 /* The planned flat ops t[0..n) as one cudaMemcpyBatchAsync on s (a cudaMemcpyAsync each before
  * CUDA 12.8); overlap asks for the copy engines. Empty ops are skipped. */
 wsync_result_t wsync_cuda_batch_memcpy(const wsync_cuda_op_t *t, size_t n, int overlap,
@@ -181,8 +198,7 @@ struct wsync_consumer {
     uint32_t timeout_ms;
     cudaStream_t default_stream;
     cudaStream_t side_stream; /* fixture build only: where the early consumed is recorded */
-    cudaStream_t ce_stream;   /* the copy engines' share of copy_weights (fork / join) */
-    cudaEvent_t ce_fork, ce_join;
+    wsync_cuda_lane_t lane;   /* the copy engines' share of copy_weights */
     wsync_cache_t *cache;
     wsync_manifest_cache_t *manifests; /* parse cache; thread safe on its own */
     wsync_cuda_ring_t ring;

@@ -1,5 +1,6 @@
-/* Planned flat ops as one cudaMemcpyBatchAsync: the copy engines' path, shared by the consumer
- * (WSYNC_CUDA_KERNEL_VARIANT 7 and 8) and the producer's stage (WSYNC_CUDA_STAGE_ENGINE=ce). */
+/* The copy engines' path: planned flat ops as one cudaMemcpyBatchAsync (the consumer's
+ * WSYNC_CUDA_KERNEL_VARIANT 7 and 8), and the lane that carries the copy engines' share of a
+ * batch (wsync_cuda_split) beside the caller's stream. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,4 +46,51 @@ wsync_result_t wsync_cuda_batch_memcpy(const wsync_cuda_op_t *t, size_t n, int o
     if (e != cudaSuccess)
         return wsync_cuda_fail(err, e, who, "cudaMemcpyBatchAsync");
     return WSYNC_OK;
+}
+
+cudaError_t wsync_cuda_lane_create(wsync_cuda_lane_t *l)
+{
+    cudaError_t e = cudaStreamCreateWithFlags(&l->stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess)
+        e = cudaEventCreateWithFlags(&l->fork, cudaEventDisableTiming);
+    if (e == cudaSuccess)
+        e = cudaEventCreateWithFlags(&l->join, cudaEventDisableTiming);
+    return e;
+}
+
+void wsync_cuda_lane_destroy(wsync_cuda_lane_t *l)
+{
+    if (l->stream)
+        cudaStreamDestroy(l->stream);
+    if (l->fork)
+        cudaEventDestroy(l->fork);
+    if (l->join)
+        cudaEventDestroy(l->join);
+    memset(l, 0, sizeof(*l));
+}
+
+wsync_result_t wsync_cuda_lane_split(wsync_cuda_lane_t *l, wsync_cuda_op_t *table, size_t n,
+                                     cudaStream_t s, const char *who, wsync_cuda_split_t *sp,
+                                     wsync_error_t *err)
+{
+    wsync_result_t rc =
+        wsync_cuda_split(table, n, wsync_cuda_ce_share(), wsync_cuda_ce_min_bytes(), sp, err);
+    if (rc != WSYNC_OK || sp->n_ce == 0)
+        return rc;
+    cudaError_t e = cudaEventRecord(l->fork, s);
+    if (e == cudaSuccess)
+        e = cudaStreamWaitEvent(l->stream, l->fork, 0);
+    rc = e == cudaSuccess ? wsync_cuda_batch_memcpy(sp->ce, sp->n_ce, 1, l->stream, who, err)
+                          : wsync_cuda_fail(err, e, who, "forking the copy-engine share");
+    if (rc == WSYNC_OK && (e = cudaEventRecord(l->join, l->stream)) != cudaSuccess)
+        rc = wsync_cuda_fail(err, e, who, "recording the copy-engine share");
+    free(sp->ce);
+    sp->ce = NULL;
+    return rc;
+}
+
+cudaError_t wsync_cuda_lane_join(const wsync_cuda_lane_t *l, const wsync_cuda_split_t *sp,
+                                 cudaStream_t s)
+{
+    return sp->n_ce > 0 ? cudaStreamWaitEvent(s, l->join, 0) : cudaSuccess;
 }

@@ -35,11 +35,7 @@ static wsync_result_t consumer_create(const wsync_consumer_config_t *config,
     if (e == cudaSuccess)
         e = cudaStreamCreateWithFlags(&c->side_stream, cudaStreamNonBlocking);
     if (e == cudaSuccess)
-        e = cudaStreamCreateWithFlags(&c->ce_stream, cudaStreamNonBlocking);
-    if (e == cudaSuccess)
-        e = cudaEventCreateWithFlags(&c->ce_fork, cudaEventDisableTiming);
-    if (e == cudaSuccess)
-        e = cudaEventCreateWithFlags(&c->ce_join, cudaEventDisableTiming);
+        e = wsync_cuda_lane_create(&c->lane);
     if (e != cudaSuccess) {
         rc = wsync_cuda_fail(err, e, __func__, "creating the consumer's streams and events");
         goto fail;
@@ -70,12 +66,7 @@ fail:
         cudaStreamDestroy(c->default_stream);
     if (c->side_stream)
         cudaStreamDestroy(c->side_stream);
-    if (c->ce_stream)
-        cudaStreamDestroy(c->ce_stream);
-    if (c->ce_fork)
-        cudaEventDestroy(c->ce_fork);
-    if (c->ce_join)
-        cudaEventDestroy(c->ce_join);
+    wsync_cuda_lane_destroy(&c->lane);
     pthread_mutex_destroy(&c->lock);
     free(c);
     return rc;
@@ -126,9 +117,7 @@ static wsync_result_t consumer_finalize(struct wsync_consumer *c, wsync_error_t 
     pthread_mutex_unlock(&c->lock);
     cudaStreamDestroy(c->default_stream);
     cudaStreamDestroy(c->side_stream);
-    cudaStreamDestroy(c->ce_stream);
-    cudaEventDestroy(c->ce_fork);
-    cudaEventDestroy(c->ce_join);
+    wsync_cuda_lane_destroy(&c->lane);
     pthread_mutex_destroy(&c->lock);
     free(c);
     wsync_cuda_stats_log();

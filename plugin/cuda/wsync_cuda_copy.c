@@ -64,23 +64,6 @@ static void launch_cfg(wsync_cuda_launch_cfg_t *cfg, int is_vmm)
     v = getenv("WSYNC_CUDA_BLOCKS_PER_SM");
     cfg->blocks_per_sm = v ? atoi(v) : 0;
     cfg->flat = 0;
-    cfg->ce_share = wsync_cuda_ce_share();
-    cfg->ce_min_bytes = wsync_cuda_ce_min_bytes();
-}
-
-/* The copy engines' share on the consumer's ce stream, ordered after everything on s so far
- * (the *ready* wait included); the caller joins s to ce_join after its own launch. */
-static wsync_result_t copy_engines_fork(struct wsync_consumer *c, const wsync_cuda_split_t *sp,
-                                        cudaStream_t s, wsync_error_t *err)
-{
-    WSYNC_CUDA_TRY(err, cudaEventRecord(c->ce_fork, s));
-    WSYNC_CUDA_TRY(err, cudaStreamWaitEvent(c->ce_stream, c->ce_fork, 0));
-    wsync_result_t rc =
-        wsync_cuda_batch_memcpy(sp->ce, sp->n_ce, 1, c->ce_stream, "copy_weights", err);
-    if (rc != WSYNC_OK)
-        return rc;
-    WSYNC_CUDA_TRY(err, cudaEventRecord(c->ce_join, c->ce_stream));
-    return WSYNC_OK;
 }
 
 static wsync_result_t copy_locked(struct wsync_consumer *c, struct wsync_handle *h, cudaStream_t s,
@@ -152,13 +135,7 @@ static wsync_result_t copy_locked(struct wsync_consumer *c, struct wsync_handle 
          * summed by the kernel only). */
         wsync_cuda_split_t sp = {.n_kernel = n_ops, .chunks = chunks};
         if (!verify) {
-            rc = wsync_cuda_split(table, n_ops, cfg.ce_share, cfg.ce_min_bytes, &sp, err);
-            if (rc != WSYNC_OK)
-                return rc;
-        }
-        if (sp.n_ce > 0) {
-            rc = copy_engines_fork(c, &sp, s, err);
-            free(sp.ce);
+            rc = wsync_cuda_lane_split(&c->lane, table, n_ops, s, "copy_weights", &sp, err);
             if (rc != WSYNC_OK)
                 return rc;
         }
@@ -173,8 +150,8 @@ static wsync_result_t copy_locked(struct wsync_consumer *c, struct wsync_handle 
                            wsync_cuda_launch_copy((const wsync_cuda_op_t *)slot->dev, (uint32_t)n_k,
                                                   sp.chunks, sums, verify, c->sm_count, &cfg, s));
         }
-        if (sp.n_ce > 0) /* join: the caller's stream carries both shares from here on */
-            WSYNC_CUDA_TRY(err, cudaStreamWaitEvent(s, c->ce_join, 0));
+        /* the caller's stream carries both shares from here on */
+        WSYNC_CUDA_TRY(err, wsync_cuda_lane_join(&c->lane, &sp, s));
         atomic_fetch_add(&wsync_cuda_stats.launches, 1);
         if (verify) {
             unsigned char *back =

@@ -37,8 +37,7 @@ struct wsync_staging {
     unsigned char *table_dev;
     size_t cap;
     cudaEvent_t staged;     /* recorded after the stage kernel and the sums read-back */
-    cudaStream_t ce_stream; /* the copy engines' share of a stage without digests */
-    cudaEvent_t ce_fork, ce_join;
+    wsync_cuda_lane_t lane; /* the copy engines' share of a stage without digests */
     int have_table_use;
     wsync_layout_t retained; /* the fixed layout (WSYNC_STAGING_FIXED_LAYOUT) */
     int have_retained;
@@ -57,12 +56,7 @@ static void staging_free(struct wsync_staging *s)
         cudaEventDestroy(s->staged);
     if (s->ready)
         cudaEventDestroy(s->ready);
-    if (s->ce_stream)
-        cudaStreamDestroy(s->ce_stream);
-    if (s->ce_fork)
-        cudaEventDestroy(s->ce_fork);
-    if (s->ce_join)
-        cudaEventDestroy(s->ce_join);
+    wsync_cuda_lane_destroy(&s->lane);
     if (s->table_host)
         cudaFreeHost(s->table_host);
     if (s->table_dev)
@@ -131,9 +125,7 @@ static wsync_result_t staging_create(const wsync_staging_config_t *config,
         cudaEventCreateWithFlags(&s->ready, cudaEventInterprocess | cudaEventDisableTiming));
     STAGING_TRY(cudaIpcGetEventHandle(&s->ready_handle, s->ready));
     STAGING_TRY(cudaEventCreateWithFlags(&s->staged, cudaEventDisableTiming));
-    STAGING_TRY(cudaStreamCreateWithFlags(&s->ce_stream, cudaStreamNonBlocking));
-    STAGING_TRY(cudaEventCreateWithFlags(&s->ce_fork, cudaEventDisableTiming));
-    STAGING_TRY(cudaEventCreateWithFlags(&s->ce_join, cudaEventDisableTiming));
+    STAGING_TRY(wsync_cuda_lane_create(&s->lane));
     STAGING_TRY(cudaStreamCreateWithFlags(&s->default_stream, cudaStreamNonBlocking));
 #undef STAGING_TRY
     rc = wsync_cuda_device_uuid(s->device, s->uuid, err);
@@ -211,20 +203,7 @@ static wsync_result_t stage_body(struct wsync_staging *s, cudaStream_t st,
      * (the kernel alone sums digests): forked from st, joined back before *staged*. */
     wsync_cuda_split_t sp = {.n_kernel = n, .chunks = chunks};
     if (n > 0 && !digests) {
-        rc = wsync_cuda_split(table, n, wsync_cuda_ce_share(), wsync_cuda_ce_min_bytes(), &sp, err);
-        if (rc != WSYNC_OK)
-            goto out;
-    }
-    if (sp.n_ce > 0) {
-        e = cudaEventRecord(s->ce_fork, st);
-        if (e == cudaSuccess)
-            e = cudaStreamWaitEvent(s->ce_stream, s->ce_fork, 0);
-        rc = e == cudaSuccess
-                 ? wsync_cuda_batch_memcpy(sp.ce, sp.n_ce, 1, s->ce_stream, "stage", err)
-                 : wsync_cuda_fail(err, e, "stage", "forking the copy-engine share");
-        free(sp.ce);
-        if (rc == WSYNC_OK && (e = cudaEventRecord(s->ce_join, s->ce_stream)) != cudaSuccess)
-            rc = wsync_cuda_fail(err, e, "stage", "recording the copy-engine share");
+        rc = wsync_cuda_lane_split(&s->lane, table, n, st, "stage", &sp, err);
         if (rc != WSYNC_OK)
             goto out;
     }
@@ -242,8 +221,8 @@ static wsync_result_t stage_body(struct wsync_staging *s, cudaStream_t st,
             e = cudaMemcpyAsync(sums_back(s), sums, n * sizeof(uint64_t), cudaMemcpyDeviceToHost,
                                 st);
     }
-    if (e == cudaSuccess && sp.n_ce > 0)
-        e = cudaStreamWaitEvent(st, s->ce_join, 0);
+    if (e == cudaSuccess)
+        e = wsync_cuda_lane_join(&s->lane, &sp, st);
     if (e == cudaSuccess)
         e = cudaEventRecord(s->staged, st);
     if (e != cudaSuccess) {
