@@ -34,6 +34,7 @@
 #undef realloc
 #undef free
 
+#include "rel_proc.h"
 #include "wsync_gpu_rel.h"
 #include "wsync_manifest.h"
 
@@ -433,7 +434,7 @@ static void forget(pid_t pid)
 static void kill_kid(kid_t *k)
 {
     wr_kill(k->pid);
-    wr_unlink_shm_of(k->pid);
+    rel_proc_unlink_shm_of(k->pid);
     forget(k->pid);
 }
 
@@ -441,7 +442,7 @@ static void kill_kid(kid_t *k)
 static int reap_kid(kid_t *k, int ms)
 {
     int st = wr_wait(k->pid, ms);
-    wr_unlink_shm_of(k->pid);
+    rel_proc_unlink_shm_of(k->pid);
     forget(k->pid);
     return st;
 }
@@ -453,7 +454,7 @@ static int kill_all(void **state)
     for (int i = 0; i < MAX_KIDS; i++)
         if (kids[i] != 0) {
             wr_kill(kids[i]);
-            wr_unlink_shm_of(kids[i]);
+            rel_proc_unlink_shm_of(kids[i]);
             close(kid_fd[i]);
             kids[i] = 0;
         }

@@ -1,7 +1,6 @@
 /* See wsync_gpu_rel.h. */
 #include "wsync_gpu_rel.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -187,26 +186,6 @@ pid_t wr_spawn(wr_child_fn fn, void *arg, int *sock)
     }
     *sock = sv[0];
     return pid;
-}
-
-int wr_unlink_shm_of(pid_t pid)
-{
-    char prefix[64], path[512];
-    DIR *d = opendir("/dev/shm");
-    struct dirent *e;
-    int n = 0;
-    if (d == NULL)
-        return 0;
-    snprintf(prefix, sizeof(prefix), "wsync-%u-%ld-", (unsigned)geteuid(), (long)pid);
-    while ((e = readdir(d)) != NULL) {
-        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
-            continue;
-        snprintf(path, sizeof(path), "/dev/shm/%s", e->d_name);
-        if (unlink(path) == 0)
-            n++;
-    }
-    closedir(d);
-    return n;
 }
 
 uint64_t wr_pattern_digest(uint64_t seed, size_t bytes)

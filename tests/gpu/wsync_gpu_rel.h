@@ -38,8 +38,6 @@ int wr_wait(pid_t pid, int timeout_ms);
  * the test process dies. */
 typedef int (*wr_child_fn)(int fd, void *arg);
 pid_t wr_spawn(wr_child_fn fn, void *arg, int *sock);
-/* Unlink /dev/shm/wsync-<uid>-<pid>-* (what a SIGKILLed process left); returns the count. */
-int wr_unlink_shm_of(pid_t pid);
 
 /* ---- tensor contents ---- */
 /* Seed of tensor k in generation g (wh_fill / wg_pattern_byte pattern). */

@@ -2,6 +2,8 @@
 
 #include <dirent.h>
 #include <stdio.h>
+#include <string.h>
+#include <unistd.h>
 
 long rel_proc_rss_kb(void)
 {
@@ -29,4 +31,24 @@ int rel_proc_count_fds(void)
             n++;
     closedir(d);
     return n - 1; /* the directory stream itself */
+}
+
+int rel_proc_unlink_shm_of(pid_t pid)
+{
+    char prefix[64], path[512];
+    DIR *d = opendir("/dev/shm");
+    struct dirent *e;
+    int n = 0;
+    if (d == NULL)
+        return -1;
+    snprintf(prefix, sizeof(prefix), "wsync-%u-%ld-", (unsigned)geteuid(), (long)pid);
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
+            continue;
+        snprintf(path, sizeof(path), "/dev/shm/%s", e->d_name);
+        if (unlink(path) == 0)
+            n++;
+    }
+    closedir(d);
+    return n;
 }
