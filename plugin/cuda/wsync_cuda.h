@@ -40,30 +40,38 @@ wsync_result_t wsync_cuda_fail(wsync_error_t *err, cudaError_t e, const char *wh
  * payload (the copy engines) reads and writes HBM more efficiently than any SM copy kernel
  * measured, and both run at once, so the largest contiguous ops, up to `share` of the bytes
  * (none below min_bytes), go to the copy engines while the kernel moves the rest. */
+#define WSYNC_CUDA_MAX_LANES 4
 typedef struct wsync_cuda_split {
     size_t n_kernel;     /* table[0..n_kernel): the kernel's ops, chunk numbers compacted */
     uint64_t chunks;     /* the kernel's chunk count */
     wsync_cuda_op_t *ce; /* malloc'd: the copy engines' ops (free it), NULL when none */
     size_t n_ce;
+    size_t lane_n[WSYNC_CUDA_MAX_LANES]; /* ce holds lane 0's lane_n[0] ops, then lane 1's, ... */
     uint64_t ce_bytes;
 } wsync_cuda_split_t;
+/* lanes (clamped to [1, WSYNC_CUDA_MAX_LANES]): the copy engines' ops are dealt largest first to
+ * the lane with the fewest bytes so far (one stream's copies run one after another, with a gap
+ * between two; two streams fill each other's gaps). */
 wsync_result_t wsync_cuda_split(wsync_cuda_op_t *table, size_t n, double share, uint64_t min_bytes,
-                                wsync_cuda_split_t *out, wsync_error_t *err);
-/* WSYNC_CUDA_CE_SHARE / WSYNC_CUDA_CE_MIN_BYTES (read per call), else the measured defaults. */
+                                int lanes, wsync_cuda_split_t *out, wsync_error_t *err);
+/* WSYNC_CUDA_CE_SHARE / WSYNC_CUDA_CE_MIN_BYTES / WSYNC_CUDA_CE_LANES (read per call), else the
+ * measured defaults (1.0, 16 MiB, 2). */
 double wsync_cuda_ce_share(void);
 uint64_t wsync_cuda_ce_min_bytes(void);
+int wsync_cuda_ce_lanes(void);
 
-/* The copy engines' lane of one consumer or staging buffer: a stream and its fork/join events. */
+/* The copy engines' lanes of one consumer or staging buffer: a stream each, one fork event and
+ * a join event each. */
 typedef struct wsync_cuda_lane {
-    cudaStream_t stream;
-    cudaEvent_t fork, join;
+    cudaStream_t stream[WSYNC_CUDA_MAX_LANES];
+    cudaEvent_t fork, join[WSYNC_CUDA_MAX_LANES];
 } wsync_cuda_lane_t;
 cudaError_t wsync_cuda_lane_create(wsync_cuda_lane_t *l);
 void wsync_cuda_lane_destroy(wsync_cuda_lane_t *l); /* of a zeroed or partly made lane too */
-/* Split table (the share and minimum of wsync_cuda_ce_share / wsync_cuda_ce_min_bytes) and
- * enqueue the copy engines' share on the lane, after everything on s so far. *sp then describes
- * the kernel's ops (its ce array already freed); after launching them, wsync_cuda_lane_join
- * makes s wait for the lane. `who` names the caller in errors. */
+/* Split table (the share, minimum and lanes of wsync_cuda_ce_share / _min_bytes / _lanes) and
+ * enqueue the copy engines' share on the lanes, after everything on s so far. *sp then
+ * describes the kernel's ops (its ce array already freed); after launching them,
+ * wsync_cuda_lane_join makes s wait for the lanes. `who` names the caller in errors. */
 wsync_result_t wsync_cuda_lane_split(wsync_cuda_lane_t *l, wsync_cuda_op_t *table, size_t n,
                                      cudaStream_t s, const char *who, wsync_cuda_split_t *sp,
                                      wsync_error_t *err);

@@ -50,22 +50,25 @@ wsync_result_t wsync_cuda_batch_memcpy(const wsync_cuda_op_t *t, size_t n, int o
 
 cudaError_t wsync_cuda_lane_create(wsync_cuda_lane_t *l)
 {
-    cudaError_t e = cudaStreamCreateWithFlags(&l->stream, cudaStreamNonBlocking);
-    if (e == cudaSuccess)
-        e = cudaEventCreateWithFlags(&l->fork, cudaEventDisableTiming);
-    if (e == cudaSuccess)
-        e = cudaEventCreateWithFlags(&l->join, cudaEventDisableTiming);
+    cudaError_t e = cudaEventCreateWithFlags(&l->fork, cudaEventDisableTiming);
+    for (int k = 0; k < WSYNC_CUDA_MAX_LANES && e == cudaSuccess; k++) {
+        e = cudaStreamCreateWithFlags(&l->stream[k], cudaStreamNonBlocking);
+        if (e == cudaSuccess)
+            e = cudaEventCreateWithFlags(&l->join[k], cudaEventDisableTiming);
+    }
     return e;
 }
 
 void wsync_cuda_lane_destroy(wsync_cuda_lane_t *l)
 {
-    if (l->stream)
-        cudaStreamDestroy(l->stream);
+    for (int k = 0; k < WSYNC_CUDA_MAX_LANES; k++) {
+        if (l->stream[k])
+            cudaStreamDestroy(l->stream[k]);
+        if (l->join[k])
+            cudaEventDestroy(l->join[k]);
+    }
     if (l->fork)
         cudaEventDestroy(l->fork);
-    if (l->join)
-        cudaEventDestroy(l->join);
     memset(l, 0, sizeof(*l));
 }
 
@@ -73,17 +76,24 @@ wsync_result_t wsync_cuda_lane_split(wsync_cuda_lane_t *l, wsync_cuda_op_t *tabl
                                      cudaStream_t s, const char *who, wsync_cuda_split_t *sp,
                                      wsync_error_t *err)
 {
-    wsync_result_t rc =
-        wsync_cuda_split(table, n, wsync_cuda_ce_share(), wsync_cuda_ce_min_bytes(), sp, err);
+    wsync_result_t rc = wsync_cuda_split(table, n, wsync_cuda_ce_share(), wsync_cuda_ce_min_bytes(),
+                                         wsync_cuda_ce_lanes(), sp, err);
     if (rc != WSYNC_OK || sp->n_ce == 0)
         return rc;
     cudaError_t e = cudaEventRecord(l->fork, s);
-    if (e == cudaSuccess)
-        e = cudaStreamWaitEvent(l->stream, l->fork, 0);
-    rc = e == cudaSuccess ? wsync_cuda_batch_memcpy(sp->ce, sp->n_ce, 1, l->stream, who, err)
-                          : wsync_cuda_fail(err, e, who, "forking the copy-engine share");
-    if (rc == WSYNC_OK && (e = cudaEventRecord(l->join, l->stream)) != cudaSuccess)
-        rc = wsync_cuda_fail(err, e, who, "recording the copy-engine share");
+    const wsync_cuda_op_t *ops = sp->ce;
+    for (int k = 0; k < WSYNC_CUDA_MAX_LANES && e == cudaSuccess && rc == WSYNC_OK; k++) {
+        if (sp->lane_n[k] == 0)
+            continue;
+        e = cudaStreamWaitEvent(l->stream[k], l->fork, 0);
+        if (e == cudaSuccess)
+            rc = wsync_cuda_batch_memcpy(ops, sp->lane_n[k], 1, l->stream[k], who, err);
+        if (rc == WSYNC_OK && e == cudaSuccess)
+            e = cudaEventRecord(l->join[k], l->stream[k]);
+        ops += sp->lane_n[k];
+    }
+    if (rc == WSYNC_OK && e != cudaSuccess)
+        rc = wsync_cuda_fail(err, e, who, "forking the copy engines' share");
     free(sp->ce);
     sp->ce = NULL;
     return rc;
@@ -92,5 +102,9 @@ wsync_result_t wsync_cuda_lane_split(wsync_cuda_lane_t *l, wsync_cuda_op_t *tabl
 cudaError_t wsync_cuda_lane_join(const wsync_cuda_lane_t *l, const wsync_cuda_split_t *sp,
                                  cudaStream_t s)
 {
-    return sp->n_ce > 0 ? cudaStreamWaitEvent(s, l->join, 0) : cudaSuccess;
+    cudaError_t e = cudaSuccess;
+    for (int k = 0; k < WSYNC_CUDA_MAX_LANES && e == cudaSuccess; k++)
+        if (sp->n_ce > 0 && sp->lane_n[k] > 0)
+            e = cudaStreamWaitEvent(s, l->join[k], 0);
+    return e;
 }

@@ -1,21 +1,61 @@
 /* The copy-engine share of a batch of planned ops (see wsync_cuda.h): largest contiguous ops
- * first, so the copy engines get few, long copies and the kernel keeps the rest. */
+ * first, so the copy engines get few, long copies and the kernel keeps the rest; the copy
+ * engines' ops are dealt over the lanes so each carries about the same bytes. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "wsync_cuda.h"
 #include "wsync_error.h"
 
-#define WSYNC_CUDA_OP_CE 0x100u /* transient mark while splitting */
+#define WSYNC_CUDA_OP_CE 0x100u /* transient mark while splitting, the lane in the bits above */
+#define WSYNC_CUDA_OP_LANE_SHIFT 9
+#define WSYNC_CUDA_OP_SPLIT_MASK (0xffu << 8)
 
 static uint64_t op_bytes(const wsync_cuda_op_t *op)
 {
     return op->chunk_end > op->chunk_begin ? op->rows * op->row_bytes : 0;
 }
 
-wsync_result_t wsync_cuda_split(wsync_cuda_op_t *table, size_t n, double share, uint64_t min_bytes,
-                                wsync_cuda_split_t *out, wsync_error_t *err)
+typedef struct by_size {
+    uint64_t bytes;
+    size_t i;
+} by_size_t;
+
+static int larger_first(const void *a, const void *b)
 {
+    const by_size_t *x = a, *y = b;
+    return x->bytes < y->bytes ? 1 : x->bytes > y->bytes ? -1 : (x->i > y->i) - (x->i < y->i);
+}
+
+/* Deal the n_ce marked ops over the lanes, largest first to the least loaded lane (the lane
+ * goes into the mark). -1 without memory. */
+static int deal(wsync_cuda_op_t *table, size_t n, size_t n_ce, int lanes, wsync_cuda_split_t *out)
+{
+    by_size_t *v = malloc(n_ce * sizeof(*v));
+    if (v == NULL)
+        return -1;
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (table[i].flags & WSYNC_CUDA_OP_CE)
+            v[m++] = (by_size_t){op_bytes(&table[i]), i};
+    qsort(v, m, sizeof(*v), larger_first);
+    uint64_t load[WSYNC_CUDA_MAX_LANES] = {0};
+    for (size_t r = 0; r < m; r++) {
+        int lane = 0;
+        for (int k = 1; k < lanes; k++)
+            lane = load[k] < load[lane] ? k : lane;
+        load[lane] += v[r].bytes;
+        out->lane_n[lane]++;
+        table[v[r].i].flags |= (uint32_t)lane << WSYNC_CUDA_OP_LANE_SHIFT;
+    }
+    free(v);
+    return 0;
+}
+
+wsync_result_t wsync_cuda_split(wsync_cuda_op_t *table, size_t n, double share, uint64_t min_bytes,
+                                int lanes, wsync_cuda_split_t *out, wsync_error_t *err)
+{
+    lanes = lanes < 1 ? 1 : lanes > WSYNC_CUDA_MAX_LANES ? WSYNC_CUDA_MAX_LANES : lanes;
     memset(out, 0, sizeof(*out));
     out->n_kernel = n;
     uint64_t total = 0;
@@ -48,19 +88,30 @@ wsync_result_t wsync_cuda_split(wsync_cuda_op_t *table, size_t n, double share, 
     if (n_ce == 0)
         return WSYNC_OK;
     out->ce = malloc(n_ce * sizeof(*out->ce));
+    if (out->ce != NULL && deal(table, n, n_ce, lanes, out) != 0) {
+        free(out->ce);
+        out->ce = NULL;
+    }
     if (out->ce == NULL) {
         for (size_t i = 0; i < n; i++)
-            table[i].flags &= ~WSYNC_CUDA_OP_CE;
+            table[i].flags &= ~WSYNC_CUDA_OP_SPLIT_MASK;
+        memset(out->lane_n, 0, sizeof(out->lane_n));
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu copy-engine ops", n_ce);
     }
-    /* compact: kernel ops keep their order and get consecutive chunk numbers */
+    /* the copy engines' ops lane after lane, each lane in op order; compact: kernel ops keep
+     * their order and get consecutive chunk numbers */
+    size_t at[WSYNC_CUDA_MAX_LANES];
+    for (int k = 0, sum = 0; k < WSYNC_CUDA_MAX_LANES; sum += (int)out->lane_n[k], k++)
+        at[k] = (size_t)sum;
     size_t kk = 0;
     uint64_t chunks = 0;
     for (size_t i = 0; i < n; i++) {
         wsync_cuda_op_t op = table[i];
         if (op.flags & WSYNC_CUDA_OP_CE) {
-            op.flags &= ~WSYNC_CUDA_OP_CE;
-            out->ce[out->n_ce++] = op;
+            const unsigned lane = (op.flags >> WSYNC_CUDA_OP_LANE_SHIFT) & 0x7fu;
+            op.flags &= ~WSYNC_CUDA_OP_SPLIT_MASK;
+            out->ce[at[lane]++] = op;
+            out->n_ce++;
             continue;
         }
         const uint64_t span = op.chunk_end - op.chunk_begin;
@@ -75,9 +126,10 @@ wsync_result_t wsync_cuda_split(wsync_cuda_op_t *table, size_t n, double share, 
     return WSYNC_OK;
 }
 
-/* Measured on one H200 (docs/PERFORMANCE.md). */
-#define WSYNC_CUDA_CE_SHARE_DEFAULT 0.3
-#define WSYNC_CUDA_CE_MIN_BYTES_DEFAULT (64ull << 20)
+/* Measured on one H200 (docs/PERFORMANCE.md, wsync-bench-cuda --lanes). */
+#define WSYNC_CUDA_CE_SHARE_DEFAULT 1.0
+#define WSYNC_CUDA_CE_MIN_BYTES_DEFAULT (16ull << 20)
+#define WSYNC_CUDA_CE_LANES_DEFAULT 2
 
 double wsync_cuda_ce_share(void)
 {
@@ -92,4 +144,13 @@ uint64_t wsync_cuda_ce_min_bytes(void)
 {
     const char *v = getenv("WSYNC_CUDA_CE_MIN_BYTES");
     return v != NULL && *v != '\0' ? strtoull(v, NULL, 10) : WSYNC_CUDA_CE_MIN_BYTES_DEFAULT;
+}
+
+int wsync_cuda_ce_lanes(void)
+{
+    const char *v = getenv("WSYNC_CUDA_CE_LANES");
+    if (v == NULL || *v == '\0')
+        return WSYNC_CUDA_CE_LANES_DEFAULT;
+    long x = strtol(v, NULL, 10);
+    return x < 1 ? 1 : x > WSYNC_CUDA_MAX_LANES ? WSYNC_CUDA_MAX_LANES : (int)x;
 }

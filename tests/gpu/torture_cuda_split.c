@@ -1,6 +1,7 @@
 /* The copy engines' share of a batch (plugin/cuda/wsync_cuda_split.c), without a device: the
  * largest contiguous ops first up to the share, none under the minimum, 2-D and empty ops always
- * left to the kernel, and the kernel's ops compacted in order with their chunk spans kept. */
+ * left to the kernel, the kernel's ops compacted in order with their chunk spans kept, and the
+ * copy engines' ops dealt over the lanes by bytes, each lane in op order. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,7 +68,7 @@ static void test_share_zero_keeps_everything(void **state)
     const uint64_t chunks = plan(sh, 3, t);
     wsync_cuda_split_t sp;
     wsync_error_t err = {.struct_size = sizeof(err)};
-    assert_int_equal(wsync_cuda_split(t, 3, 0.0, 0, &sp, &err), WSYNC_OK);
+    assert_int_equal(wsync_cuda_split(t, 3, 0.0, 0, 1, &sp, &err), WSYNC_OK);
     assert_int_equal(sp.n_kernel, 3);
     assert_int_equal(sp.n_ce, 0);
     assert_null(sp.ce);
@@ -84,7 +85,7 @@ static void test_largest_first_up_to_the_share(void **state)
     memcpy(before, t, sizeof(t));
     wsync_cuda_split_t sp;
     wsync_error_t err = {.struct_size = sizeof(err)};
-    assert_int_equal(wsync_cuda_split(t, 4, 0.1, 64 * MIB, &sp, &err), WSYNC_OK);
+    assert_int_equal(wsync_cuda_split(t, 4, 0.1, 64 * MIB, 1, &sp, &err), WSYNC_OK);
     assert_int_equal(sp.n_ce, 1);
     assert_ptr_equal(sp.ce[0].dst, before[1].dst);
     assert_int_equal(sp.ce[0].row_bytes, 1024 * MIB);
@@ -102,7 +103,7 @@ static void test_minimum_and_2d_stay_with_the_kernel(void **state)
     memcpy(before, t, sizeof(t));
     wsync_cuda_split_t sp;
     wsync_error_t err = {.struct_size = sizeof(err)};
-    assert_int_equal(wsync_cuda_split(t, 5, 1.0, 64 * MIB, &sp, &err), WSYNC_OK);
+    assert_int_equal(wsync_cuda_split(t, 5, 1.0, 64 * MIB, 1, &sp, &err), WSYNC_OK);
     /* the 300 MiB and 100 MiB ops; not the 1 MiB one (minimum), the 2-D one or the empty one */
     assert_int_equal(sp.n_ce, 2);
     assert_ptr_equal(sp.ce[0].dst, before[0].dst); /* CE ops keep op order */
@@ -124,11 +125,52 @@ static void test_everything_contiguous_with_no_minimum(void **state)
     memcpy(before, t, sizeof(t));
     wsync_cuda_split_t sp;
     wsync_error_t err = {.struct_size = sizeof(err)};
-    assert_int_equal(wsync_cuda_split(t, 4, 1.0, 0, &sp, &err), WSYNC_OK);
+    assert_int_equal(wsync_cuda_split(t, 4, 1.0, 0, 1, &sp, &err), WSYNC_OK);
     assert_int_equal(sp.n_ce, 3);
     assert_int_equal(sp.n_kernel, 1);
     assert_int_equal(t[0].rows, 4096); /* only the 2-D op is left */
     assert_compacted(before, 4, t, &sp);
+    free(sp.ce);
+}
+
+static void test_lanes_balanced_by_bytes(void **state)
+{
+    (void)state;
+    /* largest first to the least loaded lane: 400 -> 0, 300 -> 1, 200 -> 1, 100 -> 0 */
+    const shape_t sh[] = {
+        {1, 100 * MIB}, {1, 300 * MIB}, {1, 1 * MIB}, {1, 400 * MIB}, {1, 200 * MIB}};
+    wsync_cuda_op_t t[5], before[5];
+    plan(sh, 5, t);
+    memcpy(before, t, sizeof(t));
+    wsync_cuda_split_t sp;
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    assert_int_equal(wsync_cuda_split(t, 5, 1.0, 16 * MIB, 2, &sp, &err), WSYNC_OK);
+    assert_int_equal(sp.n_ce, 4);
+    assert_int_equal(sp.lane_n[0], 2);
+    assert_int_equal(sp.lane_n[1], 2);
+    assert_int_equal(sp.lane_n[2] + sp.lane_n[3], 0);
+    assert_ptr_equal(sp.ce[0].dst, before[0].dst); /* lane 0: 100, 400 in op order */
+    assert_ptr_equal(sp.ce[1].dst, before[3].dst);
+    assert_ptr_equal(sp.ce[2].dst, before[1].dst); /* lane 1: 300, 200 */
+    assert_ptr_equal(sp.ce[3].dst, before[4].dst);
+    for (size_t k = 0; k < sp.n_ce; k++) /* no transient marks left behind */
+        assert_int_equal(sp.ce[k].flags, before[0].flags);
+    assert_int_equal(sp.n_kernel, 1);
+    assert_int_equal(t[0].flags, before[2].flags);
+    assert_compacted(before, 5, t, &sp);
+    free(sp.ce);
+    /* more lanes than allowed are clamped; one lane takes everything in op order */
+    plan(sh, 5, t);
+    assert_int_equal(wsync_cuda_split(t, 5, 1.0, 16 * MIB, 99, &sp, &err), WSYNC_OK);
+    assert_int_equal(sp.lane_n[0] + sp.lane_n[1] + sp.lane_n[2] + sp.lane_n[3], 4);
+    for (int k = 0; k < WSYNC_CUDA_MAX_LANES; k++)
+        assert_true(sp.lane_n[k] <= 1);
+    free(sp.ce);
+    plan(sh, 5, t);
+    assert_int_equal(wsync_cuda_split(t, 5, 1.0, 16 * MIB, 0, &sp, &err), WSYNC_OK);
+    assert_int_equal(sp.lane_n[0], 4);
+    assert_ptr_equal(sp.ce[0].dst, before[0].dst);
+    assert_ptr_equal(sp.ce[3].dst, before[4].dst);
     free(sp.ce);
 }
 
@@ -139,6 +181,7 @@ int main(void)
         cmocka_unit_test(test_largest_first_up_to_the_share),
         cmocka_unit_test(test_minimum_and_2d_stay_with_the_kernel),
         cmocka_unit_test(test_everything_contiguous_with_no_minimum),
+        cmocka_unit_test(test_lanes_balanced_by_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -185,11 +185,14 @@ static int consumer(int fd, void *arg)
         WG_OK(p->consumer->copy_weights(c, h, st, m->generation, ops, NT + 2 + last_gen,
                                         WSYNC_COPY_VERIFY, err));
         /* The same generation again, unverified (split calls may carry one generation until
-         * it is recorded): the copy engines take a share of the contiguous ops, every one
-         * (g 1), half the bytes of those of 1 MiB or more (g 2), the default (g 3); the bytes
-         * must be the same. Tensor 0 goes to the spare, which holds the previous generation's
-         * bytes. */
+         * it is recorded): the copy engines take a share of the contiguous ops, every one over
+         * 4 lanes (g 1), half the bytes of those of 1 MiB or more over 3 lanes (g 2), the
+         * default (g 3); the bytes must be the same. Tensor 0 goes to the spare, which holds
+         * the previous generation's bytes. */
         static const char *share[] = {"1", "0.5", NULL}, *min_bytes[] = {"0", "1048576", NULL};
+        static const char *lanes[] = {"4", "3", NULL};
+        if (lanes[g - 1])
+            setenv("WSYNC_CUDA_CE_LANES", lanes[g - 1], 1);
         if (share[g - 1])
             setenv("WSYNC_CUDA_CE_SHARE", share[g - 1], 1);
         if (min_bytes[g - 1])
@@ -203,6 +206,7 @@ static int consumer(int fd, void *arg)
         WG_OK(p->consumer->copy_weights(c, h, st, m->generation, again, NT + 2, 0, err));
         unsetenv("WSYNC_CUDA_CE_SHARE");
         unsetenv("WSYNC_CUDA_CE_MIN_BYTES");
+        unsetenv("WSYNC_CUDA_CE_LANES");
         if (last_gen) {
             wsync_error_t e = {.struct_size = sizeof(e)};
             WG_CHECK(p->consumer->record_consumed(c, h, 1, &e) == WSYNC_ERR_DIGEST_MISMATCH,

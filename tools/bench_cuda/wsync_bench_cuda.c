@@ -3,6 +3,8 @@
  *   wsync-bench-cuda [--layout dense|moe|both] [--iters N] [--plugin PATH] [--layers L]
  *                    [--scale S] [--bucket-mib M]
  *   wsync-bench-cuda --lora [--iters N] [--plugin PATH] [--layers L]   (wsync_bench_lora.h)
+ *   wsync-bench-cuda --pingpong [--iters N]                             (wsync_bench_pingpong.h)
+ *   wsync-bench-cuda --lanes [--layout L] [--iters N]                   (wsync_bench_lanes.h)
  *
  * One consumer process per layout measures, with CUDA events (median of N after warm-up):
  *   (a) one cudaMemcpyAsync of the whole packed payload (the limit),
@@ -29,6 +31,7 @@
 #include <cuda_runtime_api.h>
 
 #include "wsync_abi.h"
+#include "wsync_bench_lanes.h"
 #include "wsync_bench_layout.h"
 #include "wsync_bench_lora.h"
 #include "wsync_bench_pingpong.h"
@@ -48,6 +51,7 @@ typedef struct wb_opts {
     uint64_t bucket;
     int lora;
     int pingpong;
+    int lanes;
     const char *dir;
 } wb_opts_t;
 
@@ -595,20 +599,25 @@ static int wb_consumer_main(const wb_opts_t *o)
         ms_plugin_var[v] = wb_time_events(&E, o->iters, wb_plugin_copy, &A);
     }
     unsetenv("WSYNC_CUDA_KERNEL_VARIANT");
-    /* The copy engines' share of copy_weights (WSYNC_CUDA_CE_SHARE), default variant. */
-    /* x the smallest op the copy engines take */
-    static const char *shares[] = {"0", "0.3", "0.5", "1"};
-    static const char *mins[] = {"1048576", "67108864"};
-#define WB_NSH (sizeof(shares) / sizeof(shares[0]))
-    double ms_share[WB_NSH][2];
-    for (size_t k = 0; k < WB_NSH; k++)
-        for (int mi = 0; mi < 2; mi++) {
-            setenv("WSYNC_CUDA_CE_SHARE", shares[k], 1);
-            setenv("WSYNC_CUDA_CE_MIN_BYTES", mins[mi], 1);
-            ms_share[k][mi] = wb_time_events(&E, o->iters, wb_plugin_copy, &A);
-        }
-    unsetenv("WSYNC_CUDA_CE_SHARE");
-    unsetenv("WSYNC_CUDA_CE_MIN_BYTES");
+    /* The copy engines' share of copy_weights (WSYNC_CUDA_CE_SHARE, _MIN_BYTES, _LANES), default
+     * variant; NULL = the default. */
+    static const struct {
+        const char *share, *min, *lanes;
+    } shs[] = {{"0", NULL, NULL},   {NULL, NULL, NULL},       {NULL, NULL, "1"},
+               {NULL, NULL, "3"},   {NULL, "67108864", NULL}, {NULL, "1048576", NULL},
+               {"0.5", NULL, NULL}, {"0.3", "67108864", "1"}};
+#define WB_NSH (sizeof(shs) / sizeof(shs[0]))
+    double ms_share[WB_NSH];
+    for (size_t k = 0; k < WB_NSH; k++) {
+        const char *names[3] = {"WSYNC_CUDA_CE_SHARE", "WSYNC_CUDA_CE_MIN_BYTES",
+                                "WSYNC_CUDA_CE_LANES"};
+        const char *vals[3] = {shs[k].share, shs[k].min, shs[k].lanes};
+        for (int j = 0; j < 3; j++)
+            vals[j] ? setenv(names[j], vals[j], 1) : unsetenv(names[j]);
+        ms_share[k] = wb_time_events(&E, o->iters, wb_plugin_copy, &A);
+        for (int j = 0; j < 3; j++)
+            unsetenv(names[j]);
+    }
     double ms_plugin = wb_time_events(&E, o->iters, wb_plugin_copy, &A);
     A.flags = WSYNC_COPY_VERIFY;
     double ms_verify = wb_time_events(&E, o->iters, wb_plugin_copy, &A);
@@ -655,13 +664,15 @@ static int wb_consumer_main(const wb_opts_t *o)
         snprintf(what, sizeof(what), "copy_weights, variant %d", v);
         wb_row(what, ms_plugin_var[v], E.l.payload, ms_whole, ms_each);
     }
-    for (size_t k = 0; k < WB_NSH; k++)
-        for (int mi = 0; mi < 2; mi++) {
-            char what[64];
-            snprintf(what, sizeof(what), "copy_weights, CE share %s, ops >= %s MiB", shares[k],
-                     mi ? "64" : "1");
-            wb_row(what, ms_share[k][mi], E.l.payload, ms_whole, ms_each);
-        }
+    for (size_t k = 0; k < WB_NSH; k++) {
+        char what[80];
+        snprintf(what, sizeof(what), "copy_weights, CE share %s, >= %s MiB, %s lane%s",
+                 shs[k].share ? shs[k].share : "1",
+                 shs[k].min ? (shs[k].min[0] == '6' ? "64" : "1") : "16",
+                 shs[k].lanes ? shs[k].lanes : "2",
+                 shs[k].lanes && strcmp(shs[k].lanes, "1") == 0 ? "" : "s");
+        wb_row(what, ms_share[k], E.l.payload, ms_whole, ms_each);
+    }
 
     /* (c) + (d): full syncs through 1 GiB buckets: one staging buffer reused for every bucket,
      * then two used alternately (stage of bucket b+1 overlaps the copy of bucket b). */
@@ -784,24 +795,20 @@ static void wb_usage(FILE *f)
     fprintf(f, "usage: wsync-bench-cuda [--layout dense|moe|both] [--iters N] [--plugin PATH]\n"
                "                        [--layers L] [--scale S] [--bucket-mib M]\n"
                "       wsync-bench-cuda --lora [--iters N] [--plugin PATH] [--layers L]\n"
-               "       wsync-bench-cuda --pingpong [--iters N]\n");
+               "       wsync-bench-cuda --pingpong [--iters N]\n"
+               "       wsync-bench-cuda --lanes [--layout dense|moe|both] [--iters N]\n");
 }
 
 int main(int argc, char **argv)
 {
-    static const struct option lo[] = {{"layout", required_argument, NULL, 'l'},
-                                       {"iters", required_argument, NULL, 'i'},
-                                       {"plugin", required_argument, NULL, 'p'},
-                                       {"layers", required_argument, NULL, 'L'},
-                                       {"scale", required_argument, NULL, 'S'},
-                                       {"bucket-mib", required_argument, NULL, 'b'},
-                                       {"role", required_argument, NULL, 'r'},
-                                       {"fd", required_argument, NULL, 'f'},
-                                       {"help", no_argument, NULL, 'h'},
-                                       {"lora", no_argument, NULL, 'o'},
-                                       {"dir", required_argument, NULL, 'd'},
-                                       {"pingpong", no_argument, NULL, 'P'},
-                                       {NULL, 0, NULL, 0}};
+    static const struct option lo[] = {
+        {"layout", required_argument, NULL, 'l'}, {"iters", required_argument, NULL, 'i'},
+        {"plugin", required_argument, NULL, 'p'}, {"layers", required_argument, NULL, 'L'},
+        {"scale", required_argument, NULL, 'S'},  {"bucket-mib", required_argument, NULL, 'b'},
+        {"role", required_argument, NULL, 'r'},   {"fd", required_argument, NULL, 'f'},
+        {"help", no_argument, NULL, 'h'},         {"lora", no_argument, NULL, 'o'},
+        {"dir", required_argument, NULL, 'd'},    {"pingpong", no_argument, NULL, 'P'},
+        {"lanes", no_argument, NULL, 'N'},        {NULL, 0, NULL, 0}};
     wb_opts_t o = {.layout = "both", .iters = 20, .scale = 1, .bucket = 1ull << 30, .fd = -1};
     int c;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -838,6 +845,9 @@ int main(int argc, char **argv)
             break;
         case 'P':
             o.pingpong = 1;
+            break;
+        case 'N':
+            o.lanes = 1;
             break;
         case 'h':
             wb_usage(stdout);
@@ -884,6 +894,8 @@ int main(int argc, char **argv)
                 why);
         return pr;
     }
+    if (o.lanes)
+        return wb_lanes_main(o.layout, o.iters);
     if (o.lora)
         return wb_lora_main(wb_self, o.plugin, o.iters, o.layers);
 

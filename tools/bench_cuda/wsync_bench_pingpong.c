@@ -6,7 +6,9 @@
  *         cuStreamWriteValue32): no host in the loop at all;
  *   host: by the host, as the protocol does today: the producer waits for its kernel and bumps a
  *         shared word, the consumer spins on it and launches; *consumed* from a host function.
- * with 1 and 2 buffers, against the same 2 x 16 copies run by one process (no turn-taking). */
+ * with 1 and 2 buffers, against the same 2 x 16 copies run by one process (no turn-taking);
+ * and with each copy done by the copy engines (one cudaMemcpyAsync) instead of the kernel, to
+ * see whether two contexts' copies still take turns when no SM work is involved. */
 #define _GNU_SOURCE
 #include "wsync_bench_pingpong.h"
 
@@ -29,7 +31,7 @@
 
 #define WP_BUCKET (1ull << 30)
 #define WP_NB 16
-#define WP_TRIALS 4 /* modes x buffer counts */
+#define WP_TRIALS 6 /* hand-off x buffer count x engine */
 
 typedef struct wp_shared {
     _Atomic uint32_t ready;    /* producer: last bucket staged (trial base + b + 1) */
@@ -49,8 +51,9 @@ typedef struct wp_ctx {
     wp_write_fn write32;
     cudaStream_t st;
     int sm;
-    unsigned char *src, *mid, *dst; /* 16 buckets -> 2 buffers -> 16 buckets */
-    wsync_cuda_op_t *ops[2];        /* device tables for 1 and 2 buffers (wp_ops) */
+    unsigned char *src, *mid, *dst;     /* 16 buckets -> 2 buffers -> 16 buckets */
+    wsync_cuda_op_t *ops[2];            /* device tables for 1 and 2 buffers (wp_ops) */
+    wsync_cuda_op_t hops[2][2 * WP_NB]; /* their host images (the copy engines' pointers) */
 } wp_ctx_t;
 
 static wp_shared_t *wp_sh_for_cb; /* the host function's target (one per process) */
@@ -82,7 +85,7 @@ static void wp_spin_until(_Atomic uint32_t *w, uint32_t v)
  * [NB, 2 NB) mid buffer b % nbuf -> dst bucket b. */
 static wsync_cuda_op_t *wp_ops(wp_ctx_t *x, int nbuf)
 {
-    wsync_cuda_op_t h[2 * WP_NB];
+    wsync_cuda_op_t *h = x->hops[nbuf - 1];
     for (int b = 0; b < WP_NB; b++) {
         unsigned char *m = x->mid + (uint64_t)(b % nbuf) * WP_BUCKET;
         wsync_cuda_plan_op(&h[b], x->src + (uint64_t)b * WP_BUCKET, m, WP_BUCKET, WP_BUCKET, 1,
@@ -91,8 +94,8 @@ static wsync_cuda_op_t *wp_ops(wp_ctx_t *x, int nbuf)
                            1, WP_BUCKET, 0, 0);
     }
     wsync_cuda_op_t *d;
-    WP_CK(cudaMalloc((void **)&d, sizeof(h)));
-    WP_CK(cudaMemcpy(d, h, sizeof(h), cudaMemcpyHostToDevice));
+    WP_CK(cudaMalloc((void **)&d, sizeof(x->hops[0])));
+    WP_CK(cudaMemcpy(d, h, sizeof(x->hops[0]), cudaMemcpyHostToDevice));
     return d;
 }
 
@@ -129,11 +132,17 @@ static void wp_setup(wp_ctx_t *x, wp_shared_t *sh)
         x->ops[nbuf - 1] = wp_ops(x, nbuf);
 }
 
-static void wp_copy(wp_ctx_t *x, const wsync_cuda_op_t *op)
+/* Copy i of the table for nbuf: the kernel, or (ce) one cudaMemcpyAsync. */
+static void wp_copy(wp_ctx_t *x, int nbuf, int i, int ce)
 {
+    const wsync_cuda_op_t *h = &x->hops[nbuf - 1][i];
+    if (ce) {
+        WP_CK(cudaMemcpyAsync(h->dst, h->src, WP_BUCKET, cudaMemcpyDeviceToDevice, x->st));
+        return;
+    }
     const wsync_cuda_launch_cfg_t cfg = {.variant = WSYNC_CUDA_VMM_VARIANT, .flat = 1};
-    WP_CK(wsync_cuda_launch_copy(op, 1, WP_BUCKET / WSYNC_CUDA_CHUNK_BYTES, NULL, 0, x->sm, &cfg,
-                                 x->st));
+    WP_CK(wsync_cuda_launch_copy(x->ops[nbuf - 1] + i, 1, WP_BUCKET / WSYNC_CUDA_CHUNK_BYTES, NULL,
+                                 0, x->sm, &cfg, x->st));
 }
 
 static void CUDART_CB wp_signal(void *user)
@@ -142,9 +151,8 @@ static void CUDART_CB wp_signal(void *user)
 }
 
 /* One side of one trial: producer (stage passes) or consumer (copy passes). */
-static void wp_side(wp_ctx_t *x, int producer, int gpu, int nbuf, uint32_t base)
+static void wp_side(wp_ctx_t *x, int producer, int gpu, int nbuf, int ce, uint32_t base)
 {
-    const wsync_cuda_op_t *ops = x->ops[nbuf - 1];
     for (int b = 0; b < WP_NB; b++) {
         if (producer) {
             /* buffer b % nbuf is free once bucket b - nbuf was copied */
@@ -152,13 +160,13 @@ static void wp_side(wp_ctx_t *x, int producer, int gpu, int nbuf, uint32_t base)
             if (gpu) {
                 if (x->wait32(x->st, x->d_consumed, need, CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS)
                     exit(1);
-                wp_copy(x, ops + b);
+                wp_copy(x, nbuf, b, ce);
                 if (x->write32(x->st, x->d_ready, base + b + 1, CU_STREAM_WRITE_VALUE_DEFAULT) !=
                     CUDA_SUCCESS)
                     exit(1);
             } else {
                 wp_spin_until(&x->sh->consumed, need);
-                wp_copy(x, ops + b);
+                wp_copy(x, nbuf, b, ce);
                 WP_CK(cudaStreamSynchronize(x->st));
                 atomic_store(&x->sh->ready, base + b + 1);
             }
@@ -167,13 +175,13 @@ static void wp_side(wp_ctx_t *x, int producer, int gpu, int nbuf, uint32_t base)
                 if (x->wait32(x->st, x->d_ready, base + b + 1, CU_STREAM_WAIT_VALUE_GEQ) !=
                     CUDA_SUCCESS)
                     exit(1);
-                wp_copy(x, ops + WP_NB + b);
+                wp_copy(x, nbuf, WP_NB + b, ce);
                 if (x->write32(x->st, x->d_consumed, base + b + 1, CU_STREAM_WRITE_VALUE_DEFAULT) !=
                     CUDA_SUCCESS)
                     exit(1);
             } else {
                 wp_spin_until(&x->sh->ready, base + b + 1);
-                wp_copy(x, ops + WP_NB + b);
+                wp_copy(x, nbuf, WP_NB + b, ce);
                 WP_CK(cudaLaunchHostFunc(x->st, wp_signal, (void *)(uintptr_t)(base + b + 1)));
             }
         }
@@ -182,8 +190,8 @@ static void wp_side(wp_ctx_t *x, int producer, int gpu, int nbuf, uint32_t base)
 }
 
 static const struct {
-    int gpu, nbuf;
-} wp_trials[WP_TRIALS] = {{1, 2}, {1, 1}, {0, 2}, {0, 1}};
+    int gpu, nbuf, ce;
+} wp_trials[WP_TRIALS] = {{1, 2, 0}, {1, 1, 0}, {0, 2, 0}, {0, 1, 0}, {1, 2, 1}, {0, 2, 1}};
 
 static int wp_producer(wp_shared_t *sh)
 {
@@ -198,7 +206,7 @@ static int wp_producer(wp_shared_t *sh)
         if (atomic_load(&sh->quit))
             return 0;
         const uint32_t t = (n - 1) % WP_TRIALS;
-        wp_side(&x, 1, wp_trials[t].gpu, wp_trials[t].nbuf, (n - 1) * 64u);
+        wp_side(&x, 1, wp_trials[t].gpu, wp_trials[t].nbuf, wp_trials[t].ce, (n - 1) * 64u);
         atomic_store(&sh->done, n);
     }
 }
@@ -217,26 +225,29 @@ int wb_pingpong_main(unsigned iters)
     cudaEvent_t e0, e1;
     WP_CK(cudaEventCreate(&e0));
     WP_CK(cudaEventCreate(&e1));
-    /* one process: the 16 stage copies and 16 engine copies, alternating, no turn-taking */
-    double *t = calloc(iters + 2, sizeof(*t));
-    const wsync_cuda_op_t *ops2 = x.ops[1];
-    for (unsigned i = 0; i < iters + 2; i++) {
-        WP_CK(cudaEventRecord(e0, x.st));
-        for (int b = 0; b < WP_NB; b++) {
-            wp_copy(&x, ops2 + b);
-            wp_copy(&x, ops2 + WP_NB + b);
+    /* one process: the 16 stage copies and 16 engine copies, alternating, no turn-taking;
+     * by the kernel and by the copy engines */
+    double *t = calloc(iters + 2, sizeof(*t)), one[2];
+    for (int ce = 0; ce < 2; ce++) {
+        for (unsigned i = 0; i < iters + 2; i++) {
+            WP_CK(cudaEventRecord(e0, x.st));
+            for (int b = 0; b < WP_NB; b++) {
+                wp_copy(&x, 2, b, ce);
+                wp_copy(&x, 2, WP_NB + b, ce);
+            }
+            WP_CK(cudaEventRecord(e1, x.st));
+            WP_CK(cudaEventSynchronize(e1));
+            float ms;
+            WP_CK(cudaEventElapsedTime(&ms, e0, e1));
+            t[i] = ms;
         }
-        WP_CK(cudaEventRecord(e1, x.st));
-        WP_CK(cudaEventSynchronize(e1));
-        float ms;
-        WP_CK(cudaEventElapsedTime(&ms, e0, e1));
-        t[i] = ms;
+        one[ce] = wh_median(t + 2, iters);
     }
-    const double one = wh_median(t + 2, iters);
     printf("wsync-bench-cuda --pingpong: 16 x 1 GiB stage copies + 16 x 1 GiB engine copies "
            "(median of %u after warm-up)\n",
            iters);
-    printf("  one process, alternating on one stream: %.2f ms\n", one);
+    printf("  one process, alternating on one stream, copy kernel: %.2f ms\n", one[0]);
+    printf("  one process, alternating on one stream, copy engines: %.2f ms\n", one[1]);
     double *tk[WP_TRIALS], best[WP_TRIALS];
     for (int k = 0; k < WP_TRIALS; k++)
         tk[k] = calloc(iters, sizeof(double));
@@ -249,7 +260,7 @@ int wb_pingpong_main(unsigned iters)
             atomic_store(&sh->consumed, base);
             double t0 = wh_now_ms();
             atomic_store(&sh->go, n);
-            wp_side(&x, 0, wp_trials[k].gpu, wp_trials[k].nbuf, base);
+            wp_side(&x, 0, wp_trials[k].gpu, wp_trials[k].nbuf, wp_trials[k].ce, base);
             wp_spin_until(&sh->done, n);
             double ms = wh_now_ms() - t0;
             if (i > 0)
@@ -263,9 +274,12 @@ int wb_pingpong_main(unsigned iters)
     int st = 0;
     waitpid(pid, &st, 0);
     for (int k = 0; k < WP_TRIALS; k++)
-        printf("  two processes, hand-off on the %s, %d buffer%s: %.2f ms (%.3fx one process)\n",
+        printf("  two processes, %s, hand-off on the %s, %d buffer%s: %.2f ms (%.3fx one "
+               "process)\n",
+               wp_trials[k].ce ? "copy engines" : "copy kernel",
                wp_trials[k].gpu ? "GPU (stream memory operations)" : "host (as the protocol)",
-               wp_trials[k].nbuf, wp_trials[k].nbuf > 1 ? "s" : "", best[k], best[k] / one);
+               wp_trials[k].nbuf, wp_trials[k].nbuf > 1 ? "s" : "", best[k],
+               best[k] / one[wp_trials[k].ce]);
     free(t);
     return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
 }

@@ -1,0 +1,574 @@
+/* wsync-bench-cuda --lanes (see wsync_bench_lanes.h). */
+#define _GNU_SOURCE /* qsort_r */
+#include "wsync_bench_lanes.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "wsync_bench_layout.h"
+#include "wsync_copy_kernel.h"
+#include "wsync_cuda_harness.h"
+
+#define WL_MAX_LANES 8
+#define WL_WARMUP 2
+
+#define WL_CK(call)                                                                                \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "wsync-bench-cuda --lanes: %s:%d %s: %s\n", __FILE__, __LINE__, #call, \
+                    cudaGetErrorString(e_));                                                       \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+typedef struct wl_ce {
+    const void *src;
+    void *dst;
+    uint64_t bytes; /* per row */
+    int lane;
+    uint64_t rows, spitch, dpitch; /* rows > 1: one cudaMemcpy2DAsync */
+} wl_ce_t;
+
+/* One way of moving a batch: copy-engine ops per lane and the kernel's table. */
+typedef struct wl_plan {
+    wl_ce_t *ce;
+    size_t n_ce;
+    int lanes;
+    int batch; /* one cudaMemcpyBatchAsync per lane instead of a cudaMemcpyAsync per op */
+    size_t n_k;
+    uint64_t chunks;
+    uint64_t ce_bytes;
+} wl_plan_t;
+
+typedef struct wl_env {
+    cudaStream_t s0, lane[WL_MAX_LANES];
+    cudaEvent_t fork, join[WL_MAX_LANES], e0, e1;
+    int sm;
+    size_t rejected;              /* strided copies the driver refused */
+    int64_t max_pitch;            /* cudaDevAttrMaxPitch: the largest stride of one strided copy */
+    wsync_cuda_op_t *hops, *dops; /* kernel table, host and device */
+    size_t cap;
+    unsigned iters;
+} wl_env_t;
+
+static void wl_enqueue(wl_env_t *x, const wl_plan_t *p)
+{
+    if (p->n_ce > 0) {
+        WL_CK(cudaEventRecord(x->fork, x->s0));
+        for (int k = 0; k < p->lanes; k++)
+            WL_CK(cudaStreamWaitEvent(x->lane[k], x->fork, 0));
+        if (p->batch) {
+            void **d = malloc(p->n_ce * sizeof(*d));
+            const void **s = malloc(p->n_ce * sizeof(*s));
+            size_t *b = malloc(p->n_ce * sizeof(*b));
+            for (int k = 0; k < p->lanes; k++) {
+                size_t m = 0;
+                for (size_t i = 0; i < p->n_ce; i++)
+                    if (p->ce[i].lane == k) {
+                        d[m] = p->ce[i].dst;
+                        s[m] = p->ce[i].src;
+                        b[m++] = p->ce[i].bytes;
+                    }
+                if (m == 0)
+                    continue;
+                struct cudaMemcpyAttributes a;
+                memset(&a, 0, sizeof(a));
+                a.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+                a.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+                size_t idx = 0;
+                WL_CK(cudaMemcpyBatchAsync((void *const *)d, (const void *const *)s, b, m, &a, &idx,
+                                           1, x->lane[k]));
+            }
+            free(d);
+            free(s);
+            free(b);
+        } else {
+            for (size_t i = 0; i < p->n_ce; i++) {
+                const wl_ce_t *c = &p->ce[i];
+                if (c->rows > 1)
+                    WL_CK(cudaMemcpy2DAsync(c->dst, c->dpitch, c->src, c->spitch, c->bytes, c->rows,
+                                            cudaMemcpyDeviceToDevice, x->lane[c->lane]));
+                else
+                    WL_CK(cudaMemcpyAsync(c->dst, c->src, c->bytes, cudaMemcpyDeviceToDevice,
+                                          x->lane[c->lane]));
+            }
+        }
+        for (int k = 0; k < p->lanes; k++)
+            WL_CK(cudaEventRecord(x->join[k], x->lane[k]));
+    }
+    if (p->n_k > 0) {
+        const wsync_cuda_launch_cfg_t cfg = {.variant = WSYNC_CUDA_VMM_VARIANT, .flat = 1};
+        WL_CK(wsync_cuda_launch_copy(x->dops, (uint32_t)p->n_k, p->chunks, NULL, 0, x->sm, &cfg,
+                                     x->s0));
+    }
+    if (p->n_ce > 0)
+        for (int k = 0; k < p->lanes; k++)
+            WL_CK(cudaStreamWaitEvent(x->s0, x->join[k], 0));
+}
+
+/* Median ms of iters runs after warm-up. The plan's kernel table must be in x->dops. */
+static double wl_time(wl_env_t *x, const wl_plan_t *p)
+{
+    double t[64];
+    unsigned n = x->iters > 64 ? 64 : x->iters;
+    for (unsigned i = 0; i < n + WL_WARMUP; i++) {
+        WL_CK(cudaEventRecord(x->e0, x->s0));
+        wl_enqueue(x, p);
+        WL_CK(cudaEventRecord(x->e1, x->s0));
+        WL_CK(cudaEventSynchronize(x->e1));
+        float ms;
+        WL_CK(cudaEventElapsedTime(&ms, x->e0, x->e1));
+        if (i >= WL_WARMUP)
+            t[i - WL_WARMUP] = ms;
+    }
+    return wh_median(t, n);
+}
+
+/* The same, captured once into a CUDA graph and launched as one; *inst_ms: capture plus
+ * instantiation, host time. */
+static double wl_time_graph(wl_env_t *x, const wl_plan_t *p, double *inst_ms)
+{
+    const double t0 = wh_now_ms();
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    WL_CK(cudaStreamBeginCapture(x->s0, cudaStreamCaptureModeThreadLocal));
+    wl_enqueue(x, p);
+    WL_CK(cudaStreamEndCapture(x->s0, &g));
+    WL_CK(cudaGraphInstantiate(&ge, g, 0));
+    *inst_ms = wh_now_ms() - t0;
+    double t[64];
+    unsigned n = x->iters > 64 ? 64 : x->iters;
+    for (unsigned i = 0; i < n + WL_WARMUP; i++) {
+        WL_CK(cudaEventRecord(x->e0, x->s0));
+        WL_CK(cudaGraphLaunch(ge, x->s0));
+        WL_CK(cudaEventRecord(x->e1, x->s0));
+        WL_CK(cudaEventSynchronize(x->e1));
+        float ms;
+        WL_CK(cudaEventElapsedTime(&ms, x->e0, x->e1));
+        if (i >= WL_WARMUP)
+            t[i - WL_WARMUP] = ms;
+    }
+    WL_CK(cudaGraphExecDestroy(ge));
+    WL_CK(cudaGraphDestroy(g));
+    return wh_median(t, n);
+}
+
+/* ---------------------------------------------------------------- planning */
+
+typedef struct wl_batch {
+    const unsigned char **src;
+    unsigned char **dst;
+    uint64_t *bytes;
+    size_t n;
+    uint64_t payload;
+} wl_batch_t;
+
+static int wl_cmp_desc(const void *a, const void *b, void *ctx)
+{
+    const uint64_t *by = ctx;
+    const size_t i = *(const size_t *)a, j = *(const size_t *)b;
+    return by[i] < by[j] ? 1 : by[i] > by[j] ? -1 : (i > j) - (i < j);
+}
+
+/* Largest ops of at least min_bytes, up to share of the payload, to the copy engines (head:
+ * that fraction of each such op, the tail to the kernel), balanced over `lanes` by bytes; the
+ * rest to the kernel table (uploaded). share 0: kernel only; min_bytes 0 and share 1 and head
+ * 1: copy engines only. */
+static void wl_plan(wl_env_t *x, const wl_batch_t *b, uint64_t min_bytes, double share, double head,
+                    int lanes, int batch, wl_plan_t *p)
+{
+    memset(p, 0, sizeof(*p));
+    p->lanes = lanes;
+    p->batch = batch;
+    p->ce = calloc(b->n ? b->n : 1, sizeof(*p->ce));
+    size_t *order = malloc((b->n ? b->n : 1) * sizeof(*order));
+    char *taken = calloc(b->n ? b->n : 1, 1);
+    uint64_t *ce_head = calloc(b->n ? b->n : 1, sizeof(*ce_head));
+    for (size_t i = 0; i < b->n; i++)
+        order[i] = i;
+    qsort_r(order, b->n, sizeof(*order), wl_cmp_desc, b->bytes);
+    const uint64_t target = share >= 1 ? b->payload : (uint64_t)((double)b->payload * share);
+    uint64_t load[WL_MAX_LANES] = {0};
+    for (size_t r = 0; r < b->n && p->ce_bytes < target && share > 0; r++) {
+        const size_t i = order[r];
+        if (b->bytes[i] < min_bytes || b->bytes[i] == 0)
+            continue;
+        uint64_t h = head >= 1 ? b->bytes[i] : ((uint64_t)((double)b->bytes[i] * head)) & ~4095ull;
+        if (h == 0)
+            continue;
+        int best = 0;
+        for (int k = 1; k < lanes; k++)
+            if (load[k] < load[best])
+                best = k;
+        load[best] += h;
+        taken[i] = 1;
+        ce_head[i] = h;
+        p->ce[p->n_ce++] = (wl_ce_t){b->src[i], b->dst[i], h, best, 1, h, h};
+        p->ce_bytes += h;
+    }
+    /* copy-engine ops in op order per lane (the order of the original batch) */
+    for (size_t i = 0; i < b->n; i++) {
+        const uint64_t off = taken[i] ? ce_head[i] : 0;
+        if (off >= b->bytes[i])
+            continue;
+        p->chunks += wsync_cuda_plan_op(&x->hops[p->n_k++], b->src[i] + off, b->dst[i] + off,
+                                        b->bytes[i] - off, b->bytes[i] - off, 1, b->bytes[i] - off,
+                                        0, p->chunks);
+    }
+    if (p->n_k > 0)
+        WL_CK(cudaMemcpy(x->dops, x->hops, p->n_k * sizeof(*x->hops), cudaMemcpyHostToDevice));
+    free(order);
+    free(taken);
+    free(ce_head);
+}
+
+/* Runs of equal-size ops whose sources and destinations each advance by one constant stride
+ * (at least the size) become one strided copy-engine copy (rows = the run's length); runs of at
+ * least min_bytes, largest first up to share of the payload, go to the lanes, balanced by
+ * bytes; the rest to the kernel. *n_runs: how many runs the batch has. */
+static void wl_plan_runs(wl_env_t *x, const wl_batch_t *b, uint64_t min_bytes, double share,
+                         int lanes, wl_plan_t *p, size_t *n_runs)
+{
+    memset(p, 0, sizeof(*p));
+    p->lanes = lanes;
+    const size_t n1 = b->n ? b->n : 1;
+    p->ce = calloc(n1, sizeof(*p->ce));
+    size_t *first = malloc(n1 * sizeof(*first)), *len = malloc(n1 * sizeof(*len));
+    uint64_t *ub = malloc(n1 * sizeof(*ub)), *sst = malloc(n1 * sizeof(*sst));
+    uint64_t *dst_st = malloc(n1 * sizeof(*dst_st));
+    char *taken = calloc(n1, 1);
+    size_t nu = 0;
+    for (size_t i = 0; i < b->n;) {
+        size_t j = i + 1;
+        int64_t ss = 0, ds = 0;
+        if (j < b->n && b->bytes[j] == b->bytes[i]) {
+            ss = b->src[j] - b->src[i];
+            ds = b->dst[j] - b->dst[i];
+            if (ss >= (int64_t)b->bytes[i] && ds >= (int64_t)b->bytes[i] && ss <= x->max_pitch &&
+                ds <= x->max_pitch) {
+                while (j + 1 < b->n && b->bytes[j + 1] == b->bytes[i] &&
+                       b->src[j + 1] - b->src[j] == ss && b->dst[j + 1] - b->dst[j] == ds)
+                    j++;
+                j++;
+            }
+        }
+        if (j - i > 1) { /* does the driver take this strided copy? (not across unmapped gaps) */
+            cudaError_t e = cudaMemcpy2DAsync(b->dst[i], (size_t)ds, b->src[i], (size_t)ss,
+                                              b->bytes[i], j - i, cudaMemcpyDeviceToDevice, x->s0);
+            if (e != cudaSuccess) {
+                (void)cudaGetLastError();
+                if (x->rejected++ < 3)
+                    fprintf(stderr,
+                            "  strided copy refused (%s): %zu rows of %llu B, pitches %lld / "
+                            "%lld\n",
+                            cudaGetErrorString(e), j - i, (unsigned long long)b->bytes[i],
+                            (long long)ss, (long long)ds);
+                j = i + 1;
+                ss = ds = 0;
+            }
+        }
+        first[nu] = i;
+        len[nu] = j - i;
+        sst[nu] = (uint64_t)ss;
+        dst_st[nu] = (uint64_t)ds;
+        ub[nu++] = b->bytes[i] * (j - i);
+        i = j;
+    }
+    *n_runs = nu;
+    size_t *order = malloc(n1 * sizeof(*order));
+    for (size_t u = 0; u < nu; u++)
+        order[u] = u;
+    qsort_r(order, nu, sizeof(*order), wl_cmp_desc, ub);
+    const uint64_t target = share >= 1 ? b->payload : (uint64_t)((double)b->payload * share);
+    uint64_t load[WL_MAX_LANES] = {0};
+    for (size_t r = 0; r < nu && p->ce_bytes < target && share > 0; r++) {
+        const size_t u = order[r];
+        if (ub[u] < min_bytes || ub[u] == 0)
+            continue;
+        int best = 0;
+        for (int k = 1; k < lanes; k++)
+            if (load[k] < load[best])
+                best = k;
+        load[best] += ub[u];
+        taken[u] = 1;
+        const size_t i = first[u];
+        p->ce[p->n_ce++] =
+            (wl_ce_t){b->src[i], b->dst[i], b->bytes[i], best, len[u], sst[u], dst_st[u]};
+        p->ce_bytes += ub[u];
+    }
+    for (size_t u = 0; u < nu; u++)
+        for (size_t i = first[u]; i < first[u] + len[u] && !taken[u]; i++)
+            p->chunks += wsync_cuda_plan_op(&x->hops[p->n_k++], b->src[i], b->dst[i], b->bytes[i],
+                                            b->bytes[i], 1, b->bytes[i], 0, p->chunks);
+    if (p->n_k > 0)
+        WL_CK(cudaMemcpy(x->dops, x->hops, p->n_k * sizeof(*x->hops), cudaMemcpyHostToDevice));
+    free(first);
+    free(len);
+    free(ub);
+    free(sst);
+    free(dst_st);
+    free(taken);
+    free(order);
+}
+
+static void wl_row(const char *what, double ms, const wl_batch_t *b, double whole, double loop)
+{
+    printf("  %-46s %8.3f ms %8.1f GB/s %7.3f %8.3f\n", what, ms, b->payload / ms / 1e6, whole / ms,
+           loop / ms);
+}
+
+static double wl_run(wl_env_t *x, const wl_batch_t *b, uint64_t min_bytes, double share,
+                     double head, int lanes, int batch)
+{
+    wl_plan_t p;
+    wl_plan(x, b, min_bytes, share, head, lanes, batch, &p);
+    double ms = wl_time(x, &p);
+    free(p.ce);
+    return ms;
+}
+
+static double wl_run_graph(wl_env_t *x, const wl_batch_t *b, uint64_t min_bytes, double share,
+                           int lanes, double *inst_ms)
+{
+    wl_plan_t p;
+    wl_plan(x, b, min_bytes, share, 1, lanes, 0, &p);
+    double ms = wl_time_graph(x, &p, inst_ms);
+    free(p.ce);
+    return ms;
+}
+
+/* Graph rows: copy engines only, and the mixes that need many copy-engine ops. */
+static void wl_graph_rows(wl_env_t *x, const wl_batch_t *b, double whole, double loop)
+{
+    static const struct {
+        uint64_t min;
+        double share;
+        int lanes;
+    } g[] = {{0, 1, 1},
+             {0, 1, 2},
+             {0, 1, 4},
+             {0, 1, 8},
+             {2ull << 20, 0.5, 2},
+             {2ull << 20, 0.5, 4},
+             {2ull << 20, 0.9, 2},
+             {2ull << 20, 0.9, 4},
+             {16ull << 20, 0.9, 2},
+             {0, 0, 1}};
+    char name[96];
+    for (size_t k = 0; k < sizeof(g) / sizeof(g[0]); k++) {
+        double inst;
+        const double ms = wl_run_graph(x, b, g[k].min, g[k].share, g[k].lanes, &inst);
+        if (g[k].share == 0)
+            snprintf(name, sizeof(name), "graph: kernel alone");
+        else
+            snprintf(name, sizeof(name), "graph: ops >= %llu MiB, %.0f%%, %d str (inst %.0f ms)",
+                     (unsigned long long)(g[k].min >> 20), g[k].share * 100, g[k].lanes, inst);
+        wl_row(name, ms, b, whole, loop);
+    }
+}
+
+static void wl_env_init(wl_env_t *x, size_t cap, unsigned iters)
+{
+    memset(x, 0, sizeof(*x));
+    x->iters = iters;
+    WL_CK(cudaDeviceGetAttribute(&x->sm, cudaDevAttrMultiProcessorCount, 0));
+    int mp = 0;
+    WL_CK(cudaDeviceGetAttribute(&mp, cudaDevAttrMaxPitch, 0));
+    x->max_pitch = mp;
+    WL_CK(cudaStreamCreateWithFlags(&x->s0, cudaStreamNonBlocking));
+    for (int k = 0; k < WL_MAX_LANES; k++) {
+        WL_CK(cudaStreamCreateWithFlags(&x->lane[k], cudaStreamNonBlocking));
+        WL_CK(cudaEventCreateWithFlags(&x->join[k], cudaEventDisableTiming));
+    }
+    WL_CK(cudaEventCreateWithFlags(&x->fork, cudaEventDisableTiming));
+    WL_CK(cudaEventCreate(&x->e0));
+    WL_CK(cudaEventCreate(&x->e1));
+    x->cap = cap;
+    x->hops = calloc(cap, sizeof(*x->hops));
+    WL_CK(cudaMalloc((void **)&x->dops, cap * sizeof(*x->dops)));
+}
+
+static void wl_env_free(wl_env_t *x)
+{
+    cudaStreamDestroy(x->s0);
+    for (int k = 0; k < WL_MAX_LANES; k++) {
+        cudaStreamDestroy(x->lane[k]);
+        cudaEventDestroy(x->join[k]);
+    }
+    cudaEventDestroy(x->fork);
+    cudaEventDestroy(x->e0);
+    cudaEventDestroy(x->e1);
+    free(x->hops);
+    cudaFree(x->dops);
+}
+
+static void wl_header(void)
+{
+    printf("  %-46s %11s %13s %7s %8s\n", "", "time", "", "/whole", "/loop");
+}
+
+/* 4 GiB in ops of S bytes (one buffer, consecutive), a cudaMemcpyAsync each over K lanes. */
+static void wl_size_sweep(unsigned iters)
+{
+    const uint64_t total = 4ull << 30;
+    unsigned char *a, *c;
+    WL_CK(cudaMalloc((void **)&a, total));
+    WL_CK(cudaMalloc((void **)&c, total));
+    WL_CK(cudaMemset(a, 0x5a, total));
+    static const uint64_t sizes[] = {1ull << 20, 3ull << 20, 16ull << 20, 96ull << 20, 1ull << 30};
+    wl_env_t x;
+    wl_env_init(&x, total >> 20, iters);
+    printf("wsync-bench-cuda --lanes: 4 GiB in ops of S bytes, a cudaMemcpyAsync each over K "
+           "streams\n");
+    wl_batch_t one = {0};
+    const unsigned char *one_src = a;
+    unsigned char *one_dst = c;
+    uint64_t one_bytes = total;
+    one = (wl_batch_t){&one_src, &one_dst, &one_bytes, 1, total};
+    const double whole = wl_run(&x, &one, 0, 1, 1, 1, 0);
+    printf("  one cudaMemcpyAsync of 4 GiB: %.3f ms (%.1f GB/s)\n", whole, total / whole / 1e6);
+    for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+        const size_t n = total / sizes[s];
+        wl_batch_t b = {malloc(n * sizeof(void *)), malloc(n * sizeof(void *)),
+                        malloc(n * sizeof(uint64_t)), n, total};
+        for (size_t i = 0; i < n; i++) {
+            b.src[i] = a + i * sizes[s];
+            b.dst[i] = c + i * sizes[s];
+            b.bytes[i] = sizes[s];
+        }
+        printf("  S = %4llu MiB (%5zu ops):", (unsigned long long)(sizes[s] >> 20), n);
+        static const int lanes[] = {1, 2, 4, 8};
+        for (int k = 0; k < 4; k++)
+            printf("  K=%d %.3f", lanes[k], whole / wl_run(&x, &b, 0, 1, 1, lanes[k], 0));
+        double inst;
+        printf("  | batch K=1 %.3f K=4 %.3f | graph K=1 %.3f K=4 %.3f\n",
+               whole / wl_run(&x, &b, 0, 1, 1, 1, 1), whole / wl_run(&x, &b, 0, 1, 1, 4, 1),
+               whole / wl_run_graph(&x, &b, 0, 1, 1, &inst),
+               whole / wl_run_graph(&x, &b, 0, 1, 4, &inst));
+        free(b.src);
+        free(b.dst);
+        free(b.bytes);
+    }
+    wl_env_free(&x);
+    cudaFree(a);
+    cudaFree(c);
+}
+
+static int wl_layout(const char *kind, unsigned iters)
+{
+    wb_layout_t l;
+    if (wb_layout_build(kind, 0, 1, &l) != 0)
+        return 1;
+    unsigned char *src, *big;
+    WL_CK(cudaMalloc((void **)&src, l.packed));
+    WL_CK(cudaMalloc((void **)&big, l.packed));
+    WL_CK(cudaMemset(src, 0x5a, l.packed));
+    wl_batch_t b = {malloc(l.n * sizeof(void *)), malloc(l.n * sizeof(void *)),
+                    malloc(l.n * sizeof(uint64_t)), l.n, l.payload};
+    for (size_t i = 0; i < l.n; i++) {
+        b.src[i] = src + l.t[i].offset;
+        WL_CK(cudaMalloc((void **)&b.dst[i], l.t[i].bytes));
+        b.bytes[i] = l.t[i].bytes;
+    }
+    wl_env_t x;
+    wl_env_init(&x, l.n, iters);
+    const unsigned char *w_src = src;
+    unsigned char *w_dst = big;
+    uint64_t w_bytes = l.packed;
+    const wl_batch_t whole_b = {&w_src, &w_dst, &w_bytes, 1, l.packed};
+    const double whole = wl_run(&x, &whole_b, 0, 1, 1, 1, 0);
+    const double loop = wl_run(&x, &b, 0, 1, 1, 1, 0);
+    printf("\nwsync-bench-cuda --lanes: layout %s, %zu tensors, %.2f GB (median of %u)\n", kind,
+           l.n, l.payload / 1e9, iters);
+    wl_header();
+    wl_row("(a) one cudaMemcpyAsync, whole payload", whole, &b, whole, loop);
+    wl_row("(b) cudaMemcpyAsync per tensor, 1 stream", loop, &b, whole, loop);
+    wl_row("kernel alone", wl_run(&x, &b, 0, 0, 1, 1, 0), &b, whole, loop);
+    char name[96];
+    static const int lanes[] = {2, 3, 4, 8};
+    for (int k = 0; k < 4; k++) {
+        snprintf(name, sizeof(name), "copy engines only, a memcpy each, %d streams", lanes[k]);
+        wl_row(name, wl_run(&x, &b, 0, 1, 1, lanes[k], 0), &b, whole, loop);
+    }
+    static const int blanes[] = {1, 2, 4, 8};
+    for (int k = 0; k < 4; k++) {
+        snprintf(name, sizeof(name), "copy engines only, one batch per stream, %d", blanes[k]);
+        wl_row(name, wl_run(&x, &b, 0, 1, 1, blanes[k], 1), &b, whole, loop);
+    }
+    wl_graph_rows(&x, &b, whole, loop);
+    static const struct {
+        uint64_t min;
+        double share;
+        int lanes;
+    } rr[] = {{16ull << 20, 0.9, 2}, {16ull << 20, 1, 2}, {16ull << 20, 0.9, 3},
+              {16ull << 20, 1, 3},   {64ull << 20, 1, 2}, {2ull << 20, 1, 2}};
+    for (size_t k = 0; k < sizeof(rr) / sizeof(rr[0]); k++) {
+        wl_plan_t p;
+        size_t runs;
+        wl_plan_runs(&x, &b, rr[k].min, rr[k].share, rr[k].lanes, &p, &runs);
+        WL_CK(cudaStreamSynchronize(x.s0));
+        snprintf(name, sizeof(name), "runs (%zu) >= %llu MiB, %.0f%% on %d str (%zu ce)", runs,
+                 (unsigned long long)(rr[k].min >> 20), rr[k].share * 100, rr[k].lanes, p.n_ce);
+        wl_row(name, wl_time(&x, &p), &b, whole, loop);
+        free(p.ce);
+    }
+    printf("  strided copies refused by the driver: %zu\n", x.rejected);
+    size_t runs_len[8] = {0};
+    for (size_t i = 0; i + 1 < b.n; i++) /* dst strides of equal-size neighbours */
+        if (b.bytes[i] == b.bytes[i + 1] && i < 4000 && i % 500 == 0)
+            printf("  op %zu: %llu B, dst stride %lld, src stride %lld\n", i,
+                   (unsigned long long)b.bytes[i], (long long)(b.dst[i + 1] - b.dst[i]),
+                   (long long)(b.src[i + 1] - b.src[i]));
+    (void)runs_len;
+    static const uint64_t mins[] = {64ull << 20, 16ull << 20, 2ull << 20};
+    static const double shares[] = {0.5, 0.8, 0.9, 1.0};
+    static const int hl[] = {1, 2, 3};
+    for (int m = 0; m < 3; m++)
+        for (int s = 0; s < 4; s++)
+            for (int k = 0; k < 3; k++) {
+                snprintf(name, sizeof(name), "ops >= %llu MiB up to %.0f%% on %d stream%s",
+                         (unsigned long long)(mins[m] >> 20), shares[s] * 100, hl[k],
+                         hl[k] > 1 ? "s" : "");
+                wl_row(name, wl_run(&x, &b, mins[m], shares[s], 1, hl[k], 0), &b, whole, loop);
+            }
+    static const double heads[] = {0.5, 0.75, 0.875};
+    for (int m = 0; m < 3; m += 2)
+        for (int h = 0; h < 3; h++)
+            for (int k = 0; k < 3; k++) {
+                snprintf(name, sizeof(name), "ops >= %llu MiB: %.1f%% head on %d stream%s",
+                         (unsigned long long)(mins[m] >> 20), heads[h] * 100, hl[k],
+                         hl[k] > 1 ? "s" : "");
+                wl_row(name, wl_run(&x, &b, mins[m], 1, heads[h], hl[k], 0), &b, whole, loop);
+            }
+    wl_env_free(&x);
+    for (size_t i = 0; i < l.n; i++)
+        cudaFree(b.dst[i]);
+    cudaFree(src);
+    cudaFree(big);
+    free(b.src);
+    free(b.dst);
+    free(b.bytes);
+    wb_layout_free(&l);
+    return 0;
+}
+
+int wb_lanes_main(const char *layout, unsigned iters)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0); /* errors land next to the row they stopped */
+    WL_CK(cudaSetDevice(0));
+    int ce = 0;
+    WL_CK(cudaDeviceGetAttribute(&ce, cudaDevAttrAsyncEngineCount, 0));
+    printf("wsync-bench-cuda --lanes: asyncEngineCount %d\n", ce);
+    wl_size_sweep(iters);
+    int rc = 0;
+    if (strcmp(layout, "moe") != 0)
+        rc |= wl_layout("dense", iters);
+    if (strcmp(layout, "dense") != 0)
+        rc |= wl_layout("moe", iters);
+    return rc;
+}

@@ -1,0 +1,17 @@
+/* wsync-bench-cuda --lanes: how the copy engines and the copy kernel should share a batch of
+ * separate tensors. Every row copies the same layout (packed source -> one allocation per
+ * tensor) and prints its ratio to one cudaMemcpyAsync of the whole payload and to the
+ * per-tensor loop, both run in the same process:
+ *   - op-size sweep: 4 GiB cut into ops of S bytes, one cudaMemcpyAsync each, over K streams;
+ *   - all ops on the copy engines over K streams (a cudaMemcpyAsync each, or one
+ *     cudaMemcpyBatchAsync per stream);
+ *   - the largest ops (>= T bytes, up to a share of the payload) on K copy-engine streams, the
+ *     rest by the kernel; and the same with each such op cut into a copy-engine head and a
+ *     kernel tail. */
+#ifndef WSYNC_BENCH_LANES_H
+#define WSYNC_BENCH_LANES_H
+
+/* layout "dense", "moe" or "both". Returns the exit status. */
+int wb_lanes_main(const char *layout, unsigned iters);
+
+#endif
