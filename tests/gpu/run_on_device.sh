@@ -3,7 +3,7 @@
 # configure + build (Release, sm_90), ctest -L 'gpu|cuda' (the conformance suite's cuda runs
 # included when it builds) with each staging kind (legacy IPC, then cuda_vmm_fd),
 # compute-sanitizer memcheck of the copy and convert kernels,
-# wsync-bench-cuda --layout both for each staging kind, --lora and --pingpong, and the fault
+# wsync-bench-cuda --layout both for each staging kind, --lora, --pingpong and --lanes, and the fault
 # test's per-trial figures for each staging kind. Logs go to $OUT (or
 # ./device-out) and to stdout.
 #   usage: tests/gpu/run_on_device.sh [build-dir]
@@ -76,6 +76,9 @@ echo "=== wsync-bench-cuda --lora" | tee -a "$OUT/bench.log"
 timeout 200 "$BUILD/bin/wsync-bench-cuda" --lora --iters "$ITERS" >>"$OUT/bench.log" 2>&1 || status=1
 echo "=== wsync-bench-cuda --pingpong" | tee -a "$OUT/bench.log"
 timeout 200 "$BUILD/bin/wsync-bench-cuda" --pingpong --iters "$ITERS" 2>&1 | tee -a "$OUT/bench.log" || status=1
+echo "=== wsync-bench-cuda --lanes" | tee -a "$OUT/bench.log"
+timeout 200 "$BUILD/bin/wsync-bench-cuda" --lanes --iters "$ITERS" >"$OUT/lanes.log" 2>&1 || status=1
+grep -E "layout|kernel alone|\(a\)|\(b\)|only|lanes|K=" "$OUT/lanes.log" | head -40 | tee -a "$OUT/bench.log"
 echo "=== torture_gpu_fault, both staging kinds (figures for docs/RELIABILITY.md)" | tee "$OUT/fault.log"
 for kind in ipc vmm; do
   WSYNC_CUDA_STAGING_KIND=$kind timeout 200 "$BUILD/tests/torture_gpu_fault" >>"$OUT/fault.log" 2>&1 || status=1
