@@ -518,13 +518,6 @@ static int wl_layout(const char *kind, unsigned iters)
         free(p.ce);
     }
     printf("  strided copies refused by the driver: %zu\n", x.rejected);
-    size_t runs_len[8] = {0};
-    for (size_t i = 0; i + 1 < b.n; i++) /* dst strides of equal-size neighbours */
-        if (b.bytes[i] == b.bytes[i + 1] && i < 4000 && i % 500 == 0)
-            printf("  op %zu: %llu B, dst stride %lld, src stride %lld\n", i,
-                   (unsigned long long)b.bytes[i], (long long)(b.dst[i + 1] - b.dst[i]),
-                   (long long)(b.src[i + 1] - b.src[i]));
-    (void)runs_len;
     static const uint64_t mins[] = {64ull << 20, 16ull << 20, 2ull << 20};
     static const double shares[] = {0.5, 0.8, 0.9, 1.0};
     static const int hl[] = {1, 2, 3};

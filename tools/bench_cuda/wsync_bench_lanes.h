@@ -5,9 +5,11 @@
  *   - op-size sweep: 4 GiB cut into ops of S bytes, one cudaMemcpyAsync each, over K streams;
  *   - all ops on the copy engines over K streams (a cudaMemcpyAsync each, or one
  *     cudaMemcpyBatchAsync per stream);
+ *   - the same captured into a CUDA graph;
  *   - the largest ops (>= T bytes, up to a share of the payload) on K copy-engine streams, the
- *     rest by the kernel; and the same with each such op cut into a copy-engine head and a
- *     kernel tail. */
+ *     rest by the kernel; the same with runs of equal-size ops at constant strides as one
+ *     strided copy each (the driver refuses those that span allocations: counted); and with
+ *     each large op cut into a copy-engine head and a kernel tail. */
 #ifndef WSYNC_BENCH_LANES_H
 #define WSYNC_BENCH_LANES_H
 
