@@ -57,15 +57,7 @@ typedef struct wb_opts {
 
 static char wb_self[PATH_MAX];
 
-#define WB_CK(call)                                                                                \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "wsync-bench-cuda: %s:%d %s: %s\n", __FILE__, __LINE__, #call,         \
-                    cudaGetErrorString(e_));                                                       \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#define WB_CK(call) WH_CK("wsync-bench-cuda", call)
 
 #define WB_OK(call)                                                                                \
     do {                                                                                           \

@@ -16,15 +16,7 @@
 #define WL_MAX_LANES 8
 #define WL_WARMUP 2
 
-#define WL_CK(call)                                                                                \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "wsync-bench-cuda --lanes: %s:%d %s: %s\n", __FILE__, __LINE__, #call, \
-                    cudaGetErrorString(e_));                                                       \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#define WL_CK(call) WH_CK("wsync-bench-cuda --lanes", call)
 
 typedef struct wl_ce {
     const void *src;
@@ -114,14 +106,18 @@ static void wl_enqueue(wl_env_t *x, const wl_plan_t *p)
             WL_CK(cudaStreamWaitEvent(x->s0, x->join[k], 0));
 }
 
-/* Median ms of iters runs after warm-up. The plan's kernel table must be in x->dops. */
-static double wl_time(wl_env_t *x, const wl_plan_t *p)
+/* Median ms of iters runs after warm-up: the plan enqueued each time, or (ge) the graph made of
+ * it launched. The plan's kernel table must be in x->dops. */
+static double wl_time_runs(wl_env_t *x, const wl_plan_t *p, cudaGraphExec_t ge)
 {
     double t[64];
     unsigned n = x->iters > 64 ? 64 : x->iters;
     for (unsigned i = 0; i < n + WL_WARMUP; i++) {
         WL_CK(cudaEventRecord(x->e0, x->s0));
-        wl_enqueue(x, p);
+        if (ge != NULL)
+            WL_CK(cudaGraphLaunch(ge, x->s0));
+        else
+            wl_enqueue(x, p);
         WL_CK(cudaEventRecord(x->e1, x->s0));
         WL_CK(cudaEventSynchronize(x->e1));
         float ms;
@@ -130,6 +126,11 @@ static double wl_time(wl_env_t *x, const wl_plan_t *p)
             t[i - WL_WARMUP] = ms;
     }
     return wh_median(t, n);
+}
+
+static double wl_time(wl_env_t *x, const wl_plan_t *p)
+{
+    return wl_time_runs(x, p, NULL);
 }
 
 /* The same, captured once into a CUDA graph and launched as one; *inst_ms: capture plus
@@ -144,21 +145,10 @@ static double wl_time_graph(wl_env_t *x, const wl_plan_t *p, double *inst_ms)
     WL_CK(cudaStreamEndCapture(x->s0, &g));
     WL_CK(cudaGraphInstantiate(&ge, g, 0));
     *inst_ms = wh_now_ms() - t0;
-    double t[64];
-    unsigned n = x->iters > 64 ? 64 : x->iters;
-    for (unsigned i = 0; i < n + WL_WARMUP; i++) {
-        WL_CK(cudaEventRecord(x->e0, x->s0));
-        WL_CK(cudaGraphLaunch(ge, x->s0));
-        WL_CK(cudaEventRecord(x->e1, x->s0));
-        WL_CK(cudaEventSynchronize(x->e1));
-        float ms;
-        WL_CK(cudaEventElapsedTime(&ms, x->e0, x->e1));
-        if (i >= WL_WARMUP)
-            t[i - WL_WARMUP] = ms;
-    }
+    const double ms = wl_time_runs(x, p, ge);
     WL_CK(cudaGraphExecDestroy(ge));
     WL_CK(cudaGraphDestroy(g));
-    return wh_median(t, n);
+    return ms;
 }
 
 /* ---------------------------------------------------------------- planning */

@@ -44,15 +44,7 @@ typedef struct mg_opts {
     int results[2]; /* [0] read by the parent, [1] written by children */
 } mg_opts_t;
 
-#define MG_CK(call)                                                                                \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "wsync-bench-multigpu: %s:%d %s: %s\n", __FILE__, __LINE__, #call,     \
-                    cudaGetErrorString(e_));                                                       \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#define MG_CK(call) WH_CK("wsync-bench-multigpu", call)
 
 #define MG_OK(call)                                                                                \
     do {                                                                                           \

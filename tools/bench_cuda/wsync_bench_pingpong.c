@@ -58,15 +58,7 @@ typedef struct wp_ctx {
 
 static wp_shared_t *wp_sh_for_cb; /* the host function's target (one per process) */
 
-#define WP_CK(call)                                                                                \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "wsync-bench-cuda --pingpong: %s:%d %s: %s\n", __FILE__, __LINE__,     \
-                    #call, cudaGetErrorString(e_));                                                \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#define WP_CK(call) WH_CK("wsync-bench-cuda --pingpong", call)
 
 /* Spins until *w reaches v; a peer that died or hangs ends the run after 20 s. */
 static void wp_spin_until(_Atomic uint32_t *w, uint32_t v)

@@ -138,6 +138,12 @@ int wh_recv(int fd, char **buf, size_t *len)
     return 0;
 }
 
+void wh_cuda_die(const char *who, const char *file, int line, const char *call, cudaError_t e)
+{
+    fprintf(stderr, "%s: %s:%d %s: %s\n", who, file, line, call, cudaGetErrorString(e));
+    exit(1);
+}
+
 double wh_now_ms(void)
 {
     struct timespec ts;

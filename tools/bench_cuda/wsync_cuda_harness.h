@@ -38,6 +38,15 @@ int wh_send_str(int fd, const char *s);
 /* Free a buffer from wh_recv (callers built with cmocka's malloc wrappers must use this). */
 void wh_free(void *buf);
 
+/* Benchmarks: on a failed CUDA call, print "<who>: file:line call: CUDA's message" and exit(1). */
+void wh_cuda_die(const char *who, const char *file, int line, const char *call, cudaError_t e);
+#define WH_CK(who, call)                                                                           \
+    do {                                                                                           \
+        cudaError_t wh_e_ = (call);                                                                \
+        if (wh_e_ != cudaSuccess)                                                                  \
+            wh_cuda_die((who), __FILE__, __LINE__, #call, wh_e_);                                  \
+    } while (0)
+
 /* CLOCK_MONOTONIC in milliseconds. */
 double wh_now_ms(void);
 /* Median of v[0..n) (sorts v in place); n > 0. */
