@@ -69,12 +69,18 @@ typedef struct wsync_cuda_lane {
 cudaError_t wsync_cuda_lane_create(wsync_cuda_lane_t *l);
 void wsync_cuda_lane_destroy(wsync_cuda_lane_t *l); /* of a zeroed or partly made lane too */
 /* Split table (the share, minimum and lanes of wsync_cuda_ce_share / _min_bytes / _lanes) and
- * enqueue the copy engines' share on the lanes, after everything on s so far. *sp then
- * describes the kernel's ops (its ce array already freed); after launching them,
- * wsync_cuda_lane_join makes s wait for the lanes. `who` names the caller in errors. */
+ * mark the fork point on s (everything on s so far). *sp then describes the kernel's ops, and
+ * sp->ce the copy engines'. The caller launches the kernel first (the GPU starts while the host
+ * enqueues the copy engines' ops, a few microseconds each), then wsync_cuda_lane_run enqueues the
+ * copy engines' share on the lanes and frees sp->ce, and wsync_cuda_lane_join makes s wait for
+ * the lanes; or, when the kernel's launch failed, wsync_cuda_lane_drop forgets the share (nothing
+ * of it was enqueued). `who` names the caller in errors. */
 wsync_result_t wsync_cuda_lane_split(wsync_cuda_lane_t *l, wsync_cuda_op_t *table, size_t n,
                                      cudaStream_t s, const char *who, wsync_cuda_split_t *sp,
                                      wsync_error_t *err);
+wsync_result_t wsync_cuda_lane_run(wsync_cuda_lane_t *l, wsync_cuda_split_t *sp, const char *who,
+                                   wsync_error_t *err);
+void wsync_cuda_lane_drop(wsync_cuda_split_t *sp);
 cudaError_t wsync_cuda_lane_join(const wsync_cuda_lane_t *l, const wsync_cuda_split_t *sp,
                                  cudaStream_t s);
 

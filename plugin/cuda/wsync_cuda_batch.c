@@ -81,6 +81,20 @@ wsync_result_t wsync_cuda_lane_split(wsync_cuda_lane_t *l, wsync_cuda_op_t *tabl
     if (rc != WSYNC_OK || sp->n_ce == 0)
         return rc;
     cudaError_t e = cudaEventRecord(l->fork, s);
+    if (e != cudaSuccess) {
+        wsync_cuda_lane_drop(sp);
+        return wsync_cuda_fail(err, e, who, "forking the copy engines' share");
+    }
+    return WSYNC_OK;
+}
+
+wsync_result_t wsync_cuda_lane_run(wsync_cuda_lane_t *l, wsync_cuda_split_t *sp, const char *who,
+                                   wsync_error_t *err)
+{
+    if (sp->n_ce == 0)
+        return WSYNC_OK;
+    wsync_result_t rc = WSYNC_OK;
+    cudaError_t e = cudaSuccess;
     const wsync_cuda_op_t *ops = sp->ce;
     for (int k = 0; k < WSYNC_CUDA_MAX_LANES && e == cudaSuccess && rc == WSYNC_OK; k++) {
         if (sp->lane_n[k] == 0)
@@ -93,10 +107,18 @@ wsync_result_t wsync_cuda_lane_split(wsync_cuda_lane_t *l, wsync_cuda_op_t *tabl
         ops += sp->lane_n[k];
     }
     if (rc == WSYNC_OK && e != cudaSuccess)
-        rc = wsync_cuda_fail(err, e, who, "forking the copy engines' share");
+        rc = wsync_cuda_fail(err, e, who, "enqueueing the copy engines' share");
     free(sp->ce);
     sp->ce = NULL;
     return rc;
+}
+
+void wsync_cuda_lane_drop(wsync_cuda_split_t *sp)
+{
+    free(sp->ce);
+    sp->ce = NULL;
+    sp->n_ce = 0;
+    memset(sp->lane_n, 0, sizeof(sp->lane_n));
 }
 
 cudaError_t wsync_cuda_lane_join(const wsync_cuda_lane_t *l, const wsync_cuda_split_t *sp,

@@ -143,13 +143,21 @@ static wsync_result_t copy_locked(struct wsync_consumer *c, struct wsync_handle 
         /* with verify, n_k == n_ops and the zeroed sums follow the table */
         const size_t up =
             verify ? ops_bytes + n_ops * sizeof(uint64_t) : wsync_cuda_slot_ops_bytes(n_k);
+        cudaError_t e = cudaSuccess;
         if (n_k > 0) {
-            WSYNC_CUDA_TRY(err,
-                           cudaMemcpyAsync(slot->dev, slot->host, up, cudaMemcpyHostToDevice, s));
-            WSYNC_CUDA_TRY(err,
-                           wsync_cuda_launch_copy((const wsync_cuda_op_t *)slot->dev, (uint32_t)n_k,
-                                                  sp.chunks, sums, verify, c->sm_count, &cfg, s));
+            e = cudaMemcpyAsync(slot->dev, slot->host, up, cudaMemcpyHostToDevice, s);
+            if (e == cudaSuccess)
+                e = wsync_cuda_launch_copy((const wsync_cuda_op_t *)slot->dev, (uint32_t)n_k,
+                                           sp.chunks, sums, verify, c->sm_count, &cfg, s);
         }
+        if (e != cudaSuccess) {
+            wsync_cuda_lane_drop(&sp);
+            return wsync_cuda_fail(err, e, "copy_weights", "launching the copy kernel");
+        }
+        /* the copy engines' share after the kernel's launch, so the GPU starts at once */
+        rc = wsync_cuda_lane_run(&c->lane, &sp, "copy_weights", err);
+        if (rc != WSYNC_OK)
+            return rc;
         /* the caller's stream carries both shares from here on */
         WSYNC_CUDA_TRY(err, wsync_cuda_lane_join(&c->lane, &sp, s));
         atomic_fetch_add(&wsync_cuda_stats.launches, 1);

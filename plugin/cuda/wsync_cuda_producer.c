@@ -221,6 +221,11 @@ static wsync_result_t stage_body(struct wsync_staging *s, cudaStream_t st,
             e = cudaMemcpyAsync(sums_back(s), sums, n * sizeof(uint64_t), cudaMemcpyDeviceToHost,
                                 st);
     }
+    if (e != cudaSuccess)
+        wsync_cuda_lane_drop(&sp);
+    /* the copy engines' share after the kernel's launch, so the GPU starts at once */
+    if (e == cudaSuccess && (rc = wsync_cuda_lane_run(&s->lane, &sp, "stage", err)) != WSYNC_OK)
+        goto out;
     if (e == cudaSuccess)
         e = wsync_cuda_lane_join(&s->lane, &sp, st);
     if (e == cudaSuccess)
