@@ -9,6 +9,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "wsync_bench_kernels.h"
 #include "wsync_bench_layout.h"
 #include "wsync_copy_kernel.h"
 #include "wsync_cuda_harness.h"
@@ -106,18 +107,15 @@ static void wl_enqueue(wl_env_t *x, const wl_plan_t *p)
             WL_CK(cudaStreamWaitEvent(x->s0, x->join[k], 0));
 }
 
-/* Median ms of iters runs after warm-up: the plan enqueued each time, or (ge) the graph made of
- * it launched. The plan's kernel table must be in x->dops. */
-static double wl_time_runs(wl_env_t *x, const wl_plan_t *p, cudaGraphExec_t ge)
+/* Median ms of one enqueue function over iters runs after warm-up. */
+typedef void (*wl_fn_t)(void *arg, cudaStream_t s);
+static double wl_time_fn(wl_env_t *x, wl_fn_t fn, void *arg)
 {
     double t[64];
     unsigned n = x->iters > 64 ? 64 : x->iters;
     for (unsigned i = 0; i < n + WL_WARMUP; i++) {
         WL_CK(cudaEventRecord(x->e0, x->s0));
-        if (ge != NULL)
-            WL_CK(cudaGraphLaunch(ge, x->s0));
-        else
-            wl_enqueue(x, p);
+        fn(arg, x->s0);
         WL_CK(cudaEventRecord(x->e1, x->s0));
         WL_CK(cudaEventSynchronize(x->e1));
         float ms;
@@ -126,6 +124,29 @@ static double wl_time_runs(wl_env_t *x, const wl_plan_t *p, cudaGraphExec_t ge)
             t[i - WL_WARMUP] = ms;
     }
     return wh_median(t, n);
+}
+
+/* A plan enqueued each time, or (ge) the graph made of it launched. */
+typedef struct wl_run_arg {
+    wl_env_t *x;
+    const wl_plan_t *p;
+    cudaGraphExec_t ge;
+} wl_run_arg_t;
+
+static void wl_run_fn(void *arg, cudaStream_t s)
+{
+    const wl_run_arg_t *r = arg;
+    if (r->ge != NULL)
+        WL_CK(cudaGraphLaunch(r->ge, s));
+    else
+        wl_enqueue(r->x, r->p);
+}
+
+/* The plan's kernel table must be in x->dops. */
+static double wl_time_runs(wl_env_t *x, const wl_plan_t *p, cudaGraphExec_t ge)
+{
+    wl_run_arg_t r = {x, p, ge};
+    return wl_time_fn(x, wl_run_fn, &r);
 }
 
 static double wl_time(wl_env_t *x, const wl_plan_t *p)
@@ -452,6 +473,97 @@ static void wl_size_sweep(unsigned iters)
     cudaFree(c);
 }
 
+typedef struct wl_karg {
+    unsigned char *a, *c;
+    uint64_t bytes;
+    int what; /* 0 memcpy, 1 memset, 2 read kernel, 3 write kernel, 4 copy kernel, 5 the
+               * plugin's kernel (variant 0, table in dops) */
+    int unroll, hint, blocks;
+    const wsync_cuda_op_t *dops;
+    uint64_t chunks;
+} wl_karg_t;
+
+static void wl_kfn(void *arg, cudaStream_t s)
+{
+    const wl_karg_t *k = arg;
+    if (k->what == 0)
+        WL_CK(cudaMemcpyAsync(k->c, k->a, k->bytes, cudaMemcpyDeviceToDevice, s));
+    else if (k->what == 1)
+        WL_CK(cudaMemsetAsync(k->c, 0x5a, k->bytes, s));
+    else if (k->what == 2)
+        WL_CK(wb_kernel_read(k->a, k->bytes - 4096, k->c + k->bytes - 4096, k->blocks, s));
+    else if (k->what == 3)
+        WL_CK(wb_kernel_write(k->c, k->bytes, k->blocks, s));
+    else if (k->what == 4)
+        WL_CK(wb_kernel_copy(k->unroll, k->hint, k->a, k->c, k->bytes, k->blocks, s));
+    else {
+        const wsync_cuda_launch_cfg_t cfg = {.variant = WSYNC_CUDA_VMM_VARIANT, .flat = 1};
+        WL_CK(wsync_cuda_launch_copy(k->dops, 1, k->chunks, NULL, 0, k->blocks, &cfg, s));
+    }
+}
+
+/* SM copies of one 4 GiB buffer by bytes in flight and cache hints; one direction at a time. */
+static void wl_kernel_sweep(unsigned iters)
+{
+    wl_karg_t k = {.bytes = 4ull << 30};
+    WL_CK(cudaMalloc((void **)&k.a, k.bytes));
+    WL_CK(cudaMalloc((void **)&k.c, k.bytes));
+    WL_CK(cudaMemset(k.a, 0x5a, k.bytes));
+    wl_env_t x;
+    wl_env_init(&x, 1, iters);
+    k.chunks = wsync_cuda_plan_op(&x.hops[0], k.a, k.c, k.bytes, k.bytes, 1, k.bytes, 0, 0);
+    WL_CK(cudaMemcpy(x.dops, x.hops, sizeof(*x.hops), cudaMemcpyHostToDevice));
+    k.dops = x.dops;
+    /* clocks up first: a second of copies by the kernel and the copy engines */
+    k.blocks = x.sm;
+    for (int i = 0; i < 250; i++) {
+        k.what = i & 1 ? 5 : 0;
+        wl_kfn(&k, x.s0);
+    }
+    WL_CK(cudaStreamSynchronize(x.s0));
+    k.what = 0;
+    const double copy = wl_time_fn(&x, wl_kfn, &k);
+    k.what = 1;
+    const double set = wl_time_fn(&x, wl_kfn, &k);
+    printf(
+        "\nwsync-bench-cuda --lanes: SM kernels on one 4 GiB buffer (ratio to one cudaMemcpyAsync, "
+        "%.3f ms = %.1f GB/s)\n",
+        copy, k.bytes / copy / 1e6);
+    printf("  cudaMemsetAsync (copy engines, write only): %.3f ms, %.1f GB/s of HBM traffic\n", set,
+           k.bytes / set / 1e6);
+    for (int m = 1; m <= 2; m++) {
+        k.blocks = x.sm * m;
+        k.what = 2;
+        const double rd = wl_time_fn(&x, wl_kfn, &k);
+        k.what = 3;
+        const double wr = wl_time_fn(&x, wl_kfn, &k);
+        printf("  %d blocks: read-only kernel %.1f GB/s, write-only kernel %.1f GB/s, copy (%.1f "
+               "GB/s of traffic) as read + write at those rates would be %.3f\n",
+               k.blocks, k.bytes / rd / 1e6, k.bytes / wr / 1e6, 2 * k.bytes / copy / 1e6,
+               copy / (rd + wr));
+    }
+    k.what = 5;
+    k.blocks = x.sm;
+    printf("  the plugin's kernel (variant 0, 1 x 512 threads per SM): %.3f\n",
+           copy / wl_time_fn(&x, wl_kfn, &k));
+    k.what = 4;
+    static const char *hints[] = {"plain", "L2::256B", "nc+L2::256B", "+st.cs", "+st.noL1"};
+    for (int m = 1; m <= 2; m++)
+        for (int u = 4; u <= 16; u *= 2) {
+            k.blocks = x.sm * m;
+            k.unroll = u;
+            printf("  copy, %3d blocks x 512, %2d x 16 B in flight:", k.blocks, u);
+            for (int h = 0; h < 5; h++) {
+                k.hint = h;
+                printf("  %s %.3f", hints[h], copy / wl_time_fn(&x, wl_kfn, &k));
+            }
+            printf("\n");
+        }
+    wl_env_free(&x);
+    cudaFree(k.a);
+    cudaFree(k.c);
+}
+
 static int wl_layout(const char *kind, unsigned iters)
 {
     wb_layout_t l;
@@ -557,6 +669,7 @@ int wb_lanes_main(const char *layout, unsigned iters)
     int ce = 0;
     WL_CK(cudaDeviceGetAttribute(&ce, cudaDevAttrAsyncEngineCount, 0));
     printf("wsync-bench-cuda --lanes: asyncEngineCount %d\n", ce);
+    wl_kernel_sweep(iters);
     wl_size_sweep(iters);
     int rc = 0;
     if (strcmp(layout, "moe") != 0)

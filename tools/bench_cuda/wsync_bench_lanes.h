@@ -2,6 +2,8 @@
  * separate tensors. Every row copies the same layout (packed source -> one allocation per
  * tensor) and prints its ratio to one cudaMemcpyAsync of the whole payload and to the
  * per-tensor loop, both run in the same process:
+ *   - SM kernels on one 4 GiB buffer (after a second of warm-up): read only, write only, the
+ *     plugin's kernel, and copies by bytes in flight and cache hints (wsync_bench_kernels.h);
  *   - op-size sweep: 4 GiB cut into ops of S bytes, one cudaMemcpyAsync each, over K streams;
  *   - all ops on the copy engines over K streams (a cudaMemcpyAsync each, or one
  *     cudaMemcpyBatchAsync per stream);
