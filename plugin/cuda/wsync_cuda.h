@@ -73,8 +73,9 @@ void wsync_cuda_lane_destroy(wsync_cuda_lane_t *l); /* of a zeroed or partly mad
  * sp->ce the copy engines'. The caller launches the kernel first (the GPU starts while the host
  * enqueues the copy engines' ops, a few microseconds each), then wsync_cuda_lane_run enqueues the
  * copy engines' share on the lanes and frees sp->ce, and wsync_cuda_lane_join makes s wait for
- * the lanes; or, when the kernel's launch failed, wsync_cuda_lane_drop forgets the share (nothing
- * of it was enqueued). `who` names the caller in errors. */
+ * the lanes (also after lane_run failed: part of the share may be enqueued); or, when the
+ * kernel's launch failed, wsync_cuda_lane_drop forgets the share (nothing of it was enqueued).
+ * `who` names the caller in errors. */
 wsync_result_t wsync_cuda_lane_split(wsync_cuda_lane_t *l, wsync_cuda_op_t *table, size_t n,
                                      cudaStream_t s, const char *who, wsync_cuda_split_t *sp,
                                      wsync_error_t *err);

@@ -102,7 +102,8 @@ wsync_result_t wsync_cuda_lane_run(wsync_cuda_lane_t *l, wsync_cuda_split_t *sp,
         e = cudaStreamWaitEvent(l->stream[k], l->fork, 0);
         if (e == cudaSuccess)
             rc = wsync_cuda_batch_memcpy(ops, sp->lane_n[k], 1, l->stream[k], who, err);
-        if (rc == WSYNC_OK && e == cudaSuccess)
+        /* joined even when the batch failed: copies before the failing one may be enqueued */
+        if (e == cudaSuccess)
             e = cudaEventRecord(l->join[k], l->stream[k]);
         ops += sp->lane_n[k];
     }

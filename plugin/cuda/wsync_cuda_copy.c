@@ -156,10 +156,12 @@ static wsync_result_t copy_locked(struct wsync_consumer *c, struct wsync_handle 
         }
         /* the copy engines' share after the kernel's launch, so the GPU starts at once */
         rc = wsync_cuda_lane_run(&c->lane, &sp, "copy_weights", err);
+        /* the caller's stream carries both shares from here on, whatever was enqueued */
+        e = wsync_cuda_lane_join(&c->lane, &sp, s);
         if (rc != WSYNC_OK)
             return rc;
-        /* the caller's stream carries both shares from here on */
-        WSYNC_CUDA_TRY(err, wsync_cuda_lane_join(&c->lane, &sp, s));
+        if (e != cudaSuccess)
+            return wsync_cuda_fail(err, e, "copy_weights", "joining the copy engines' share");
         atomic_fetch_add(&wsync_cuda_stats.launches, 1);
         if (verify) {
             unsigned char *back =

@@ -223,11 +223,14 @@ static wsync_result_t stage_body(struct wsync_staging *s, cudaStream_t st,
     }
     if (e != cudaSuccess)
         wsync_cuda_lane_drop(&sp);
-    /* the copy engines' share after the kernel's launch, so the GPU starts at once */
-    if (e == cudaSuccess && (rc = wsync_cuda_lane_run(&s->lane, &sp, "stage", err)) != WSYNC_OK)
-        goto out;
-    if (e == cudaSuccess)
+    /* the copy engines' share after the kernel's launch, so the GPU starts at once; joined
+     * whatever was enqueued */
+    if (e == cudaSuccess) {
+        rc = wsync_cuda_lane_run(&s->lane, &sp, "stage", err);
         e = wsync_cuda_lane_join(&s->lane, &sp, st);
+        if (rc != WSYNC_OK)
+            goto out;
+    }
     if (e == cudaSuccess)
         e = cudaEventRecord(s->staged, st);
     if (e != cudaSuccess) {
