@@ -92,6 +92,16 @@ wsync_result_t wsync_validate_generation(uint64_t last, uint64_t generation, wsy
     return WSYNC_OK;
 }
 
+wsync_result_t wsync_validate_adapter_call(const void *consumer, const wsync_adapter_source_t *src,
+                                           const wsync_adapter_slot_t *slot, wsync_error_t *err)
+{
+    if (consumer == NULL || src == NULL || slot == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "consumer %p, source %p and slot %p must all be non-NULL", consumer,
+                          (const void *)src, (const void *)slot);
+    return WSYNC_OK;
+}
+
 uint64_t wsync_copy_ops_bytes(const wsync_copy_op_t *ops, size_t n)
 {
     uint64_t total = 0;

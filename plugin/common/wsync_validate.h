@@ -21,6 +21,10 @@ wsync_result_t wsync_validate_adapter_manifest(const wsync_manifest_t *m,
                                                const wsync_buffer_desc_t *key, uint64_t bytes,
                                                uint64_t last_generation, wsync_error_t *err);
 
+/* hot_load_adapter's arguments: consumer, source and slot all non-NULL. */
+wsync_result_t wsync_validate_adapter_call(const void *consumer, const wsync_adapter_source_t *src,
+                                           const wsync_adapter_slot_t *slot, wsync_error_t *err);
+
 /* Total bytes the ops move (for throughput reports). */
 uint64_t wsync_copy_ops_bytes(const wsync_copy_op_t *ops, size_t n);
 

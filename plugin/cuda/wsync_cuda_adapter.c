@@ -266,10 +266,9 @@ wsync_result_t wsync_cuda_hot_load_adapter(struct wsync_consumer *c,
                                            wsync_adapter_slot_t *slot, wsync_stream_t stream,
                                            wsync_error_t *err)
 {
-    if (c == NULL || src == NULL || slot == NULL)
-        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                          "consumer %p, source %p and slot %p must all be non-NULL", (void *)c,
-                          (const void *)src, (void *)slot);
+    wsync_result_t arg = wsync_validate_adapter_call(c, src, slot, err);
+    if (arg != WSYNC_OK)
+        return arg;
     cudaStream_t st = stream ? (cudaStream_t)stream : c->default_stream;
     wsync_cuda_range_push("wsync:hot_load_adapter");
     cudaSetDevice(c->device);
