@@ -56,10 +56,13 @@ static __device__ __forceinline__ float wsync_d_f16_to_f32(uint16_t h)
     return sign ? -f : f;
 }
 
-static __device__ __forceinline__ void wsync_d_get(const unsigned char *p, void *out, int n,
-                                                   bool bytewise)
+/* n (2, 4 or 8) bytes from src to dst: one access, or byte by byte where either side is not
+ * aligned (`bytewise`). */
+static __device__ __forceinline__ void wsync_d_move(void *dst, const void *src, int n,
+                                                    bool bytewise)
 {
-    unsigned char *o = (unsigned char *)out;
+    unsigned char *o = (unsigned char *)dst;
+    const unsigned char *p = (const unsigned char *)src;
     if (!bytewise) {
         if (n == 2)
             *(uint16_t *)o = *(const uint16_t *)p;
@@ -71,23 +74,6 @@ static __device__ __forceinline__ void wsync_d_get(const unsigned char *p, void 
     }
     for (int i = 0; i < n; i++)
         o[i] = p[i];
-}
-
-static __device__ __forceinline__ void wsync_d_put(unsigned char *p, const void *in, int n,
-                                                   bool bytewise)
-{
-    const unsigned char *s = (const unsigned char *)in;
-    if (!bytewise) {
-        if (n == 2)
-            *(uint16_t *)p = *(const uint16_t *)s;
-        else if (n == 4)
-            *(uint32_t *)p = *(const uint32_t *)s;
-        else
-            *(uint64_t *)p = *(const uint64_t *)s;
-        return;
-    }
-    for (int i = 0; i < n; i++)
-        p[i] = s[i];
 }
 
 static __device__ __forceinline__ int wsync_d_size(int dt)
@@ -103,9 +89,9 @@ static __device__ void wsync_d_convert(const wsync_cuda_conv_op_t &op, const uns
     const int sdt = op.src_dtype, ddt = op.dst_dtype;
     if (op.scale == 1.0 && sdt == WSYNC_DTYPE_F32 && ddt == WSYNC_DTYPE_BF16) {
         float f;
-        wsync_d_get(s, &f, 4, su);
+        wsync_d_move(&f, s, 4, su);
         uint16_t h = wsync_d_f32_to_bf16(f);
-        wsync_d_put(d, &h, 2, du);
+        wsync_d_move(d, &h, 2, du);
         return;
     }
     double v;
@@ -113,19 +99,19 @@ static __device__ void wsync_d_convert(const wsync_cuda_conv_op_t &op, const uns
     float f;
     switch (sdt) {
     case WSYNC_DTYPE_BF16:
-        wsync_d_get(s, &h, 2, su);
+        wsync_d_move(&h, s, 2, su);
         v = __uint_as_float((uint32_t)h << 16);
         break;
     case WSYNC_DTYPE_F16:
-        wsync_d_get(s, &h, 2, su);
+        wsync_d_move(&h, s, 2, su);
         v = wsync_d_f16_to_f32(h);
         break;
     case WSYNC_DTYPE_F32:
-        wsync_d_get(s, &f, 4, su);
+        wsync_d_move(&f, s, 4, su);
         v = f;
         break;
     default:
-        wsync_d_get(s, &v, 8, su);
+        wsync_d_move(&v, s, 8, su);
         break;
     }
     if (op.scale != 1.0)
@@ -133,18 +119,18 @@ static __device__ void wsync_d_convert(const wsync_cuda_conv_op_t &op, const uns
     switch (ddt) {
     case WSYNC_DTYPE_BF16:
         h = wsync_d_half_like(v, 7, 127, 255);
-        wsync_d_put(d, &h, 2, du);
+        wsync_d_move(d, &h, 2, du);
         break;
     case WSYNC_DTYPE_F16:
         h = wsync_d_half_like(v, 10, 15, 31);
-        wsync_d_put(d, &h, 2, du);
+        wsync_d_move(d, &h, 2, du);
         break;
     case WSYNC_DTYPE_F32:
         f = __double2float_rn(v);
-        wsync_d_put(d, &f, 4, du);
+        wsync_d_move(d, &f, 4, du);
         break;
     default:
-        wsync_d_put(d, &v, 8, du);
+        wsync_d_move(d, &v, 8, du);
         break;
     }
 }
