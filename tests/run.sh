@@ -5,7 +5,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../tools/bootstrap.sh"
 # Style: every C/CUDA source is formatted by the checked-in .clang-format.
 wsync_install_missing clang-format
 (cd "$WSYNC_ROOT" && find abi plugin adapters engine-shims tools tests \( -name '*.c' -o -name '*.h' \
-    -o -name '*.cu' \) -print0 | xargs -0 clang-format --dry-run --Werror)
+    -o -name '*.cu' -o -name '*.cuh' \) -print0 | xargs -0 clang-format --dry-run --Werror)
 echo "wsync: clang-format: every source is formatted"
 wsync_build
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then

@@ -1,6 +1,7 @@
 /* See wsync_convert_kernel.h. The conversions below mirror adapters/wsync_adapter_convert.c
  * operation for operation (frexp/ldexp/rint in double are exact), so results match bit for bit. */
 #include "wsync_convert_kernel.h"
+#include "wsync_kernel_search.cuh"
 
 #include <string.h>
 
@@ -175,14 +176,9 @@ __global__ void __launch_bounds__(WSYNC_CONV_THREADS)
     for (uint64_t t = blockIdx.x; t < total_tiles; t += gridDim.x) {
         __syncthreads();
         if (threadIdx.x == 0) {
-            uint32_t lo = 0, hi = n_ops - 1;
-            while (lo < hi) {
-                uint32_t mid = (lo + hi + 1) >> 1;
-                if (ops[mid].tile_begin <= t)
-                    lo = mid;
-                else
-                    hi = mid - 1;
-            }
+            uint32_t lo =
+                wsync_k_last_begin<wsync_cuda_conv_op_t, &wsync_cuda_conv_op_t::tile_begin>(
+                    ops, n_ops, t);
             while (lo + 1 < n_ops && ops[lo].tile_end <= t) /* skip empty ops */
                 lo++;
             if (lo != cur) {

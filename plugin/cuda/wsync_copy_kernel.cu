@@ -1,5 +1,6 @@
 /* Batched 2-D copy with an optional fused wsync64 digest. See wsync_copy_kernel.h. */
 #include "wsync_copy_kernel.h"
+#include "wsync_kernel_search.cuh"
 
 #include <string.h>
 
@@ -186,15 +187,7 @@ static __device__ __forceinline__ void wsync_k_flush(unsigned long long &acc,
 __device__ __forceinline__ uint32_t wsync_k_find_op(const wsync_cuda_op_t *__restrict__ ops,
                                                     uint32_t n_ops, uint64_t c)
 {
-    uint32_t lo = 0, hi = n_ops - 1;
-    while (lo < hi) {
-        uint32_t mid = (lo + hi + 1) >> 1;
-        if (ops[mid].chunk_begin <= c)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
+    return wsync_k_last_begin<wsync_cuda_op_t, &wsync_cuda_op_t::chunk_begin>(ops, n_ops, c);
 }
 
 template <bool VERIFY, bool STREAM, int U, int MINB>
