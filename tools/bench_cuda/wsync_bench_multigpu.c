@@ -91,9 +91,8 @@ static void mg_pin(int r)
     setenv("CUDA_VISIBLE_DEVICES", buf, 1);
 }
 
-/* ------------------------------------------------------------------ tp */
-
-static void mg_tp_producer(mg_opts_t *o, int r, int fd)
+/* Rank r's process: pinned to its GPU, the plugin loaded (or exit). */
+static const wsync_plugin_t *mg_load(const mg_opts_t *o, int r)
 {
     mg_pin(r);
     const wsync_plugin_t *p = NULL;
@@ -102,6 +101,14 @@ static void mg_tp_producer(mg_opts_t *o, int r, int fd)
         fprintf(stderr, "wsync-bench-multigpu: %s\n", why);
         exit(1);
     }
+    return p;
+}
+
+/* ------------------------------------------------------------------ tp */
+
+static void mg_tp_producer(mg_opts_t *o, int r, int fd)
+{
+    const wsync_plugin_t *p = mg_load(o, r);
     const uint64_t per = o->bytes / o->tensors;
     wsync_staging_config_t cfg = {
         .struct_size = sizeof(cfg), .bytes = o->bytes + 256u * o->tensors, .device_ordinal = 0};
@@ -147,13 +154,7 @@ static void mg_tp_producer(mg_opts_t *o, int r, int fd)
 
 static void mg_tp_engine(mg_opts_t *o, int r, int fd)
 {
-    mg_pin(r);
-    const wsync_plugin_t *p = NULL;
-    char why[256];
-    if (wh_load(o->plugin, &p, why, sizeof(why)) != WSYNC_OK) {
-        fprintf(stderr, "wsync-bench-multigpu: %s\n", why);
-        exit(1);
-    }
+    const wsync_plugin_t *p = mg_load(o, r);
     wsync_consumer_config_t cc = {.struct_size = sizeof(cc)};
     wsync_consumer_t *c;
     MG_OK(p->consumer->create(&cc, &c, err));
