@@ -75,10 +75,7 @@ static void reference(wl_slot_t *host)
 static int from_dir_child(void)
 {
     const wsync_plugin_t *p = wg_load(WG_PLUGIN, 0);
-    WG_CK(cudaSetDevice(0));
-    wsync_consumer_config_t cc = {.struct_size = sizeof(cc)};
-    wsync_consumer_t *c;
-    WG_OK(p->consumer->create(&cc, &c, err));
+    wsync_consumer_t *c = wg_consumer(p, 0);
     WG_CHECK(WSYNC_HAS_OP(p->consumer, unload_adapter), "unload_adapter missing");
     wl_slot_t host, dev, bad;
     reference(&host);
@@ -168,9 +165,7 @@ static int producer(int fd, void *arg)
     WG_CHECK(wh_recv(fd, &ack, NULL) == 0, "no ack");
     wh_free(ack);
     WG_OK(p->producer->wait_consumed(s, NULL, gen, err));
-    WG_CHECK(wh_recv(fd, &ack, NULL) == 0, "no close message");
-    wh_free(ack);
-    WG_OK(p->producer->retire(s, err));
+    wg_close_and_retire(p, s, fd);
     for (size_t i = 0; i < n; i++)
         cudaFree(dev[i]);
     free(dev);
@@ -183,10 +178,7 @@ static int consumer(int fd, void *arg)
 {
     (void)arg;
     const wsync_plugin_t *p = wg_load(WG_PLUGIN, 0);
-    WG_CK(cudaSetDevice(0));
-    wsync_consumer_config_t cc = {.struct_size = sizeof(cc)};
-    wsync_consumer_t *c;
-    WG_OK(p->consumer->create(&cc, &c, err));
+    wsync_consumer_t *c = wg_consumer(p, 0);
     wl_slot_t host, dev;
     reference(&host);
     wl_target_t t[3];

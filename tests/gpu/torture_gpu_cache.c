@@ -65,10 +65,7 @@ static void stats(const wsync_plugin_t *p, wsync_consumer_t *c, wsync_handle_t *
 static int consumer(int fd, void *arg)
 {
     const wsync_plugin_t *p = wg_load(arg, 1);
-    WG_CK(cudaSetDevice(0));
-    wsync_consumer_config_t cc = {.struct_size = sizeof(cc)};
-    wsync_consumer_t *c;
-    WG_OK(p->consumer->create(&cc, &c, err));
+    wsync_consumer_t *c = wg_consumer(p, 0);
     char *json;
     size_t len;
     WG_CHECK(wh_recv(fd, &json, &len) == 0, "no manifest");

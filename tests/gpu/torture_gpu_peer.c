@@ -70,10 +70,7 @@ static int peer_producer(int fd, void *arg)
         WG_CHECK(wh_recv(fd, &ack, NULL) == 0, "no ack for generation %llu", (unsigned long long)g);
         wh_free(ack);
     }
-    char *bye;
-    WG_CHECK(wh_recv(fd, &bye, NULL) == 0, "no close message");
-    wh_free(bye);
-    WG_OK(p->producer->retire(s, err));
+    wg_close_and_retire(p, s, fd);
     return 0;
 }
 

@@ -148,10 +148,7 @@ static int producer(int fd, void *arg)
     }
     wr_phase("retire");
     WG_OK(p->producer->wait_consumed(s, st, SOAK_CYCLES, err));
-    char *bye;
-    WG_CHECK(wh_recv(fd, &bye, NULL) == 0, "no close message from the consumer");
-    wh_free(bye);
-    WG_OK(p->producer->retire(s, err));
+    wg_close_and_retire(p, s, fd);
     meter_print(&m, "");
     return 0;
 }
@@ -161,10 +158,7 @@ static int consumer(int fd, void *arg)
     wr_watchdog("soak consumer", SOAK_ALARM_S);
     wr_phase("load");
     const wsync_plugin_t *p = wg_load(arg, 1);
-    WG_CK(cudaSetDevice(0));
-    wsync_consumer_config_t cc = {.struct_size = sizeof(cc), .timeout_ms = 10000};
-    wsync_consumer_t *c;
-    WG_OK(p->consumer->create(&cc, &c, err));
+    wsync_consumer_t *c = wg_consumer(p, 10000);
     wsync_stream_t st;
     WG_OK(p->consumer->stream_create(c, &st, err));
     unsigned char *dst[SOAK_N];

@@ -68,20 +68,14 @@ static int producer(int fd, void *arg)
         WG_CHECK(wh_recv(fd, &ack, NULL) == 0, "no ack for %llu", (unsigned long long)g);
         wh_free(ack);
     }
-    char *m;
-    WG_CHECK(wh_recv(fd, &m, NULL) == 0, "no close message");
-    wh_free(m);
-    WG_OK(p->producer->retire(s, err));
+    wg_close_and_retire(p, s, fd);
     return 0;
 }
 
 static int consumer(int fd, void *arg)
 {
     const wsync_plugin_t *p = wg_load(arg, 0);
-    WG_CK(cudaSetDevice(0));
-    wsync_consumer_config_t cc = {.struct_size = sizeof(cc)};
-    wsync_consumer_t *c;
-    WG_OK(p->consumer->create(&cc, &c, err));
+    wsync_consumer_t *c = wg_consumer(p, 0);
     cudaStream_t engine;
     WG_CK(cudaStreamCreateWithFlags(&engine, cudaStreamNonBlocking));
     unsigned char *dst;

@@ -33,6 +33,23 @@ const wsync_plugin_t *wg_load(const char *plugin, int stats)
     return p;
 }
 
+wsync_consumer_t *wg_consumer(const wsync_plugin_t *p, uint32_t timeout_ms)
+{
+    WG_CK(cudaSetDevice(0));
+    wsync_consumer_config_t cc = {.struct_size = sizeof(cc), .timeout_ms = timeout_ms};
+    wsync_consumer_t *c;
+    WG_OK(p->consumer->create(&cc, &c, err));
+    return c;
+}
+
+void wg_close_and_retire(const wsync_plugin_t *p, wsync_staging_t *s, int fd)
+{
+    char *bye;
+    WG_CHECK(wh_recv(fd, &bye, NULL) == 0, "no close message from the consumer");
+    wh_free(bye);
+    WG_OK(p->producer->retire(s, err));
+}
+
 static pid_t wg_fork_role(wg_role_fn fn, int fd, int other, void *arg)
 {
     fflush(stdout);

@@ -47,6 +47,12 @@ int wg_run_pair(wg_role_fn producer, wg_role_fn consumer, void *arg, int *produc
 /* In a child: load `plugin` (stats logging on when stats != 0). */
 const wsync_plugin_t *wg_load(const char *plugin, int stats);
 
+/* In a child: a consumer on device 0 with the default config but timeout_ms (0: the default). */
+wsync_consumer_t *wg_consumer(const wsync_plugin_t *p, uint32_t timeout_ms);
+
+/* In a producer child: wait for the consumer's close message, then retire s. */
+void wg_close_and_retire(const wsync_plugin_t *p, wsync_staging_t *s, int fd);
+
 /* Host copy of the fill pattern: byte j of a buffer filled with `seed`. */
 static inline unsigned char wg_pattern_byte(uint64_t seed, uint64_t j)
 {
