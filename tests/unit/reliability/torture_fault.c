@@ -128,6 +128,26 @@ static char *expect_reply(int fd, const char *prefix)
     return msg;
 }
 
+/* A new engine that has started copying p's current bucket, SIGKILLed mid-copy. */
+static void engine_killed_mid_copy(const rel_producer_t *p)
+{
+    int fd;
+    pid_t pid = rel_spawn("engine", &fd, NULL);
+    rel_send(fd, p->manifest, strlen(p->manifest));
+    free(expect_reply(fd, "copying"));
+    rel_kill(pid);
+    close(fd);
+}
+
+/* The engine on fd copies p's current bucket and records it consumed. */
+static void engine_sync(int fd, const rel_producer_t *p)
+{
+    rel_send(fd, p->manifest, strlen(p->manifest));
+    free(expect_reply(fd, "copying"));
+    rel_sendf(fd, "record");
+    free(expect_reply(fd, "OK"));
+}
+
 /* Producer SIGKILLed at a varying point of bucket 2 while the engine waits on it. */
 static void test_producer_killed_mid_bucket(void **state)
 {
@@ -228,12 +248,7 @@ static void test_engine_killed_mid_copy(void **state)
 
     rel_producer_create(&p, &plugin, N_TENSORS, TENSOR_BYTES, TIMEOUT_MS);
     assert_int_equal(rel_producer_bucket(&p, &err), WSYNC_OK);
-
-    pid_t pid = rel_spawn("engine", &fd, NULL);
-    rel_send(fd, p.manifest, strlen(p.manifest));
-    free(expect_reply(fd, "copying"));
-    rel_kill(pid);
-    close(fd);
+    engine_killed_mid_copy(&p);
 
     long t0 = rel_now_ms();
     wsync_result_t r = plugin.P->wait_consumed(p.s, p.stream, 1, &err);
@@ -245,19 +260,13 @@ static void test_engine_killed_mid_copy(void **state)
     assert_true(waited <= (long)TIMEOUT_MS + SLACK_MS);
 
     /* A restarted engine consumes the same, still valid, bucket; then the next one. */
-    pid = rel_spawn("engine", &fd, NULL);
-    rel_send(fd, p.manifest, strlen(p.manifest));
-    free(expect_reply(fd, "copying"));
-    rel_sendf(fd, "record");
-    free(expect_reply(fd, "OK"));
+    pid_t pid = rel_spawn("engine", &fd, NULL);
+    engine_sync(fd, &p);
     err = rel_err();
     assert_int_equal(plugin.P->wait_consumed(p.s, p.stream, 1, &err), WSYNC_OK);
 
     assert_int_equal(rel_producer_bucket(&p, &err), WSYNC_OK);
-    rel_send(fd, p.manifest, strlen(p.manifest));
-    free(expect_reply(fd, "copying"));
-    rel_sendf(fd, "record");
-    free(expect_reply(fd, "OK"));
+    engine_sync(fd, &p);
     assert_int_equal(plugin.P->wait_consumed(p.s, p.stream, 2, &err), WSYNC_OK);
     close(fd); /* the engine closes its handle and exits */
     assert_int_equal(rel_wait_exit(pid, 10000), 0);
@@ -275,16 +284,11 @@ static void test_retire_after_consumer_crash(void **state)
 {
     rel_producer_t p;
     wsync_error_t err = rel_err();
-    int fd;
     (void)state;
 
     rel_producer_create(&p, &plugin, 2, 4096, TIMEOUT_MS);
     assert_int_equal(rel_producer_bucket(&p, &err), WSYNC_OK);
-    pid_t pid = rel_spawn("engine", &fd, NULL);
-    rel_send(fd, p.manifest, strlen(p.manifest));
-    free(expect_reply(fd, "copying"));
-    rel_kill(pid);
-    close(fd);
+    engine_killed_mid_copy(&p);
 
     long t0 = rel_now_ms();
     wsync_result_t r;
