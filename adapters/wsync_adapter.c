@@ -16,8 +16,7 @@
 
 struct wsync_adapter_priv {
     wsync_peft_config_t *config;
-    wsync_safetensors_t *file;       /* FROM_DIR: owns the mapping */
-    wsync_adapter_tensor_t *tensors; /* FROM_DIR: views of the file's tensors */
+    wsync_safetensors_t *file; /* FROM_DIR: owns the mapping and its tensor views */
     wsync_adapter_module_t *modules;
     char **names; /* one malloc'd hf_module per module */
     size_t n_names;
@@ -302,24 +301,11 @@ static wsync_result_t wsync_adapter_open_weights(const char *dir, wsync_safetens
                       "%s: no adapter_model.safetensors; is this a PEFT adapter directory?", dir);
 }
 
+/* The file's tensors, as they are (they live as long as the file stays open). */
 static wsync_result_t wsync_adapter_views(wsync_adapter_t *ad, wsync_error_t *err)
 {
     wsync_safetensors_t *st = ad->priv->file;
-    size_t n = wsync_safetensors_count(st);
-    ad->priv->tensors = calloc(n ? n : 1, sizeof(*ad->priv->tensors));
-    if (ad->priv->tensors == NULL)
-        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "%zu tensors", n);
-    for (size_t i = 0; i < n; i++) {
-        const wsync_st_tensor_t *s = wsync_safetensors_at(st, i);
-        wsync_adapter_tensor_t *t = &ad->priv->tensors[i];
-        t->name = s->name;
-        t->dtype = s->dtype;
-        t->ndim = s->ndim;
-        memcpy(t->shape, s->shape, sizeof(t->shape));
-        t->data = s->data;
-        t->nbytes = s->nbytes;
-    }
-    return wsync_adapter_build(ad, ad->priv->tensors, n, err);
+    return wsync_adapter_build(ad, wsync_safetensors_tensors(st), wsync_safetensors_count(st), err);
 }
 
 wsync_result_t wsync_adapter_from_dir(const char *path, wsync_adapter_t **out, wsync_error_t *err)
@@ -370,7 +356,6 @@ void wsync_adapter_free(wsync_adapter_t *a)
             free(p->names[i]);
         free(p->names);
         free(p->modules);
-        free(p->tensors);
         wsync_safetensors_close(p->file);
         wsync_peft_config_free(p->config);
         free(p);

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "wsync_abi.h"
+#include "wsync_tensor_view.h"
 
 /* Where tensor bytes live; tells an executor how it may read them. */
 typedef enum wsync_adapter_memory {
@@ -19,14 +20,7 @@ typedef enum wsync_adapter_memory {
 
 /* A tensor as PEFT names it ("base_model.model.<module>.lora_A.weight"). Row-major, packed;
  * `data` need not be aligned. */
-typedef struct wsync_adapter_tensor {
-    const char *name;
-    wsync_dtype_t dtype;
-    uint32_t ndim;
-    int64_t shape[WSYNC_MAX_DIMS];
-    const void *data;
-    uint64_t nbytes;
-} wsync_adapter_tensor_t;
+typedef wsync_tensor_view_t wsync_adapter_tensor_t;
 
 typedef struct wsync_adapter_module {
     const char *hf_module; /* path relative to the base model: "model.layers.0.self_attn.q_proj" */

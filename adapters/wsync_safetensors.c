@@ -305,6 +305,11 @@ size_t wsync_safetensors_count(const wsync_safetensors_t *st)
     return st ? st->n : 0;
 }
 
+const wsync_st_tensor_t *wsync_safetensors_tensors(const wsync_safetensors_t *st)
+{
+    return st && st->n > 0 ? st->tensors : NULL;
+}
+
 const wsync_st_tensor_t *wsync_safetensors_at(const wsync_safetensors_t *st, size_t i)
 {
     return (st && i < st->n) ? &st->tensors[i] : NULL;

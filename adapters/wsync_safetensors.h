@@ -13,6 +13,7 @@
 #include <jansson.h>
 
 #include "wsync_abi.h"
+#include "wsync_tensor_view.h"
 
 #define WSYNC_SAFETENSORS_MAX_HEADER (100u * 1024u * 1024u) /* bigger headers are refused */
 
@@ -20,14 +21,7 @@ typedef struct wsync_safetensors wsync_safetensors_t;
 
 /* One tensor. Pointers stay valid until wsync_safetensors_close; `data` points into the
  * read-only mapping (not aligned: read it with memcpy). */
-typedef struct wsync_st_tensor {
-    const char *name;
-    wsync_dtype_t dtype;
-    uint32_t ndim;
-    int64_t shape[WSYNC_MAX_DIMS];
-    const void *data;
-    uint64_t nbytes;
-} wsync_st_tensor_t;
+typedef wsync_tensor_view_t wsync_st_tensor_t;
 
 /* Map `path` and validate it: header length within the file and <= WSYNC_SAFETENSORS_MAX_HEADER,
  * header a JSON object without duplicate keys, every entry with a known dtype, a shape of at most
@@ -48,6 +42,9 @@ void wsync_safetensors_close(wsync_safetensors_t *st);
 
 /* Number of tensors (the __metadata__ entry is not one). */
 size_t wsync_safetensors_count(const wsync_safetensors_t *st);
+
+/* All count tensors, an array in ascending data offset order (NULL when there are none). */
+const wsync_st_tensor_t *wsync_safetensors_tensors(const wsync_safetensors_t *st);
 
 /* The i-th tensor in ascending data offset order; NULL when i >= count. */
 const wsync_st_tensor_t *wsync_safetensors_at(const wsync_safetensors_t *st, size_t i);
