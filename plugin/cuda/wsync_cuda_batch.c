@@ -127,7 +127,7 @@ cudaError_t wsync_cuda_lane_join(const wsync_cuda_lane_t *l, const wsync_cuda_sp
 {
     cudaError_t e = cudaSuccess;
     for (int k = 0; k < WSYNC_CUDA_MAX_LANES && e == cudaSuccess; k++)
-        if (sp->n_ce > 0 && sp->lane_n[k] > 0)
+        if (sp->lane_n[k] > 0) /* all 0 when there is no share, or it was dropped */
             e = cudaStreamWaitEvent(s, l->join[k], 0);
     return e;
 }

@@ -95,7 +95,6 @@ wsync_result_t wsync_cuda_split(wsync_cuda_op_t *table, size_t n, double share, 
     if (out->ce == NULL) {
         for (size_t i = 0; i < n; i++)
             table[i].flags &= ~WSYNC_CUDA_OP_SPLIT_MASK;
-        memset(out->lane_n, 0, sizeof(out->lane_n));
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu copy-engine ops", n_ce);
     }
     /* the copy engines' ops lane after lane, each lane in op order; compact: kernel ops keep
