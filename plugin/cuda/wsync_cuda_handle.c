@@ -9,28 +9,14 @@
 #include "wsync_error.h"
 #include "wsync_log.h"
 
-typedef int (*wsync_cu_mem_get_address_range_fn)(unsigned long long *base, size_t *size,
-                                                 unsigned long long ptr);
-
 /* Size of the allocation that starts at p, from the driver (0 when it cannot tell). */
 static uint64_t allocation_bytes(const void *p)
 {
-    static wsync_cu_mem_get_address_range_fn fn;
-    static int looked;
-    if (!looked) {
-        enum cudaDriverEntryPointQueryResult q;
-        void *f = NULL;
-        if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault,
-                                             &q) == cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = (wsync_cu_mem_get_address_range_fn)f;
-        looked = 1;
-    }
-    unsigned long long base = 0;
-    size_t size = 0;
-    if (fn == NULL || fn(&base, &size, (unsigned long long)(uintptr_t)p) != 0)
+    uintptr_t base;
+    size_t size;
+    if (!wsync_cuda_alloc_range(p, &base, &size))
         return 0;
-    return (uint64_t)size - ((unsigned long long)(uintptr_t)p - base);
+    return (uint64_t)size - ((uintptr_t)p - base);
 }
 
 static void mapping_destroy(wsync_cuda_mapping_t *m)

@@ -1,4 +1,5 @@
 /* CUDA error text, device identity, NVTX ranges and process-wide counters. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,41 @@
 #include "wsync_log.h"
 
 wsync_cuda_stats_t wsync_cuda_stats;
+
+typedef int (*wsync_cu_mem_get_address_range_fn)(unsigned long long *base, size_t *size,
+                                                 unsigned long long ptr);
+static wsync_cu_mem_get_address_range_fn wsync_cu_range;
+static pthread_once_t wsync_cu_range_once = PTHREAD_ONCE_INIT;
+
+static void wsync_cu_range_find(void)
+{
+    enum cudaDriverEntryPointQueryResult q;
+    void *f = NULL;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault,
+                                         &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+        wsync_cu_range = (wsync_cu_mem_get_address_range_fn)f;
+}
+
+int wsync_cuda_alloc_range(const void *p, uintptr_t *base, size_t *size)
+{
+    pthread_once(&wsync_cu_range_once, wsync_cu_range_find);
+    unsigned long long b = 0;
+    size_t n = 0;
+    if (wsync_cu_range == NULL || wsync_cu_range(&b, &n, (unsigned long long)(uintptr_t)p) != 0)
+        return 0;
+    *base = (uintptr_t)b;
+    *size = n;
+    return 1;
+}
+
+int wsync_cuda_one_alloc(const void *lo, const void *hi)
+{
+    uintptr_t base;
+    size_t size;
+    return wsync_cuda_alloc_range(lo, &base, &size) && (uintptr_t)hi >= (uintptr_t)lo &&
+           (uintptr_t)hi - base < size;
+}
 
 wsync_result_t wsync_cuda_fail(wsync_error_t *err, cudaError_t e, const char *where,
                                const char *what)

@@ -3,7 +3,9 @@
 # configure + build (Release, sm_90), ctest -L 'gpu|cuda' (the conformance suite's cuda runs
 # included when it builds) with each staging kind (legacy IPC, then cuda_vmm_fd),
 # compute-sanitizer memcheck of the copy and convert kernels,
-# wsync-bench-cuda --layout both for each staging kind, --lora, --pingpong and --lanes, and the fault
+# wsync-bench-cuda --layout both for each staging kind (engine parameters fused, as engines hold
+# them), --layout moe --params separate once (one cudaMalloc per tensor; bench-moe-separate.log),
+# --lora, --pingpong and --lanes, and the fault
 # test's per-trial figures for each staging kind. Logs go to $OUT (or
 # ./device-out) and to stdout.
 #   usage: tests/gpu/run_on_device.sh [build-dir]
@@ -72,6 +74,13 @@ for kind in $KINDS; do
     --iters "$ITERS" >>"$OUT/bench.log" 2>&1 || status=1
   echo "bench $kind: $(( $(date +%s) - t0 )) s"
 done
+# the MoE layout once more into one cudaMalloc per tensor instead of the fused w13/w2 (first kind)
+read -r sep_kind _ <<<"$KINDS"
+echo "=== wsync-bench-cuda --layout moe --params separate, WSYNC_CUDA_STAGING_KIND=${sep_kind:-default}" \
+  "(bench-moe-separate.log)" | tee -a "$OUT/bench.log"
+env ${sep_kind:+WSYNC_CUDA_STAGING_KIND=$sep_kind} timeout 300 "$BUILD/bin/wsync-bench-cuda" --layout moe \
+  --params separate --iters "$ITERS" >"$OUT/bench-moe-separate.log" 2>&1 || status=1
+echo "bench moe separate: $(( $(date +%s) - t0 )) s"
 echo "=== wsync-bench-cuda --lora" | tee -a "$OUT/bench.log"
 timeout 200 "$BUILD/bin/wsync-bench-cuda" --lora --iters "$ITERS" >>"$OUT/bench.log" 2>&1 || status=1
 echo "=== wsync-bench-cuda --pingpong" | tee -a "$OUT/bench.log"
@@ -85,6 +94,7 @@ for kind in ipc vmm; do
 done
 grep -E "^\[(ipc|vmm)\]" "$OUT/fault.log" | grep -vE "^\[plugin" | tail -30
 echo "run_on_device.sh: status $status, $(( $(date +%s) - t0 )) s"
-grep -hE "summary|tests passed|tests failed|buckets torn" "$OUT"/ctest.log "$OUT"/bench.log
+grep -hE "summary|tests passed|tests failed|buckets torn" "$OUT"/ctest.log "$OUT"/bench.log \
+  "$OUT"/bench-moe-separate.log
 grep -hE "=== |copy_weights|kernel variant|\(a|\(b|\(c|\(d|FROM_|baseline|verified|wsync-bench-cuda" "$OUT/bench.log" >"$OUT/bench-short.log"
 exit $status

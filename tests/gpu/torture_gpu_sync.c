@@ -2,7 +2,9 @@
  * awkward sizes (vector path, 16-byte tail, odd lengths, empty) over three generations; the
  * consumer copies them whole, as a row-parallel 2-D slice and from a misaligned source into a
  * misaligned destination (byte path), all verified by the fused digest against host wsync64,
- * and again unverified with the copy engines taking a share of the contiguous ops; then a wrong
+ * and again unverified with the copy engines taking a share of the contiguous ops (tensor 0 also
+ * cut into 8 pieces dealt alternately to two strided regions of one allocation, as a MoE layer's
+ * experts land in fused w13/w2: two 2-D copies for the copy engines, gaps left alone); then a wrong
  * digest, an out-of-bounds op and a replayed generation are refused, the last two before any byte
  * is written. */
 #include <stdlib.h>
@@ -19,6 +21,11 @@
 
 #define SYNC_GENS 3
 #define SYNC_SLOT (8ull << 20) /* trainer offset of tensor k: k * SYNC_SLOT */
+#define PIECES 8               /* tensor 0 cut into pieces for the fused destination */
+#define PIECE (1000ull * 4096 * 2 / PIECES)
+#define GAP_A 4096ull /* even pieces land PIECE + GAP_A apart, odd ones PIECE + GAP_B apart */
+#define GAP_B 8192ull
+#define FUSED_BYTES ((PIECES / 2) * (2 * PIECE + GAP_A + GAP_B))
 
 typedef struct sync_tensor {
     const char *name;
@@ -110,6 +117,41 @@ static int producer(int fd, void *arg)
     return 0;
 }
 
+/* Where piece i of tensor 0 lands in the fused destination. */
+static uint64_t fused_at(size_t i)
+{
+    const uint64_t half = (PIECES / 2) * (PIECE + GAP_A);
+    return i % 2 == 0 ? (i / 2) * (PIECE + GAP_A) : half + (i / 2) * (PIECE + GAP_B);
+}
+
+/* ops[0..PIECES): tensor 0's pieces into `fused`. */
+static void fused_ops(wsync_copy_op_t *ops, uint64_t src_offset, unsigned char *fused)
+{
+    for (size_t i = 0; i < PIECES; i++)
+        ops[i] = (wsync_copy_op_t){.src_offset = src_offset + i * PIECE,
+                                   .src_pitch = PIECE,
+                                   .dst = fused + fused_at(i),
+                                   .dst_pitch = PIECE,
+                                   .dst_extent = FUSED_BYTES - fused_at(i),
+                                   .rows = 1,
+                                   .row_bytes = PIECE};
+}
+
+/* The fused destination holds every piece of generation g's tensor 0, and poison in the gaps. */
+static int fused_ok(uint64_t g, const unsigned char *got, unsigned char *want)
+{
+    for (size_t i = 0; i < PIECES; i++) {
+        host_digest(g, 0, i * PIECE, 1, PIECE, PIECE, want);
+        if (memcmp(got + fused_at(i), want, PIECE) != 0)
+            return 0;
+        const uint64_t end = fused_at(i) + PIECE, gap = i % 2 == 0 ? GAP_A : GAP_B;
+        for (uint64_t b = end; b < end + gap && b < FUSED_BYTES; b++)
+            if (got[b] != 0x5a)
+                return 0;
+    }
+    return 1;
+}
+
 static int consumer(int fd, void *arg)
 {
     const wsync_plugin_t *p = wg_load(arg, 0);
@@ -123,6 +165,9 @@ static int consumer(int fd, void *arg)
     WG_OK(p->consumer->mem_alloc(c, slice_rows * slice_bytes, (void **)&slice, err));
     WG_OK(p->consumer->mem_alloc(c, 4096, (void **)&odd, err));
     WG_OK(p->consumer->mem_alloc(c, T[0].bytes + 16, (void **)&dst2, err));
+    unsigned char *fused, *poison = malloc(FUSED_BYTES), *fused_host = malloc(FUSED_BYTES);
+    WG_OK(p->consumer->mem_alloc(c, FUSED_BYTES, (void **)&fused, err));
+    memset(poison, 0x5a, FUSED_BYTES);
     unsigned char *host = malloc(T[0].bytes);
     unsigned char *want = malloc(T[0].bytes);
     const wsync_manifest_t *m = NULL;
@@ -191,13 +236,15 @@ static int consumer(int fd, void *arg)
             setenv("WSYNC_CUDA_CE_SHARE", share[g - 1], 1);
         if (min_bytes[g - 1])
             setenv("WSYNC_CUDA_CE_MIN_BYTES", min_bytes[g - 1], 1);
-        wsync_copy_op_t again[NT + 2];
+        wsync_copy_op_t again[NT + 2 + PIECES];
         for (size_t k = 0; k < NT + 2; k++) {
             again[k] = ops[k];
             again[k].has_digest = 0;
         }
         again[0].dst = dst2;
-        WG_OK(p->consumer->copy_weights(c, h, st, m->generation, again, NT + 2, 0, err));
+        fused_ops(again + NT + 2, m->tensors[0].offset, fused);
+        WG_OK(p->consumer->mem_copy(c, fused, poison, FUSED_BYTES, 0, err));
+        WG_OK(p->consumer->copy_weights(c, h, st, m->generation, again, NT + 2 + PIECES, 0, err));
         unsetenv("WSYNC_CUDA_CE_SHARE");
         unsetenv("WSYNC_CUDA_CE_MIN_BYTES");
         unsetenv("WSYNC_CUDA_CE_LANES");
@@ -233,6 +280,10 @@ static int consumer(int fd, void *arg)
         WG_OK(p->consumer->mem_copy(c, host, odd + 3, 3001, 1, err));
         host_digest(g, 2, 5, 1, 3001, 3001, want);
         WG_CHECK(memcmp(host, want, 3001) == 0, "byte-path bytes differ (unverified)");
+        WG_OK(p->consumer->mem_copy(c, fused_host, fused, FUSED_BYTES, 1, err));
+        WG_CHECK(fused_ok(g, fused_host, want),
+                 "fused destination differs: a piece is wrong or a gap was written (CE share %s)",
+                 share[g - 1] ? share[g - 1] : "default");
         if (g < SYNC_GENS) {
             WG_OK(p->consumer->close_handle(c, h, err));
             p->consumer->manifest_free(c, m);
@@ -285,6 +336,8 @@ static int consumer(int fd, void *arg)
     WG_OK(p->consumer->finalize(c, err));
     free(host);
     free(want);
+    free(poison);
+    free(fused_host);
     return 0;
 }
 

@@ -1,7 +1,7 @@
 /* wsync-bench-cuda: throughput of libwsync_cuda.so against the limits measured in the same run.
  *
  *   wsync-bench-cuda [--layout dense|moe|both] [--iters N] [--plugin PATH] [--layers L]
- *                    [--scale S] [--bucket-mib M]
+ *                    [--scale S] [--bucket-mib M] [--params fused|separate]
  *   wsync-bench-cuda --lora [--iters N] [--plugin PATH] [--layers L]   (wsync_bench_lora.h)
  *   wsync-bench-cuda --pingpong [--iters N]                             (wsync_bench_pingpong.h)
  *   wsync-bench-cuda --lanes [--layout L] [--iters N]                   (wsync_bench_lanes.h)
@@ -9,8 +9,10 @@
  * One consumer process per layout measures, with CUDA events (median of N after warm-up):
  *   (a) one cudaMemcpyAsync of the whole packed payload (the limit),
  *   (b) one cudaMemcpyAsync per tensor,
- *   the plugin's copy_weights from a staging buffer exported by a producer process into
- *   separate per-tensor allocations (like engine parameters), without and with verification,
+ *   the plugin's copy_weights from a staging buffer exported by a producer process into engine
+ *   parameters, without and with verification: --params fused (default) holds them as SGLang,
+ *   vLLM and LMDeploy do (per layer one qkv_proj, one gate_up_proj or, for MoE, one w13 and one
+ *   w2 over all experts; wb_layout_group), --params separate one cudaMalloc per tensor,
  *   the bare kernel at each launch variant,
  *   (c) a full colocated sync, trainer params -> 1 GiB staging (reused) -> engine params,
  *   through the plugin in two processes (ms per sync, wall clock until the engine stream is
@@ -53,6 +55,7 @@ typedef struct wb_opts {
     int pingpong;
     int lanes;
     const char *dir;
+    const char *params; /* "fused" | "separate": the consumer's engine parameters */
 } wb_opts_t;
 
 static char wb_self[PATH_MAX];
@@ -244,7 +247,8 @@ typedef struct wb_engine {
     cudaStream_t st;
     cudaEvent_t e0, e1;
     wb_layout_t l;
-    void **dst; /* per-tensor "engine parameters" */
+    void **dst;    /* per tensor: where the engine holds it (a group base + goff) */
+    void **groups; /* per engine parameter allocation (l.n_groups) */
 } wb_engine_t;
 
 static double wb_time_events(wb_engine_t *E, unsigned iters, void (*fn)(void *), void *arg)
@@ -441,6 +445,43 @@ static int wb_spawn_producer(const wb_opts_t *o, int fd, pid_t *pid)
     return *pid > 0 ? 0 : -1;
 }
 
+/* One cudaMalloc per engine parameter (fused or not, as wb_layout_group grouped E->l); every
+ * tensor's destination inside it. */
+static int wb_params_alloc(wb_engine_t *E, int fused)
+{
+    if (wb_layout_group(&E->l, fused) != 0)
+        return -1;
+    E->groups = calloc(E->l.n_groups, sizeof(*E->groups));
+    E->dst = calloc(E->l.n, sizeof(*E->dst));
+    if (E->groups == NULL || E->dst == NULL)
+        return -1;
+    for (size_t g = 0; g < E->l.n_groups; g++)
+        WB_CK(cudaMalloc(&E->groups[g], E->l.group_bytes[g] ? E->l.group_bytes[g] : 1));
+    for (size_t i = 0; i < E->l.n; i++)
+        E->dst[i] = (unsigned char *)E->groups[E->l.t[i].group] + E->l.t[i].goff;
+    return 0;
+}
+
+static void wb_params_free(wb_engine_t *E)
+{
+    for (size_t g = 0; g < E->l.n_groups; g++)
+        WB_CK(cudaFree(E->groups[g]));
+    free(E->groups);
+    free(E->dst);
+    E->groups = NULL;
+    E->dst = NULL;
+}
+
+static void wb_params_print(const wb_engine_t *E, int fused)
+{
+    if (fused)
+        printf("  engine parameters: fused (qkv, gate_up, experts w13/w2 per layer): %zu "
+               "allocations for %zu tensors\n",
+               E->l.n_groups, E->l.n);
+    else
+        printf("  engine parameters: separate: one cudaMalloc per tensor (%zu)\n", E->l.n_groups);
+}
+
 static int wb_consumer_main(const wb_opts_t *o)
 {
     wb_engine_t E;
@@ -478,9 +519,11 @@ static int wb_consumer_main(const wb_opts_t *o)
     void *src, *whole;
     WB_CK(cudaMalloc(&src, E.l.packed));
     WB_CK(cudaMalloc(&whole, E.l.packed));
-    E.dst = calloc(E.l.n, sizeof(*E.dst));
-    for (size_t i = 0; i < E.l.n; i++)
-        WB_CK(cudaMalloc(&E.dst[i], E.l.t[i].bytes ? E.l.t[i].bytes : 1));
+    const int fused = strcmp(o->params, "fused") == 0;
+    if (wb_params_alloc(&E, fused) != 0) {
+        fprintf(stderr, "wsync-bench-cuda: out of host memory for the engine parameters\n");
+        return 1;
+    }
     WB_CK(wh_fill(src, E.l.packed, WB_SEED, E.st));
     unsigned long long *bad_dev;
     WB_CK(cudaMalloc((void **)&bad_dev, sizeof(*bad_dev)));
@@ -619,6 +662,7 @@ static int wb_consumer_main(const wb_opts_t *o)
     printf("wsync-bench-cuda: layout %s on %s (%d SMs): %zu tensors, %.2f GB payload, %u "
            "iters (median, CUDA events)\n",
            o->layout, prop.name, sm, E.l.n, E.l.payload / 1e9, o->iters);
+    wb_params_print(&E, fused);
     printf("  staging buffer kind: %s\n", staging_kind);
     printf("  copy check: digests %s%s, %llu wrong words in engine params\n",
            r == WSYNC_OK ? "ok" : "FAILED: ", r == WSYNC_OK ? "" : e.message, bad);
@@ -761,11 +805,11 @@ static int wb_consumer_main(const wb_opts_t *o)
     printf("  verified sync (one buffer, record_consumed waits per bucket): %.2f ms, %d digest "
            "failures, %llu wrong words in engine params\n",
            ms_vsync, failures, bad);
-    printf("  summary %s (%s): copy_weights %.3fx memcpy, verify %.3fx, sync %.2f ms (1 buffer) "
-           "%.2f ms (2 buffers) %.2f ms (4 buffers) %.2f ms (2 buffers, no digests), opens/sync "
-           "%.3f\n",
-           o->layout, staging_kind, ms_whole / ms_plugin, ms_whole / ms_verify, ms_sync[1],
-           ms_sync[2], ms_sync[4], ms_fast,
+    printf("  summary %s (%s, %s params): copy_weights %.3fx memcpy, verify %.3fx, sync %.2f ms "
+           "(1 buffer) %.2f ms (2 buffers) %.2f ms (4 buffers) %.2f ms (2 buffers, no digests), "
+           "opens/sync %.3f\n",
+           o->layout, staging_kind, o->params, ms_whole / ms_plugin, ms_whole / ms_verify,
+           ms_sync[1], ms_sync[2], ms_sync[4], ms_fast,
            (double)(opens_per[1] + opens_per[2] + opens_per[4]) / (3 * o->iters));
     fflush(stdout);
     for (int k = 0; k < WB_MAX_BUF; k++)
@@ -776,8 +820,10 @@ static int wb_consumer_main(const wb_opts_t *o)
     int st = 0;
     waitpid(prod, &st, 0);
     WB_OK(E.p->consumer->finalize(E.c, err));
+    wb_params_free(&E);
     free(t);
     wb_plan_free(&plan);
+    wb_layout_free(&E.l);
     return WIFEXITED(st) && WEXITSTATUS(st) == 0 && failures == 0 && bad == 0 && bad_fast == 0 ? 0
                                                                                                : 1;
 }
@@ -786,22 +832,39 @@ static void wb_usage(FILE *f)
 {
     fprintf(f, "usage: wsync-bench-cuda [--layout dense|moe|both] [--iters N] [--plugin PATH]\n"
                "                        [--layers L] [--scale S] [--bucket-mib M]\n"
+               "                        [--params fused|separate]\n"
                "       wsync-bench-cuda --lora [--iters N] [--plugin PATH] [--layers L]\n"
                "       wsync-bench-cuda --pingpong [--iters N]\n"
-               "       wsync-bench-cuda --lanes [--layout dense|moe|both] [--iters N]\n");
+               "       wsync-bench-cuda --lanes [--layout dense|moe|both] [--iters N]\n"
+               "  --params: the engine parameters the copies land in: fused (default; per layer\n"
+               "            one qkv_proj, one gate_up_proj or MoE w13 + w2 over all experts, as\n"
+               "            SGLang, vLLM and LMDeploy hold them) or separate (one cudaMalloc per\n"
+               "            tensor)\n");
 }
 
 int main(int argc, char **argv)
 {
-    static const struct option lo[] = {
-        {"layout", required_argument, NULL, 'l'}, {"iters", required_argument, NULL, 'i'},
-        {"plugin", required_argument, NULL, 'p'}, {"layers", required_argument, NULL, 'L'},
-        {"scale", required_argument, NULL, 'S'},  {"bucket-mib", required_argument, NULL, 'b'},
-        {"role", required_argument, NULL, 'r'},   {"fd", required_argument, NULL, 'f'},
-        {"help", no_argument, NULL, 'h'},         {"lora", no_argument, NULL, 'o'},
-        {"dir", required_argument, NULL, 'd'},    {"pingpong", no_argument, NULL, 'P'},
-        {"lanes", no_argument, NULL, 'N'},        {NULL, 0, NULL, 0}};
-    wb_opts_t o = {.layout = "both", .iters = 20, .scale = 1, .bucket = 1ull << 30, .fd = -1};
+    static const struct option lo[] = {{"layout", required_argument, NULL, 'l'},
+                                       {"iters", required_argument, NULL, 'i'},
+                                       {"plugin", required_argument, NULL, 'p'},
+                                       {"layers", required_argument, NULL, 'L'},
+                                       {"scale", required_argument, NULL, 'S'},
+                                       {"bucket-mib", required_argument, NULL, 'b'},
+                                       {"role", required_argument, NULL, 'r'},
+                                       {"fd", required_argument, NULL, 'f'},
+                                       {"help", no_argument, NULL, 'h'},
+                                       {"lora", no_argument, NULL, 'o'},
+                                       {"dir", required_argument, NULL, 'd'},
+                                       {"pingpong", no_argument, NULL, 'P'},
+                                       {"lanes", no_argument, NULL, 'N'},
+                                       {"params", required_argument, NULL, 'm'},
+                                       {NULL, 0, NULL, 0}};
+    wb_opts_t o = {.layout = "both",
+                   .iters = 20,
+                   .scale = 1,
+                   .bucket = 1ull << 30,
+                   .fd = -1,
+                   .params = "fused"};
     int c;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (c) {
@@ -841,6 +904,9 @@ int main(int argc, char **argv)
         case 'N':
             o.lanes = 1;
             break;
+        case 'm':
+            o.params = optarg;
+            break;
         case 'h':
             wb_usage(stdout);
             return 0;
@@ -850,7 +916,8 @@ int main(int argc, char **argv)
         }
     }
     if (o.iters < 1 || o.scale < 1 || o.bucket == 0 ||
-        (strcmp(o.layout, "dense") && strcmp(o.layout, "moe") && strcmp(o.layout, "both"))) {
+        (strcmp(o.layout, "dense") && strcmp(o.layout, "moe") && strcmp(o.layout, "both")) ||
+        (strcmp(o.params, "fused") && strcmp(o.params, "separate"))) {
         wb_usage(stderr);
         return 2;
     }
@@ -906,7 +973,7 @@ int main(int argc, char **argv)
             snprintf(bucket, sizeof(bucket), "%llu", (unsigned long long)(o.bucket >> 20));
             execl(wb_self, wb_self, "--role", "consumer", "--layout", layouts[k], "--plugin",
                   o.plugin, "--iters", iters, "--layers", layers, "--scale", scale, "--bucket-mib",
-                  bucket, (char *)NULL);
+                  bucket, "--params", o.params, (char *)NULL);
             _exit(127);
         }
         int st = 0;

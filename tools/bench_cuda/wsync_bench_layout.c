@@ -98,7 +98,81 @@ int wb_layout_build(const char *kind, unsigned layers, unsigned scale, wb_layout
 void wb_layout_free(wb_layout_t *l)
 {
     free(l->t);
+    free(l->group_bytes);
     memset(l, 0, sizeof(*l));
+}
+
+/* Kinds of fused engine parameters (one of each per layer at most). */
+enum { WB_FUSE_QKV, WB_FUSE_GATE_UP, WB_FUSE_W13, WB_FUSE_W2, WB_FUSE_KINDS };
+
+/* The fused parameter a tensor of wb_layout_build belongs to, and its layer; -1: stands alone. */
+static int wb_fuse_kind(const char *name, unsigned *layer)
+{
+    int n = 0;
+    if (sscanf(name, "model.layers.%u.%n", layer, &n) != 1 || n == 0)
+        return -1;
+    const char *r = name + n;
+    if (strcmp(r, "self_attn.q_proj.weight") == 0 || strcmp(r, "self_attn.k_proj.weight") == 0 ||
+        strcmp(r, "self_attn.v_proj.weight") == 0)
+        return WB_FUSE_QKV;
+    if (strcmp(r, "mlp.gate_proj.weight") == 0 || strcmp(r, "mlp.up_proj.weight") == 0)
+        return WB_FUSE_GATE_UP;
+    long long e;
+    int m = 0;
+    if (sscanf(r, "mlp.experts.%lld.%n", &e, &m) != 1 || m == 0)
+        return -1;
+    r += m;
+    if (strcmp(r, "gate_proj.weight") == 0 || strcmp(r, "up_proj.weight") == 0)
+        return WB_FUSE_W13;
+    if (strcmp(r, "down_proj.weight") == 0)
+        return WB_FUSE_W2;
+    return -1;
+}
+
+/* The group of tensor i: a fused one from open[layer][kind] (opened at its first member), or a
+ * new one. */
+static size_t wb_group_of(wb_layout_t *l, size_t i, int fused, size_t *open, unsigned layers)
+{
+    unsigned layer = 0;
+    const int kind = fused ? wb_fuse_kind(l->t[i].name, &layer) : -1;
+    size_t *slot = kind >= 0 && layer < layers ? &open[(size_t)layer * WB_FUSE_KINDS + kind] : NULL;
+    if (slot != NULL && *slot != SIZE_MAX)
+        return *slot;
+    l->group_bytes[l->n_groups] = 0;
+    if (slot != NULL)
+        *slot = l->n_groups;
+    return l->n_groups++;
+}
+
+int wb_layout_group(wb_layout_t *l, int fused)
+{
+    free(l->group_bytes);
+    l->group_bytes = NULL;
+    l->n_groups = 0;
+    unsigned layers = 0;
+    for (size_t i = 0; fused && i < l->n; i++) {
+        unsigned layer;
+        if (wb_fuse_kind(l->t[i].name, &layer) >= 0 && layer >= layers)
+            layers = layer + 1;
+    }
+    size_t *open = malloc(((size_t)layers * WB_FUSE_KINDS + 1) * sizeof(*open));
+    l->group_bytes = malloc((l->n + 1) * sizeof(*l->group_bytes));
+    if (open == NULL || l->group_bytes == NULL) {
+        free(open);
+        free(l->group_bytes);
+        l->group_bytes = NULL;
+        return -1;
+    }
+    for (size_t k = 0; k < (size_t)layers * WB_FUSE_KINDS; k++)
+        open[k] = SIZE_MAX;
+    for (size_t i = 0; i < l->n; i++) {
+        wb_tensor_t *t = &l->t[i];
+        t->group = wb_group_of(l, i, fused, open, layers);
+        t->goff = l->group_bytes[t->group];
+        l->group_bytes[t->group] += t->bytes;
+    }
+    free(open);
+    return 0;
 }
 
 int wb_plan_build(const wb_layout_t *l, uint64_t bucket_bytes, wb_plan_t *out)

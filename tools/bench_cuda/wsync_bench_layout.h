@@ -11,13 +11,17 @@ typedef struct wb_tensor {
     int64_t rows, cols; /* bf16, row-major; 1-D tensors have rows = 1 */
     uint64_t bytes;
     uint64_t offset; /* in a packed buffer (256-byte aligned) */
+    size_t group;    /* the engine parameter allocation holding it (wb_layout_group) */
+    uint64_t goff;   /* its byte offset in that allocation */
 } wb_tensor_t;
 
 typedef struct wb_layout {
     wb_tensor_t *t;
     size_t n;
-    uint64_t payload; /* sum of bytes */
-    uint64_t packed;  /* packed buffer size */
+    uint64_t payload;      /* sum of bytes */
+    uint64_t packed;       /* packed buffer size */
+    uint64_t *group_bytes; /* per engine parameter allocation (wb_layout_group); owned */
+    size_t n_groups;
 } wb_layout_t;
 
 /* A piece of a tensor in a bucket: rows [r0, r0 + rows). */
@@ -40,6 +44,12 @@ typedef struct wb_plan {
 /* kind "dense" or "moe"; layers 0 = the model's own (36 / 12); scale divides every row count. */
 int wb_layout_build(const char *kind, unsigned layers, unsigned scale, wb_layout_t *out);
 void wb_layout_free(wb_layout_t *l);
+/* Fills group / goff / group_bytes as an engine holds its parameters. fused = 0: one allocation
+ * per tensor. fused = 1: per layer one qkv_proj (q, k, v), one gate_up_proj (dense gate, up), one
+ * w13 (each expert's gate then up, expert after expert) and one w2 (each expert's down); members
+ * packed in layout order without padding; every other tensor alone. Callable again; -1 if out of
+ * memory (the layout is then left without groups). */
+int wb_layout_group(wb_layout_t *l, int fused);
 /* Buckets of at most bucket_bytes (each piece 256-byte aligned in it); big tensors are split by
  * rows. */
 int wb_plan_build(const wb_layout_t *l, uint64_t bucket_bytes, wb_plan_t *out);

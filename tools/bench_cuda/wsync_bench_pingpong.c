@@ -1,14 +1,20 @@
 /* wsync-bench-cuda --pingpong: what two processes taking turns on one GPU cost, without the
  * plugin. The sync's two passes (trainer params -> staging, staging -> engine params) are each
  * one bandwidth-bound copy kernel per 1 GiB bucket; here each process copies within its own
- * memory (so no mapping kind is involved) and the hand-off between them is driven:
- *   gpu:  on the GPU, by stream memory operations on a shared host word (cuStreamWaitValue32 /
- *         cuStreamWriteValue32): no host in the loop at all;
- *   host: by the host, as the protocol does today: the producer waits for its kernel and bumps a
- *         shared word, the consumer spins on it and launches; *consumed* from a host function.
- * with 1 and 2 buffers, against the same 2 x 16 copies run by one process (no turn-taking);
- * and with each copy done by the copy engines (one cudaMemcpyAsync) instead of the kernel, to
- * see whether two contexts' copies still take turns when no SM work is involved. */
+ * memory (so no mapping kind is involved) and the hand-off between them, through two shared
+ * host words (*ready*, *consumed*), is driven:
+ *   gpu:    on the GPU, by stream memory operations on the words (cuStreamWaitValue32 /
+ *           cuStreamWriteValue32): no host in the loop at all;
+ *   host:   by the host, as the protocol does today: the producer waits for its kernel and bumps
+ *           *ready*, the consumer spins on it and launches; *consumed* from a host function;
+ *   signal: the GPU writes both words (cuStreamWriteValue32 after each copy) and each host spins
+ *           on the other side's word before it enqueues: no stream synchronize, no host function;
+ *   half:   the producer as in gpu (enqueues everything ahead, its stream waits on *consumed*),
+ *           the consumer as in signal (its host spins on the GPU-written *ready*);
+ * gpu and host with 1 and 2 buffers, signal and half with 2, against the same 2 x 16 copies run
+ * by one process (no turn-taking); and with each copy done by the copy engines (one
+ * cudaMemcpyAsync) instead of the kernel, to see whether two contexts' copies still take turns
+ * when no SM work is involved. */
 #define _GNU_SOURCE
 #include "wsync_bench_pingpong.h"
 
@@ -31,7 +37,10 @@
 
 #define WP_BUCKET (1ull << 30)
 #define WP_NB 16
-#define WP_TRIALS 6 /* hand-off x buffer count x engine */
+#define WP_TRIALS 10 /* hand-off x buffer count x engine */
+
+/* Who waits for and who signals each hand-off (the file's header comment). */
+typedef enum wp_mode { WP_GPU, WP_HOST, WP_SIGNAL, WP_HALF } wp_mode_t;
 
 typedef struct wp_shared {
     _Atomic uint32_t ready;    /* producer: last bucket staged (trial base + b + 1) */
@@ -142,48 +151,92 @@ static void CUDART_CB wp_signal(void *user)
     atomic_store(&wp_sh_for_cb->consumed, (uint32_t)(uintptr_t)user);
 }
 
+/* The stream waits until *w >= v (a stream memory operation; the host does not wait). */
+static void wp_gpu_wait(wp_ctx_t *x, CUdeviceptr w, uint32_t v)
+{
+    if (x->wait32(x->st, w, v, CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS) {
+        fprintf(stderr, "wsync-bench-cuda --pingpong: cuStreamWaitValue32 failed\n");
+        exit(1);
+    }
+}
+
+/* The stream writes v to *w once the work before it is done. */
+static void wp_gpu_write(wp_ctx_t *x, CUdeviceptr w, uint32_t v)
+{
+    if (x->write32(x->st, w, v, CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS) {
+        fprintf(stderr, "wsync-bench-cuda --pingpong: cuStreamWriteValue32 failed\n");
+        exit(1);
+    }
+}
+
+/* The producer's bucket b: wait until its buffer is free, stage, mark it ready. */
+static void wp_produce(wp_ctx_t *x, wp_mode_t mode, int nbuf, int ce, uint32_t base, int b)
+{
+    /* buffer b % nbuf is free once bucket b - nbuf was copied */
+    const uint32_t need = base + (uint32_t)(b >= nbuf ? b - nbuf + 1 : 0);
+    const uint32_t ready = base + (uint32_t)b + 1;
+    if (mode == WP_GPU || mode == WP_HALF)
+        wp_gpu_wait(x, x->d_consumed, need);
+    else
+        wp_spin_until(&x->sh->consumed, need);
+    wp_copy(x, nbuf, b, ce);
+    if (mode == WP_HOST) {
+        WP_CK(cudaStreamSynchronize(x->st));
+        atomic_store(&x->sh->ready, ready);
+    } else {
+        wp_gpu_write(x, x->d_ready, ready);
+    }
+}
+
+/* The consumer's bucket b: wait until it is staged, copy it out, mark it consumed. */
+static void wp_consume(wp_ctx_t *x, wp_mode_t mode, int nbuf, int ce, uint32_t base, int b)
+{
+    const uint32_t v = base + (uint32_t)b + 1;
+    if (mode == WP_GPU)
+        wp_gpu_wait(x, x->d_ready, v);
+    else
+        wp_spin_until(&x->sh->ready, v);
+    wp_copy(x, nbuf, WP_NB + b, ce);
+    if (mode == WP_HOST)
+        WP_CK(cudaLaunchHostFunc(x->st, wp_signal, (void *)(uintptr_t)v));
+    else
+        wp_gpu_write(x, x->d_consumed, v);
+}
+
 /* One side of one trial: producer (stage passes) or consumer (copy passes). */
-static void wp_side(wp_ctx_t *x, int producer, int gpu, int nbuf, int ce, uint32_t base)
+static void wp_side(wp_ctx_t *x, int producer, wp_mode_t mode, int nbuf, int ce, uint32_t base)
 {
     for (int b = 0; b < WP_NB; b++) {
-        if (producer) {
-            /* buffer b % nbuf is free once bucket b - nbuf was copied */
-            const uint32_t need = base + (uint32_t)(b >= nbuf ? b - nbuf + 1 : 0);
-            if (gpu) {
-                if (x->wait32(x->st, x->d_consumed, need, CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS)
-                    exit(1);
-                wp_copy(x, nbuf, b, ce);
-                if (x->write32(x->st, x->d_ready, base + b + 1, CU_STREAM_WRITE_VALUE_DEFAULT) !=
-                    CUDA_SUCCESS)
-                    exit(1);
-            } else {
-                wp_spin_until(&x->sh->consumed, need);
-                wp_copy(x, nbuf, b, ce);
-                WP_CK(cudaStreamSynchronize(x->st));
-                atomic_store(&x->sh->ready, base + b + 1);
-            }
-        } else {
-            if (gpu) {
-                if (x->wait32(x->st, x->d_ready, base + b + 1, CU_STREAM_WAIT_VALUE_GEQ) !=
-                    CUDA_SUCCESS)
-                    exit(1);
-                wp_copy(x, nbuf, WP_NB + b, ce);
-                if (x->write32(x->st, x->d_consumed, base + b + 1, CU_STREAM_WRITE_VALUE_DEFAULT) !=
-                    CUDA_SUCCESS)
-                    exit(1);
-            } else {
-                wp_spin_until(&x->sh->ready, base + b + 1);
-                wp_copy(x, nbuf, WP_NB + b, ce);
-                WP_CK(cudaLaunchHostFunc(x->st, wp_signal, (void *)(uintptr_t)(base + b + 1)));
-            }
-        }
+        if (producer)
+            wp_produce(x, mode, nbuf, ce, base, b);
+        else
+            wp_consume(x, mode, nbuf, ce, base, b);
     }
     WP_CK(cudaStreamSynchronize(x->st));
 }
 
 static const struct {
-    int gpu, nbuf, ce;
-} wp_trials[WP_TRIALS] = {{1, 2, 0}, {1, 1, 0}, {0, 2, 0}, {0, 1, 0}, {1, 2, 1}, {0, 2, 1}};
+    wp_mode_t mode;
+    int nbuf, ce;
+} wp_trials[WP_TRIALS] = {{WP_GPU, 2, 0},    {WP_GPU, 1, 0},  {WP_HOST, 2, 0},   {WP_HOST, 1, 0},
+                          {WP_GPU, 2, 1},    {WP_HOST, 2, 1}, {WP_SIGNAL, 2, 0}, {WP_HALF, 2, 0},
+                          {WP_SIGNAL, 2, 1}, {WP_HALF, 2, 1}};
+
+/* The hand-off of a mode, in words (the printed table). */
+static const char *wp_mode_name(wp_mode_t mode)
+{
+    switch (mode) {
+    case WP_GPU:
+        return "GPU (stream memory operations)";
+    case WP_HOST:
+        return "host (as the protocol)";
+    case WP_SIGNAL:
+        return "host waits on GPU-written words";
+    case WP_HALF:
+        return "producer on the GPU, consumer's host waits on a GPU-written word";
+    }
+    return "?";
+}
 
 static int wp_producer(wp_shared_t *sh)
 {
@@ -198,7 +251,7 @@ static int wp_producer(wp_shared_t *sh)
         if (atomic_load(&sh->quit))
             return 0;
         const uint32_t t = (n - 1) % WP_TRIALS;
-        wp_side(&x, 1, wp_trials[t].gpu, wp_trials[t].nbuf, wp_trials[t].ce, (n - 1) * 64u);
+        wp_side(&x, 1, wp_trials[t].mode, wp_trials[t].nbuf, wp_trials[t].ce, (n - 1) * 64u);
         atomic_store(&sh->done, n);
     }
 }
@@ -252,7 +305,7 @@ int wb_pingpong_main(unsigned iters)
             atomic_store(&sh->consumed, base);
             double t0 = wh_now_ms();
             atomic_store(&sh->go, n);
-            wp_side(&x, 0, wp_trials[k].gpu, wp_trials[k].nbuf, wp_trials[k].ce, base);
+            wp_side(&x, 0, wp_trials[k].mode, wp_trials[k].nbuf, wp_trials[k].ce, base);
             wp_spin_until(&sh->done, n);
             double ms = wh_now_ms() - t0;
             if (i > 0)
@@ -266,10 +319,8 @@ int wb_pingpong_main(unsigned iters)
     int st = 0;
     waitpid(pid, &st, 0);
     for (int k = 0; k < WP_TRIALS; k++)
-        printf("  two processes, %s, hand-off on the %s, %d buffer%s: %.2f ms (%.3fx one "
-               "process)\n",
-               wp_trials[k].ce ? "copy engines" : "copy kernel",
-               wp_trials[k].gpu ? "GPU (stream memory operations)" : "host (as the protocol)",
+        printf("  two processes, %s, hand-off: %s, %d buffer%s: %.2f ms (%.3fx one process)\n",
+               wp_trials[k].ce ? "copy engines" : "copy kernel", wp_mode_name(wp_trials[k].mode),
                wp_trials[k].nbuf, wp_trials[k].nbuf > 1 ? "s" : "", best[k],
                best[k] / one[wp_trials[k].ce]);
     free(t);

@@ -1,5 +1,6 @@
 /* wsync-bench-cuda --pingpong: the cost of two processes taking turns on one GPU, with the
- * hand-off on the GPU (stream memory operations) or on the host, against one process. */
+ * hand-off on the GPU (stream memory operations), on the host, or with hosts waiting on words the
+ * GPU writes (both sides, or the consumer alone), against one process. */
 #ifndef WSYNC_BENCH_PINGPONG_H
 #define WSYNC_BENCH_PINGPONG_H
 
