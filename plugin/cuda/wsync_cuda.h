@@ -45,28 +45,26 @@ typedef struct wsync_cuda_split {
     size_t n_kernel;     /* table[0..n_kernel): the kernel's ops, chunk numbers compacted */
     uint64_t chunks;     /* the kernel's chunk count */
     wsync_cuda_op_t *ce; /* malloc'd: the copy engines' copies (free it), NULL when none */
-    size_t n_ce;         /* copies in ce: 1-D, or 2-D (rows > 1) at the op's pitches */
+    size_t n_ce;         /* copies in ce (1-D) */
     size_t ce_ops;       /* table ops they stand for (n_kernel + ce_ops = the table's ops) */
     size_t lane_n[WSYNC_CUDA_MAX_LANES]; /* ce holds lane 0's lane_n[0] copies, then lane 1's */
     uint64_t ce_bytes;
 } wsync_cuda_split_t;
 
-/* 1 when the bytes lo..hi (both inclusive) lie in one device allocation. */
-typedef int (*wsync_cuda_one_alloc_fn)(const void *lo, const void *hi);
-/* The driver's answer (cuMemGetAddressRange); 0 when it cannot tell. Thread safe. */
-int wsync_cuda_one_alloc(const void *lo, const void *hi);
-/* Start and size of the allocation holding p, from the driver; 0 when it cannot tell. */
+/* Start and size of the device allocation holding p: 1, or 0 when it cannot tell. */
+typedef int (*wsync_cuda_alloc_range_fn)(const void *p, uintptr_t *base, size_t *size);
+/* The driver's answer (cuMemGetAddressRange). Thread safe. */
 int wsync_cuda_alloc_range(const void *p, uintptr_t *base, size_t *size);
 
 /* The copy engines' candidates of a table: every contiguous, non-empty op belongs to one group.
- * With one_alloc, ops that continue each other in source and destination are joined, and equal
- * joined copies at constant source and destination strides (both increasing) form one 2-D copy,
- * when each side's span lies in one allocation; without it every op is a group of its own.
- * Groups are in the order of their first table op. */
+ * With range, consecutive ops that continue each other in source and destination are joined
+ * into one copy, cut where an allocation ends on either side (at most a few hundred allocation
+ * queries per call; past them, no join); without it every op is a group of its own. Groups are
+ * in table order. */
 typedef struct wsync_cuda_group {
-    wsync_cuda_op_t op;  /* what the copy engines copy (planned: rows, row_bytes, pitches) */
+    wsync_cuda_op_t op;  /* what the copy engines copy (planned, 1-D) */
     size_t first, count; /* its table ops: member[first .. first + count) */
-    size_t order;        /* its smallest table index */
+    size_t order;        /* its first table index */
 } wsync_cuda_group_t;
 typedef struct wsync_cuda_groups {
     wsync_cuda_group_t *g;
@@ -75,24 +73,24 @@ typedef struct wsync_cuda_groups {
     size_t n_member;
 } wsync_cuda_groups_t;
 wsync_result_t wsync_cuda_groups(const wsync_cuda_op_t *t, size_t n,
-                                 wsync_cuda_one_alloc_fn one_alloc, wsync_cuda_groups_t *g,
+                                 wsync_cuda_alloc_range_fn range, wsync_cuda_groups_t *g,
                                  wsync_error_t *err);
 void wsync_cuda_groups_free(wsync_cuda_groups_t *g);
 
 /* How a batch is split: up to `share` of the bytes, largest groups first, none under
  * min_bytes; lanes (clamped to [1, WSYNC_CUDA_MAX_LANES]): the copy engines' copies are dealt
  * largest first to the lane with the fewest bytes so far (one stream's copies run one after
- * another, with a gap between two; two streams fill each other's gaps); one_alloc NULL: no op
- * is joined with another. */
+ * another, with a gap between two; two streams fill each other's gaps); range NULL: no op is
+ * joined with another. */
 typedef struct wsync_cuda_split_cfg {
     double share;
     uint64_t min_bytes;
     int lanes;
-    wsync_cuda_one_alloc_fn one_alloc;
+    wsync_cuda_alloc_range_fn range;
 } wsync_cuda_split_cfg_t;
 wsync_result_t wsync_cuda_split(wsync_cuda_op_t *table, size_t n, const wsync_cuda_split_cfg_t *cfg,
                                 wsync_cuda_split_t *out, wsync_error_t *err);
-/* WSYNC_CUDA_CE_SHARE / WSYNC_CUDA_CE_MIN_BYTES / WSYNC_CUDA_CE_LANES / WSYNC_CUDA_CE_RUNS (0:
+/* WSYNC_CUDA_CE_SHARE / WSYNC_CUDA_CE_MIN_BYTES / WSYNC_CUDA_CE_LANES / WSYNC_CUDA_CE_JOIN (0:
  * no joined copies; read per call), else the measured defaults (1.0, 16 MiB, 2, joined). */
 void wsync_cuda_split_cfg(wsync_cuda_split_cfg_t *cfg);
 
@@ -122,7 +120,7 @@ cudaError_t wsync_cuda_lane_join(const wsync_cuda_lane_t *l, const wsync_cuda_sp
                                  cudaStream_t s);
 
 /* The planned flat ops t[0..n) as one cudaMemcpyBatchAsync on s (a cudaMemcpyAsync each before
- * CUDA 12.8); overlap asks for the copy engines. Empty and 2-D ops (rows > 1) are skipped. */
+ * CUDA 12.8); overlap asks for the copy engines. Empty ops are skipped. */
 wsync_result_t wsync_cuda_batch_memcpy(const wsync_cuda_op_t *t, size_t n, int overlap,
                                        cudaStream_t s, const char *who, wsync_error_t *err);
 wsync_result_t wsync_cuda_device_uuid(int device, char *out, wsync_error_t *err);

@@ -17,7 +17,7 @@ wsync_result_t wsync_cuda_batch_memcpy(const wsync_cuda_op_t *t, size_t n, int o
     cudaError_t e = cudaSuccess;
     if (dst && src && sizes) {
         for (size_t i = 0; i < n; i++)
-            if (t[i].chunk_end > t[i].chunk_begin && t[i].rows <= 1) {
+            if (t[i].chunk_end > t[i].chunk_begin) {
                 dst[k] = t[i].dst;
                 src[k] = t[i].src;
                 sizes[k++] = t[i].row_bytes;
@@ -64,8 +64,8 @@ void wsync_cuda_split_cfg(wsync_cuda_split_cfg_t *cfg)
     v = getenv("WSYNC_CUDA_CE_LANES");
     long l = v != NULL && *v != '\0' ? strtol(v, NULL, 10) : WSYNC_CUDA_CE_LANES_DEFAULT;
     cfg->lanes = l < 1 ? 1 : l > WSYNC_CUDA_MAX_LANES ? WSYNC_CUDA_MAX_LANES : (int)l;
-    v = getenv("WSYNC_CUDA_CE_RUNS");
-    cfg->one_alloc = v != NULL && strcmp(v, "0") == 0 ? NULL : wsync_cuda_one_alloc;
+    v = getenv("WSYNC_CUDA_CE_JOIN");
+    cfg->range = v != NULL && strcmp(v, "0") == 0 ? NULL : wsync_cuda_alloc_range;
 }
 
 cudaError_t wsync_cuda_lane_create(wsync_cuda_lane_t *l)
@@ -121,12 +121,6 @@ wsync_result_t wsync_cuda_lane_run(wsync_cuda_lane_t *l, wsync_cuda_split_t *sp,
         if (sp->lane_n[k] == 0)
             continue;
         e = cudaStreamWaitEvent(l->stream[k], l->fork, 0);
-        /* the strided copies first (a few, long), then one batch of the contiguous ones */
-        for (size_t i = 0; i < sp->lane_n[k] && e == cudaSuccess; i++)
-            if (ops[i].rows > 1)
-                e = cudaMemcpy2DAsync(ops[i].dst, ops[i].dst_pitch, ops[i].src, ops[i].src_pitch,
-                                      ops[i].row_bytes, ops[i].rows, cudaMemcpyDeviceToDevice,
-                                      l->stream[k]);
         if (e == cudaSuccess)
             rc = wsync_cuda_batch_memcpy(ops, sp->lane_n[k], 1, l->stream[k], who, err);
         /* joined even when the batch failed: copies before the failing one may be enqueued */

@@ -39,14 +39,6 @@ int wsync_cuda_alloc_range(const void *p, uintptr_t *base, size_t *size)
     return 1;
 }
 
-int wsync_cuda_one_alloc(const void *lo, const void *hi)
-{
-    uintptr_t base;
-    size_t size;
-    return wsync_cuda_alloc_range(lo, &base, &size) && (uintptr_t)hi >= (uintptr_t)lo &&
-           (uintptr_t)hi - base < size;
-}
-
 wsync_result_t wsync_cuda_fail(wsync_error_t *err, cudaError_t e, const char *where,
                                const char *what)
 {

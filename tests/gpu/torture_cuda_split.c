@@ -1,9 +1,9 @@
 /* The copy engines' share of a batch (plugin/cuda/wsync_cuda_split.c), without a device: the
  * largest contiguous ops first up to the share, none under the minimum, 2-D and empty ops always
  * left to the kernel, the kernel's ops compacted in order with their chunk spans kept, and the
- * copy engines' ops dealt over the lanes by bytes, each lane in op order; ops that continue each
- * other joined, and equal ops at constant strides (a MoE layer's experts fused in one engine
- * parameter) joined into one 2-D copy, never across two allocations. */
+ * copy engines' ops dealt over the lanes by bytes, each lane in op order; consecutive ops that
+ * continue each other (tensors landing in one fused engine parameter) joined into one copy,
+ * never across two allocations. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,10 +41,10 @@ static uint64_t plan(const shape_t *sh, size_t n, wsync_cuda_op_t *t)
 }
 
 static wsync_result_t split(wsync_cuda_op_t *t, size_t n, double share, uint64_t min_bytes,
-                            int lanes, wsync_cuda_one_alloc_fn one_alloc, wsync_cuda_split_t *sp,
+                            int lanes, wsync_cuda_alloc_range_fn range, wsync_cuda_split_t *sp,
                             wsync_error_t *err)
 {
-    const wsync_cuda_split_cfg_t cfg = {share, min_bytes, lanes, one_alloc};
+    const wsync_cuda_split_cfg_t cfg = {share, min_bytes, lanes, range};
     return wsync_cuda_split(t, n, &cfg, sp, err);
 }
 
@@ -184,140 +184,127 @@ static void test_lanes_balanced_by_bytes(void **state)
     free(sp.ce);
 }
 
-/* Fake allocations for the joins: one_alloc says whether lo..hi lie in one of them. */
+/* Fake allocations for the joins: the one holding p. */
 typedef struct fake_alloc {
     uintptr_t base;
     uint64_t size;
 } fake_alloc_t;
 static fake_alloc_t fake_allocs[8];
 static size_t n_fake_allocs;
+static unsigned fake_queries;
 
-static int fake_one_alloc(const void *lo, const void *hi)
+static int fake_range(const void *p, uintptr_t *base, size_t *size)
 {
+    fake_queries++;
     for (size_t k = 0; k < n_fake_allocs; k++) {
         const fake_alloc_t *a = &fake_allocs[k];
-        if ((uintptr_t)lo >= a->base && (uintptr_t)lo < a->base + a->size)
-            return (uintptr_t)hi >= (uintptr_t)lo && (uintptr_t)hi < a->base + a->size;
+        if ((uintptr_t)p >= a->base && (uintptr_t)p < a->base + a->size) {
+            *base = a->base;
+            *size = a->size;
+            return 1;
+        }
     }
     return 0;
 }
 
 #define STAGING 0x7f0000000000ull
-#define W13 0x7e0000000000ull
-#define W2 0x7d0000000000ull
-#define ATTN 0x7c0000000000ull
+#define QKV 0x7e0000000000ull
+#define W13 0x7d0000000000ull
 #define EXPERTS 8
 
-/* A MoE bucket as the trainer packs it (per expert gate, up, down, 3 MiB each, then a 20 MiB
- * attention matrix) into an engine that fuses experts: gate_e and up_e one after the other in
- * w13, down_e in w2. Returns the op count (3 * EXPERTS + 1). */
-static size_t moe_bucket(wsync_cuda_op_t *t)
+/* Op k: `bytes` from staging offset s to dst. */
+static uint64_t op_at(wsync_cuda_op_t *t, uint64_t s, uintptr_t dst, uint64_t bytes, uint64_t c)
 {
-    uint64_t chunks = 0;
-    size_t n = 0;
-    for (uint64_t e = 0; e < EXPERTS; e++) {
-        const uint64_t s = STAGING + 9 * MIB * e;
-        const uintptr_t dst[3] = {W13 + 6 * MIB * e, W13 + 6 * MIB * e + 3 * MIB, W2 + 3 * MIB * e};
-        for (int k = 0; k < 3; k++, n++)
-            chunks += wsync_cuda_plan_op(&t[n], (const void *)(uintptr_t)(s + 3 * MIB * k),
-                                         (void *)dst[k], 3 * MIB, 3 * MIB, 1, 3 * MIB, 0, chunks);
-    }
-    chunks +=
-        wsync_cuda_plan_op(&t[n], (const void *)(uintptr_t)(STAGING + 9 * MIB * EXPERTS),
-                           (void *)(uintptr_t)ATTN, 20 * MIB, 20 * MIB, 1, 20 * MIB, 0, chunks);
-    return n + 1;
+    return wsync_cuda_plan_op(t, (const void *)(uintptr_t)(STAGING + s), (void *)dst, bytes, bytes,
+                              1, bytes, 0, c);
 }
 
-static void fake_allocs_moe(int split_w13)
+/* A bucket as the trainer packs it (q 16 MiB, k and v 4 MiB; then per expert gate and up, 3 MiB
+ * each) into an engine that fuses qkv_proj and w13 (gate_e, up_e one after the other). */
+static size_t fused_bucket(wsync_cuda_op_t *t)
+{
+    uint64_t c = 0, s = 0;
+    size_t n = 0;
+    const uint64_t qkv[3] = {16 * MIB, 4 * MIB, 4 * MIB};
+    for (int k = 0; k < 3; s += qkv[k], k++)
+        c += op_at(&t[n++], s, QKV + s, qkv[k], c);
+    for (uint64_t e = 0; e < 2 * EXPERTS; e++, s += 3 * MIB)
+        c += op_at(&t[n++], s, W13 + 3 * MIB * e, 3 * MIB, c);
+    return n;
+}
+
+static void fake_allocs_fused(void)
 {
     n_fake_allocs = 0;
     fake_allocs[n_fake_allocs++] = (fake_alloc_t){STAGING, 1024 * MIB};
-    if (split_w13) { /* experts 0-3 and 4-7 in two allocations */
-        fake_allocs[n_fake_allocs++] = (fake_alloc_t){W13, 6 * MIB * EXPERTS / 2};
-        fake_allocs[n_fake_allocs++] =
-            (fake_alloc_t){W13 + 6 * MIB * EXPERTS / 2, 6 * MIB * EXPERTS / 2};
-    } else {
-        fake_allocs[n_fake_allocs++] = (fake_alloc_t){W13, 6 * MIB * EXPERTS};
-    }
-    fake_allocs[n_fake_allocs++] = (fake_alloc_t){W2, 3 * MIB * EXPERTS};
-    fake_allocs[n_fake_allocs++] = (fake_alloc_t){ATTN, 20 * MIB};
+    fake_allocs[n_fake_allocs++] = (fake_alloc_t){QKV, 24 * MIB};
+    fake_allocs[n_fake_allocs++] = (fake_alloc_t){W13, 6 * MIB * EXPERTS};
 }
 
-static void test_fused_experts_become_strided_copies(void **state)
+static void test_ops_that_continue_each_other_join(void **state)
 {
     (void)state;
-    wsync_cuda_op_t t[3 * EXPERTS + 1], before[3 * EXPERTS + 1];
-    const size_t n = moe_bucket(t);
+    wsync_cuda_op_t t[3 + 2 * EXPERTS], before[3 + 2 * EXPERTS];
+    const size_t n = fused_bucket(t);
     memcpy(before, t, sizeof(t));
-    fake_allocs_moe(0);
+    fake_allocs_fused();
+    fake_queries = 0;
     wsync_cuda_split_t sp;
     wsync_error_t err = {.struct_size = sizeof(err)};
-    assert_int_equal(split(t, n, 1.0, 16 * MIB, 1, fake_one_alloc, &sp, &err), WSYNC_OK);
-    /* w13: gate_e + up_e joined (6 MiB), 8 rows 9 MiB apart in staging, 6 MiB in w13; w2: 8 rows
-     * of 3 MiB, 9 MiB and 3 MiB apart; the attention matrix alone. Nothing left to the kernel. */
-    assert_int_equal(sp.n_ce, 3);
+    assert_int_equal(split(t, n, 1.0, 16 * MIB, 2, fake_range, &sp, &err), WSYNC_OK);
+    /* q, k, v: one 24 MiB copy; the 16 expert matrices: one 48 MiB copy */
+    assert_int_equal(sp.n_ce, 2);
     assert_int_equal(sp.ce_ops, n);
     assert_int_equal(sp.n_kernel, 0);
-    assert_int_equal(sp.chunks, 0);
-    assert_int_equal(sp.ce_bytes, (9 * EXPERTS + 20) * MIB);
-    int seen = 0;
-    for (size_t k = 0; k < sp.n_ce; k++) {
-        const wsync_cuda_op_t *c = &sp.ce[k];
-        if ((uintptr_t)c->dst == W13) {
-            assert_ptr_equal(c->src, (const void *)(uintptr_t)STAGING);
-            assert_int_equal(c->rows, EXPERTS);
-            assert_int_equal(c->row_bytes, 6 * MIB);
-            assert_int_equal(c->src_pitch, 9 * MIB);
-            assert_int_equal(c->dst_pitch, 6 * MIB);
-            seen |= 1;
-        } else if ((uintptr_t)c->dst == W2) {
-            assert_ptr_equal(c->src, (const void *)(uintptr_t)(STAGING + 6 * MIB));
-            assert_int_equal(c->rows, EXPERTS);
-            assert_int_equal(c->row_bytes, 3 * MIB);
-            assert_int_equal(c->src_pitch, 9 * MIB);
-            assert_int_equal(c->dst_pitch, 3 * MIB);
-            seen |= 2;
-        } else {
-            assert_int_equal((uintptr_t)c->dst, ATTN);
-            assert_int_equal(c->rows, 1);
-            assert_int_equal(c->row_bytes, 20 * MIB);
-            seen |= 4;
-        }
+    assert_int_equal(sp.ce_bytes, 72 * MIB);
+    assert_int_equal(fake_queries, 4); /* two per joined run */
+    for (size_t k = 0; k < 2; k++) {
+        const int is_qkv = (uintptr_t)sp.ce[k].dst == QKV;
+        assert_true(is_qkv || (uintptr_t)sp.ce[k].dst == W13);
+        assert_int_equal(sp.ce[k].rows, 1);
+        assert_int_equal(sp.ce[k].row_bytes, is_qkv ? 24 * MIB : 48 * MIB);
+        assert_ptr_equal(sp.ce[k].src,
+                         (const void *)(uintptr_t)(STAGING + (is_qkv ? 0 : 24 * MIB)));
     }
-    assert_int_equal(seen, 7);
+    free(sp.ce);
+    /* without the allocation oracle nothing is joined: q alone is large enough */
+    memcpy(t, before, sizeof(t));
+    assert_int_equal(split(t, n, 1.0, 16 * MIB, 2, NULL, &sp, &err), WSYNC_OK);
+    assert_int_equal(sp.n_ce, 1);
+    assert_int_equal(sp.ce[0].row_bytes, 16 * MIB);
+    assert_int_equal(sp.n_kernel, n - 1);
+    assert_compacted(before, n, t, &sp);
     free(sp.ce);
 }
 
-static void test_runs_cut_at_allocation_ends(void **state)
+static void test_joins_cut_at_allocation_ends(void **state)
 {
     (void)state;
-    wsync_cuda_op_t t[3 * EXPERTS + 1], before[3 * EXPERTS + 1];
-    size_t n = moe_bucket(t);
+    wsync_cuda_op_t t[3 + 2 * EXPERTS], before[3 + 2 * EXPERTS];
+    size_t n = fused_bucket(t);
     memcpy(before, t, sizeof(t));
+    fake_allocs_fused();
+    /* w13 in two allocations of 4 experts each: two 24 MiB copies */
+    fake_allocs[2].size = 6 * MIB * EXPERTS / 2;
+    fake_allocs[n_fake_allocs++] =
+        (fake_alloc_t){W13 + 6 * MIB * EXPERTS / 2, 6 * MIB * EXPERTS / 2};
     wsync_cuda_split_t sp;
     wsync_error_t err = {.struct_size = sizeof(err)};
-    /* w13 in two allocations: its run is cut where the first ends, into two 2-D copies of 4
-     * rows */
-    fake_allocs_moe(1);
-    assert_int_equal(split(t, n, 1.0, 16 * MIB, 1, fake_one_alloc, &sp, &err), WSYNC_OK);
-    assert_int_equal(sp.n_ce, 4);
+    assert_int_equal(split(t, n, 1.0, 16 * MIB, 1, fake_range, &sp, &err), WSYNC_OK);
+    assert_int_equal(sp.n_ce, 3);
     assert_int_equal(sp.ce_ops, n);
-    int halves = 0;
     for (size_t k = 0; k < sp.n_ce; k++)
-        if ((uintptr_t)sp.ce[k].dst == W13 ||
-            (uintptr_t)sp.ce[k].dst == W13 + 6 * MIB * EXPERTS / 2) {
-            assert_int_equal(sp.ce[k].rows, EXPERTS / 2);
-            assert_int_equal(sp.ce[k].row_bytes, 6 * MIB);
-            halves++;
-        }
-    assert_int_equal(halves, 2);
+        assert_int_equal(sp.ce[k].row_bytes, 24 * MIB);
     free(sp.ce);
-    /* no allocation oracle: nothing is joined */
-    n = moe_bucket(t);
-    assert_int_equal(split(t, n, 1.0, 16 * MIB, 1, NULL, &sp, &err), WSYNC_OK);
-    assert_int_equal(sp.n_ce, 1);
-    assert_int_equal((uintptr_t)sp.ce[0].dst, ATTN);
-    assert_int_equal(sp.n_kernel, 3 * EXPERTS);
+    /* every matrix in its own allocation, adjacent ones touching: none joined */
+    memcpy(t, before, sizeof(t));
+    n_fake_allocs = 2;
+    fake_allocs[1] = (fake_alloc_t){QKV, 16 * MIB};
+    fake_allocs[n_fake_allocs++] = (fake_alloc_t){QKV + 16 * MIB, 4 * MIB};
+    fake_allocs[n_fake_allocs++] = (fake_alloc_t){QKV + 20 * MIB, 4 * MIB};
+    assert_int_equal(split(t, n, 1.0, 4 * MIB, 1, fake_range, &sp, &err), WSYNC_OK);
+    assert_int_equal(sp.n_ce, 3); /* q, k, v each; the experts lie in no allocation: alone */
+    assert_int_equal(sp.n_kernel, 2 * EXPERTS);
     assert_compacted(before, n, t, &sp);
     free(sp.ce);
 }
@@ -327,47 +314,26 @@ static void test_join_rules(void **state)
     (void)state;
     n_fake_allocs = 0;
     fake_allocs[n_fake_allocs++] = (fake_alloc_t){STAGING, 1024 * MIB};
-    fake_allocs[n_fake_allocs++] = (fake_alloc_t){W13, 1024 * MIB};
+    fake_allocs[n_fake_allocs++] = (fake_alloc_t){QKV, 1024 * MIB};
     wsync_cuda_op_t t[4], before[4];
     wsync_cuda_split_t sp;
     wsync_error_t err = {.struct_size = sizeof(err)};
-    uint64_t c = 0;
-    /* two ops that continue each other on both sides (listed out of order): one 16 MiB copy */
-    c += wsync_cuda_plan_op(&t[0], (const void *)(uintptr_t)(STAGING + 8 * MIB),
-                            (void *)(uintptr_t)(W13 + 8 * MIB), 8 * MIB, 8 * MIB, 1, 8 * MIB, 0, c);
-    c += wsync_cuda_plan_op(&t[1], (const void *)(uintptr_t)STAGING, (void *)(uintptr_t)W13,
-                            8 * MIB, 8 * MIB, 1, 8 * MIB, 0, c);
-    assert_int_equal(split(t, 2, 1.0, 16 * MIB, 1, fake_one_alloc, &sp, &err), WSYNC_OK);
-    assert_int_equal(sp.n_ce, 1);
-    assert_int_equal(sp.ce[0].rows, 1);
-    assert_int_equal(sp.ce[0].row_bytes, 16 * MIB);
-    assert_ptr_equal(sp.ce[0].src, (const void *)(uintptr_t)STAGING);
-    assert_int_equal(sp.ce_ops, 2);
-    free(sp.ce);
-    /* the same two ops in two allocations that happen to be adjacent: not joined */
-    fake_allocs[1] = (fake_alloc_t){W13, 8 * MIB};
-    fake_allocs[n_fake_allocs++] = (fake_alloc_t){W13 + 8 * MIB, 8 * MIB};
+    /* the same two halves listed in reverse: only consecutive ops join */
+    uint64_t c = op_at(&t[0], 8 * MIB, QKV + 8 * MIB, 8 * MIB, 0);
+    op_at(&t[1], 0, QKV, 8 * MIB, c);
     memcpy(before, t, 2 * sizeof(*t));
-    assert_int_equal(split(t, 2, 1.0, 16 * MIB, 1, fake_one_alloc, &sp, &err), WSYNC_OK);
+    assert_int_equal(split(t, 2, 1.0, 16 * MIB, 1, fake_range, &sp, &err), WSYNC_OK);
     assert_int_equal(sp.n_ce, 0);
-    assert_int_equal(sp.n_kernel, 2);
     assert_compacted(before, 2, t, &sp);
-    assert_int_equal(split(t, 2, 1.0, 8 * MIB, 1, fake_one_alloc, &sp, &err), WSYNC_OK);
-    assert_int_equal(sp.n_ce, 2);
-    free(sp.ce);
-    fake_allocs[1] = (fake_alloc_t){W13, 1024 * MIB};
-    n_fake_allocs = 2;
-    /* equal ops, destination strides constant but sources going backwards: no 2-D copy;
-     * unequal sizes: none either */
-    c = 0;
-    for (uint64_t k = 0; k < 4; k++) {
-        const uint64_t bytes = k == 3 ? 5 * MIB : 6 * MIB;
-        c += wsync_cuda_plan_op(&t[k], (const void *)(uintptr_t)(STAGING + 64 * MIB - 9 * MIB * k),
-                                (void *)(uintptr_t)(W13 + 8 * MIB * k), bytes, bytes, 1, bytes, 0,
-                                c);
-    }
+    /* contiguous in the source, not in the destination (a gap): not joined; a 2-D op between
+     * two that continue each other breaks the run */
+    c = op_at(&t[0], 0, QKV, 8 * MIB, 0);
+    c += op_at(&t[1], 8 * MIB, QKV + 8 * MIB + 4096, 8 * MIB, c);
+    c += wsync_cuda_plan_op(&t[2], (const void *)(uintptr_t)(STAGING + 16 * MIB),
+                            (void *)(uintptr_t)(QKV + 16 * MIB + 4096), 8192, 4096, 2, 4096, 0, c);
+    op_at(&t[3], 16 * MIB + 8192, QKV + 16 * MIB + 4096 + 8192, 8 * MIB, c);
     memcpy(before, t, sizeof(t));
-    assert_int_equal(split(t, 4, 1.0, 16 * MIB, 1, fake_one_alloc, &sp, &err), WSYNC_OK);
+    assert_int_equal(split(t, 4, 1.0, 16 * MIB, 1, fake_range, &sp, &err), WSYNC_OK);
     assert_int_equal(sp.n_ce, 0);
     assert_int_equal(sp.n_kernel, 4);
     assert_compacted(before, 4, t, &sp);
@@ -381,8 +347,8 @@ int main(void)
         cmocka_unit_test(test_minimum_and_2d_stay_with_the_kernel),
         cmocka_unit_test(test_everything_contiguous_with_no_minimum),
         cmocka_unit_test(test_lanes_balanced_by_bytes),
-        cmocka_unit_test(test_fused_experts_become_strided_copies),
-        cmocka_unit_test(test_runs_cut_at_allocation_ends),
+        cmocka_unit_test(test_ops_that_continue_each_other_join),
+        cmocka_unit_test(test_joins_cut_at_allocation_ends),
         cmocka_unit_test(test_join_rules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
