@@ -1,10 +1,12 @@
-/* Control block: generations published with C11 atomics, waits on futex words in shared memory
- * (FUTEX_WAIT without PRIVATE: the words are shared between processes). Waits sleep in slices of
- * at most WSYNC_CONTROL_POLL_MS so the liveness of the peer is re-checked while waiting. */
+/* Control block: generations published with C11 atomics (by a host, or by a GPU's stream memory
+ * write), waits on futex words in shared memory (FUTEX_WAIT without PRIVATE: the words are shared
+ * between processes). Waits spin, then sleep in short slices, re-checking the generation and the
+ * liveness of the peer each time. */
 #include "wsync_control.h"
 
 #include <errno.h>
 #include <limits.h>
+#include <sched.h>
 #include <linux/futex.h>
 #include <signal.h>
 #include <string.h>
@@ -13,8 +15,6 @@
 #include <unistd.h>
 
 #include "wsync_error.h"
-
-#define WSYNC_CONTROL_POLL_MS 50u
 
 void wsync_control_init(wsync_control_t *c, uint64_t data_offset, uint64_t data_bytes)
 {
@@ -168,12 +168,18 @@ static int wsync_pid_gone(int64_t pid)
     return pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
 }
 
+/* A generation a GPU writes (a stream memory write into the registered block) wakes no futex:
+ * the wait spins (yielding) for its first WSYNC_CONTROL_SPIN_MS, the span of a bucket's copy,
+ * then sleeps in futex slices of WSYNC_CONTROL_SLICE_MS, so a GPU write is seen within one. */
+#define WSYNC_CONTROL_SPIN_MS 20u
+#define WSYNC_CONTROL_SLICE_MS 1u
+
 static wsync_result_t wsync_control_wait(wsync_control_t *c, _Atomic uint64_t *gen,
                                          _Atomic uint32_t *seq, const char *what,
                                          uint64_t generation, uint32_t timeout_ms, int64_t peer_pid,
                                          wsync_error_t *err)
 {
-    uint64_t deadline = wsync_now_ms() + timeout_ms;
+    const uint64_t start = wsync_now_ms(), deadline = start + timeout_ms;
 
     for (;;) {
         uint32_t s = atomic_load(seq);
@@ -199,8 +205,11 @@ static wsync_result_t wsync_control_wait(wsync_control_t *c, _Atomic uint64_t *g
                               what, (unsigned long long)generation, timeout_ms,
                               (unsigned long long)seen);
         uint64_t left = deadline - now;
-        wsync_futex_wait(seq, s,
-                         left < WSYNC_CONTROL_POLL_MS ? (uint32_t)left : WSYNC_CONTROL_POLL_MS);
+        if (now - start < WSYNC_CONTROL_SPIN_MS)
+            sched_yield();
+        else
+            wsync_futex_wait(
+                seq, s, left < WSYNC_CONTROL_SLICE_MS ? (uint32_t)left : WSYNC_CONTROL_SLICE_MS);
     }
 }
 

@@ -54,9 +54,10 @@ wsync_result_t wsync_control_retire(wsync_control_t *c, const char *name, wsync_
 void wsync_control_signal_ready(wsync_control_t *c, uint64_t generation);
 void wsync_control_signal_consumed(wsync_control_t *c, uint64_t generation);
 
-/* Block until ready/consumed generation >= `generation`, up to timeout_ms (futex waits, no
- * spinning). TIMEOUT names the generation waited for and the last one seen; PEER_GONE when
- * `peer_pid` (if > 0) no longer exists. */
+/* Block until ready/consumed generation >= `generation`, up to timeout_ms: a yielding spin for
+ * the first 20 ms (a GPU's stream memory write wakes no futex), then 1 ms futex slices. TIMEOUT
+ * names the generation waited for and the last one seen; PEER_GONE when `peer_pid` (if > 0) no
+ * longer exists. */
 wsync_result_t wsync_control_wait_ready(wsync_control_t *c, uint64_t generation,
                                         uint32_t timeout_ms, int64_t peer_pid, wsync_error_t *err);
 wsync_result_t wsync_control_wait_consumed(wsync_control_t *c, uint64_t generation,

@@ -51,6 +51,11 @@ typedef struct wsync_cuda_split {
     uint64_t ce_bytes;
 } wsync_cuda_split_t;
 
+/* cuStreamWriteValue64 (found through the runtime, no link against libcuda): v lands at the
+ * device address p once s gets there, after everything before it on s. cudaErrorNotSupported
+ * when the driver has no such call or refuses it. */
+cudaError_t wsync_cuda_write_value64(cudaStream_t s, void *p, uint64_t v);
+
 /* Start and size of the device allocation holding p: 1, or 0 when it cannot tell. */
 typedef int (*wsync_cuda_alloc_range_fn)(const void *p, uintptr_t *base, size_t *size);
 /* The driver's answer (cuMemGetAddressRange). Thread safe. */
@@ -204,6 +209,8 @@ typedef struct wsync_cuda_mapping {
     int has_ready, has_consumed;
     wsync_shm_t control_shm;
     wsync_control_t *control; /* NULL for foreign buffers */
+    int control_registered;   /* the control block is host-registered for the GPU */
+    void *consumed_dev;       /* device view of control->consumed_generation, or NULL */
     wsync_cuda_stream_use_t streams[WSYNC_CUDA_MAX_STREAMS];
     size_t n_streams;
     uint64_t copied_generation; /* last generation enqueued */

@@ -268,6 +268,22 @@ static wsync_result_t signal_in_stream_order(wsync_control_t *control, uint64_t 
     return WSYNC_OK;
 }
 
+/* Raise the control block's consumed generation when `stream` gets there: by the GPU itself (a
+ * stream memory write into the registered control block: nothing stalls the stream, and the
+ * producer's wait sees it at once) where the driver allows it, else from a host function. */
+static wsync_result_t signal_consumed(wsync_cuda_mapping_t *m, cudaStream_t stream,
+                                      wsync_error_t *err)
+{
+    if (m->consumed_dev != NULL) {
+        if (wsync_cuda_write_value64(stream, m->consumed_dev, m->copied_generation) == cudaSuccess)
+            return WSYNC_OK;
+        (void)cudaGetLastError(); /* refused at enqueue: nothing was queued */
+        WSYNC_LOG_DEBUG("cuStreamWriteValue64 refused: consumed from a host function from now on");
+        m->consumed_dev = NULL;
+    }
+    return signal_in_stream_order(m->control, m->copied_generation, stream, err);
+}
+
 static wsync_result_t record_locked(struct wsync_consumer *c, struct wsync_handle *h, int wait,
                                     wsync_error_t *err)
 {
@@ -300,7 +316,7 @@ static wsync_result_t record_locked(struct wsync_consumer *c, struct wsync_handl
          * engine that dies mid-copy shows up as PEER_GONE / TIMEOUT in wait_consumed instead of
          * a producer stream waiting on an event that will never fire. */
         if (m->control != NULL) {
-            rc = signal_in_stream_order(m->control, m->copied_generation, rec, err);
+            rc = signal_consumed(m, rec, err);
             if (rc != WSYNC_OK)
                 return rc;
 #ifdef WSYNC_FIXTURE_EARLY_CONSUMED

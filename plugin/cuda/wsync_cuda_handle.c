@@ -19,6 +19,28 @@ static uint64_t allocation_bytes(const void *p)
     return (uint64_t)size - ((uintptr_t)p - base);
 }
 
+/* Let the engine's stream write *consumed* into the control block itself (a stream memory
+ * write after the copies; no host function stalls the stream). Without it (WSYNC_CUDA_CONSUMED
+ * =host, or the driver refuses) a host function queued after the copies writes it. */
+static void control_for_the_gpu(wsync_cuda_mapping_t *m)
+{
+    const char *v = getenv("WSYNC_CUDA_CONSUMED");
+    void *d = NULL;
+    if (v != NULL && strcmp(v, "host") == 0)
+        return;
+    if (cudaHostRegister(m->control, sizeof(*m->control),
+                         cudaHostRegisterMapped | cudaHostRegisterPortable) != cudaSuccess) {
+        (void)cudaGetLastError();
+        WSYNC_LOG_DEBUG("cudaHostRegister(control block) refused: consumed from a host function");
+        return;
+    }
+    m->control_registered = 1;
+    if (cudaHostGetDevicePointer(&d, (void *)&m->control->consumed_generation, 0) == cudaSuccess)
+        m->consumed_dev = d;
+    else
+        (void)cudaGetLastError();
+}
+
 static void mapping_destroy(wsync_cuda_mapping_t *m)
 {
     for (size_t i = 0; i < m->n_streams; i++) {
@@ -47,6 +69,8 @@ static void mapping_destroy(wsync_cuda_mapping_t *m)
         atomic_fetch_add(&wsync_cuda_stats.ipc_mem_closes, 1);
     }
     if (m->control) {
+        if (m->control_registered) /* the streams' last events follow its writes */
+            cudaHostUnregister(m->control);
         wsync_control_detach(m->control);
         wsync_shm_close(&m->control_shm);
     }
@@ -164,6 +188,7 @@ wsync_result_t wsync_cuda_map(void *user, const wsync_buffer_desc_t *desc, void 
         }
         atomic_store(&ctl->consumer_pid, (int64_t)getpid());
         m->control = ctl;
+        control_for_the_gpu(m);
     }
     *mapping = m;
     return WSYNC_OK;

@@ -27,6 +27,30 @@ static void wsync_cu_range_find(void)
         wsync_cu_range = (wsync_cu_mem_get_address_range_fn)f;
 }
 
+typedef int (*wsync_cu_write64_fn)(cudaStream_t s, unsigned long long addr,
+                                   unsigned long long value, unsigned int flags);
+static wsync_cu_write64_fn wsync_cu_write64;
+static pthread_once_t wsync_cu_write64_once = PTHREAD_ONCE_INIT;
+
+static void wsync_cu_write64_find(void)
+{
+    enum cudaDriverEntryPointQueryResult q;
+    void *f = NULL;
+    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &f, 12000, cudaEnableDefault,
+                                         &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+        wsync_cu_write64 = (wsync_cu_write64_fn)f;
+}
+
+cudaError_t wsync_cuda_write_value64(cudaStream_t s, void *p, uint64_t v)
+{
+    pthread_once(&wsync_cu_write64_once, wsync_cu_write64_find);
+    if (wsync_cu_write64 == NULL)
+        return cudaErrorNotSupported;
+    return wsync_cu_write64(s, (unsigned long long)(uintptr_t)p, v, 0) == 0 ? cudaSuccess
+                                                                            : cudaErrorNotSupported;
+}
+
 int wsync_cuda_alloc_range(const void *p, uintptr_t *base, size_t *size)
 {
     pthread_once(&wsync_cu_range_once, wsync_cu_range_find);
