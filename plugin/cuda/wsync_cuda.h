@@ -63,8 +63,9 @@ int wsync_cuda_alloc_range(const void *p, uintptr_t *base, size_t *size);
 
 /* The copy engines' candidates of a table: every contiguous, non-empty op belongs to one group.
  * With range, consecutive ops that continue each other in source and destination are joined
- * into one copy, cut where an allocation ends on either side (at most a few hundred allocation
- * queries per call; past them, no join); without it every op is a group of its own. Groups are
+ * into one copy when that lifts some of them to min_bytes, cut where an allocation ends on either
+ * side (at most a few hundred allocation queries per call; past them, no join); without it every
+ * op is a group of its own. Groups are
  * in table order. */
 typedef struct wsync_cuda_group {
     wsync_cuda_op_t op;  /* what the copy engines copy (planned, 1-D) */
@@ -78,8 +79,8 @@ typedef struct wsync_cuda_groups {
     size_t n_member;
 } wsync_cuda_groups_t;
 wsync_result_t wsync_cuda_groups(const wsync_cuda_op_t *t, size_t n,
-                                 wsync_cuda_alloc_range_fn range, wsync_cuda_groups_t *g,
-                                 wsync_error_t *err);
+                                 wsync_cuda_alloc_range_fn range, uint64_t min_bytes,
+                                 wsync_cuda_groups_t *g, wsync_error_t *err);
 void wsync_cuda_groups_free(wsync_cuda_groups_t *g);
 
 /* How a batch is split: up to `share` of the bytes, largest groups first, none under

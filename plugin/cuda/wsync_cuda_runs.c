@@ -55,9 +55,23 @@ static void cut(wsync_cuda_groups_t *g, const wsync_cuda_op_t *t, size_t i, size
     }
 }
 
+/* Whether joining ops [i, j) can give the copy engines more: the whole reaches min_bytes and
+ * some op alone does not (ops that qualify alone cost the copy engines only a few microseconds
+ * more apart, less than the allocation queries of a join). */
+static int worth_joining(const wsync_cuda_op_t *t, size_t i, size_t j, uint64_t min_bytes)
+{
+    uint64_t total = 0;
+    int small = 0;
+    for (size_t k = i; k < j; k++) {
+        total += t[k].row_bytes;
+        small |= t[k].row_bytes < min_bytes;
+    }
+    return small && total >= min_bytes;
+}
+
 wsync_result_t wsync_cuda_groups(const wsync_cuda_op_t *t, size_t n,
-                                 wsync_cuda_alloc_range_fn range, wsync_cuda_groups_t *g,
-                                 wsync_error_t *err)
+                                 wsync_cuda_alloc_range_fn range, uint64_t min_bytes,
+                                 wsync_cuda_groups_t *g, wsync_error_t *err)
 {
     memset(g, 0, sizeof(*g));
     size_t m = 0;
@@ -82,10 +96,11 @@ wsync_result_t wsync_cuda_groups(const wsync_cuda_op_t *t, size_t n,
                t[j].src == t[j - 1].src + t[j - 1].row_bytes &&
                t[j].dst == t[j - 1].dst + t[j - 1].row_bytes)
             j++;
-        if (j - i == 1)
-            add_group(g, t, i, 1);
-        else
+        if (j - i > 1 && worth_joining(t, i, j, min_bytes))
             cut(g, t, i, j, range, &queries);
+        else
+            for (size_t k = i; k < j; k++)
+                add_group(g, t, k, 1);
         i = j;
     }
     return WSYNC_OK;

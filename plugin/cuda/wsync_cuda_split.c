@@ -112,7 +112,7 @@ wsync_result_t wsync_cuda_split(wsync_cuda_op_t *table, size_t n, const wsync_cu
         return WSYNC_OK;
     const uint64_t target = cfg->share >= 1 ? total : (uint64_t)((double)total * cfg->share);
     wsync_cuda_groups_t g;
-    wsync_result_t rc = wsync_cuda_groups(table, n, cfg->range, &g, err);
+    wsync_result_t rc = wsync_cuda_groups(table, n, cfg->range, cfg->min_bytes, &g, err);
     if (rc != WSYNC_OK)
         return rc;
     int *lane = malloc((g.n ? g.n : 1) * sizeof(*lane));

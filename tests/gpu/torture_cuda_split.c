@@ -267,6 +267,13 @@ static void test_ops_that_continue_each_other_join(void **state)
                          (const void *)(uintptr_t)(STAGING + (is_qkv ? 0 : 24 * MIB)));
     }
     free(sp.ce);
+    /* every op reaches the minimum alone: no join is worth its allocation queries */
+    memcpy(t, before, sizeof(t));
+    fake_queries = 0;
+    assert_int_equal(split(t, n, 1.0, 2 * MIB, 2, fake_range, &sp, &err), WSYNC_OK);
+    assert_int_equal(fake_queries, 0);
+    assert_int_equal(sp.n_ce, n);
+    free(sp.ce);
     /* without the allocation oracle nothing is joined: q alone is large enough */
     memcpy(t, before, sizeof(t));
     assert_int_equal(split(t, n, 1.0, 16 * MIB, 2, NULL, &sp, &err), WSYNC_OK);
