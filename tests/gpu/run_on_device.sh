@@ -5,6 +5,7 @@
 # compute-sanitizer memcheck of the copy and convert kernels,
 # wsync-bench-cuda --layout both for each staging kind (engine parameters fused, as engines hold
 # them), --layout moe --params separate once (one cudaMalloc per tensor; bench-moe-separate.log),
+# --layout moe --order grouped once (the trainer's experts grouped; bench-moe-grouped.log),
 # --lora, --pingpong and --lanes, and the fault
 # test's per-trial figures for each staging kind. Logs go to $OUT (or
 # ./device-out) and to stdout.
@@ -81,6 +82,11 @@ echo "=== wsync-bench-cuda --layout moe --params separate, WSYNC_CUDA_STAGING_KI
 env ${sep_kind:+WSYNC_CUDA_STAGING_KIND=$sep_kind} timeout 300 "$BUILD/bin/wsync-bench-cuda" --layout moe \
   --params separate --iters "$ITERS" >"$OUT/bench-moe-separate.log" 2>&1 || status=1
 echo "bench moe separate: $(( $(date +%s) - t0 )) s"
+# and with the trainer's experts grouped as Megatron holds them (every gate and up, then downs)
+echo "=== wsync-bench-cuda --layout moe --order grouped (bench-moe-grouped.log)" | tee -a "$OUT/bench.log"
+env ${sep_kind:+WSYNC_CUDA_STAGING_KIND=$sep_kind} timeout 300 "$BUILD/bin/wsync-bench-cuda" --layout moe \
+  --order grouped --iters "$ITERS" >"$OUT/bench-moe-grouped.log" 2>&1 || status=1
+echo "bench moe grouped: $(( $(date +%s) - t0 )) s"
 echo "=== wsync-bench-cuda --lora" | tee -a "$OUT/bench.log"
 timeout 200 "$BUILD/bin/wsync-bench-cuda" --lora --iters "$ITERS" >>"$OUT/bench.log" 2>&1 || status=1
 echo "=== wsync-bench-cuda --pingpong" | tee -a "$OUT/bench.log"
@@ -95,6 +101,6 @@ done
 grep -E "^\[(ipc|vmm)\]" "$OUT/fault.log" | grep -vE "^\[plugin" | tail -30
 echo "run_on_device.sh: status $status, $(( $(date +%s) - t0 )) s"
 grep -hE "summary|tests passed|tests failed|buckets torn" "$OUT"/ctest.log "$OUT"/bench.log \
-  "$OUT"/bench-moe-separate.log
+  "$OUT"/bench-moe-separate.log "$OUT"/bench-moe-grouped.log
 grep -hE "=== |copy_weights|kernel variant|\(a|\(b|\(c|\(d|FROM_|baseline|verified|wsync-bench-cuda" "$OUT/bench.log" >"$OUT/bench-short.log"
 exit $status

@@ -1,7 +1,7 @@
 /* wsync-bench-cuda: throughput of libwsync_cuda.so against the limits measured in the same run.
  *
  *   wsync-bench-cuda [--layout dense|moe|both] [--iters N] [--plugin PATH] [--layers L]
- *                    [--scale S] [--bucket-mib M] [--params fused|separate]
+ *                    [--scale S] [--bucket-mib M] [--params fused|separate] [--order hf|grouped]
  *   wsync-bench-cuda --lora [--iters N] [--plugin PATH] [--layers L]   (wsync_bench_lora.h)
  *   wsync-bench-cuda --pingpong [--iters N]                             (wsync_bench_pingpong.h)
  *   wsync-bench-cuda --lanes [--layout L] [--iters N]                   (wsync_bench_lanes.h)
@@ -12,7 +12,9 @@
  *   the plugin's copy_weights from a staging buffer exported by a producer process into engine
  *   parameters, without and with verification: --params fused (default) holds them as SGLang,
  *   vLLM and LMDeploy do (per layer one qkv_proj, one gate_up_proj or, for MoE, one w13 and one
- *   w2 over all experts; wb_layout_group), --params separate one cudaMalloc per tensor,
+ *   w2 over all experts; wb_layout_group), --params separate one cudaMalloc per tensor; the
+ *   trainer's MoE tensors come in HF module order (--order hf, default) or grouped as Megatron
+ *   holds its experts (--order grouped: every expert's gate and up, then every down),
  *   the bare kernel at each launch variant,
  *   (c) a full colocated sync, trainer params -> 1 GiB staging (reused) -> engine params,
  *   through the plugin in two processes (ms per sync, wall clock until the engine stream is
@@ -56,6 +58,7 @@ typedef struct wb_opts {
     int lanes;
     const char *dir;
     const char *params; /* "fused" | "separate": the consumer's engine parameters */
+    int grouped;        /* --order grouped: the trainer's MoE experts grouped (see the layout) */
 } wb_opts_t;
 
 static char wb_self[PATH_MAX];
@@ -120,7 +123,7 @@ static int wb_producer_main(const wb_opts_t *o)
     wb_layout_t l;
     char why[512];
     const wsync_plugin_t *p;
-    if (wb_layout_build(o->layout, o->layers, o->scale, &l) != 0)
+    if (wb_layout_build(o->layout, o->layers, o->scale, o->grouped, &l) != 0)
         return 1;
     if (wh_load(o->plugin, &p, why, sizeof(why)) != WSYNC_OK) {
         fprintf(stderr, "wsync-bench-cuda producer: %s\n", why);
@@ -439,7 +442,7 @@ static int wb_spawn_producer(const wb_opts_t *o, int fd, pid_t *pid)
     if (*pid == 0) {
         execl(wb_self, wb_self, "--role", "producer", "--fd", fds, "--layout", o->layout,
               "--plugin", o->plugin, "--iters", iters, "--layers", layers, "--scale", scale,
-              "--bucket-mib", bucket, (char *)NULL);
+              "--bucket-mib", bucket, "--order", o->grouped ? "grouped" : "hf", (char *)NULL);
         _exit(127);
     }
     return *pid > 0 ? 0 : -1;
@@ -487,7 +490,7 @@ static int wb_consumer_main(const wb_opts_t *o)
     wb_engine_t E;
     memset(&E, 0, sizeof(E));
     char why[512];
-    if (wb_layout_build(o->layout, o->layers, o->scale, &E.l) != 0)
+    if (wb_layout_build(o->layout, o->layers, o->scale, o->grouped, &E.l) != 0)
         return 1;
     int sv[2];
     pid_t prod;
@@ -805,11 +808,12 @@ static int wb_consumer_main(const wb_opts_t *o)
     printf("  verified sync (one buffer, record_consumed waits per bucket): %.2f ms, %d digest "
            "failures, %llu wrong words in engine params\n",
            ms_vsync, failures, bad);
-    printf("  summary %s (%s, %s params): copy_weights %.3fx memcpy, verify %.3fx, sync %.2f ms "
+    printf("  summary %s (%s, %s params, %s order): copy_weights %.3fx memcpy, verify %.3fx, sync "
+           "%.2f ms "
            "(1 buffer) %.2f ms (2 buffers) %.2f ms (4 buffers) %.2f ms (2 buffers, no digests), "
            "opens/sync %.3f\n",
-           o->layout, staging_kind, o->params, ms_whole / ms_plugin, ms_whole / ms_verify,
-           ms_sync[1], ms_sync[2], ms_sync[4], ms_fast,
+           o->layout, staging_kind, o->params, o->grouped ? "grouped" : "hf", ms_whole / ms_plugin,
+           ms_whole / ms_verify, ms_sync[1], ms_sync[2], ms_sync[4], ms_fast,
            (double)(opens_per[1] + opens_per[2] + opens_per[4]) / (3 * o->iters));
     fflush(stdout);
     for (int k = 0; k < WB_MAX_BUF; k++)
@@ -832,33 +836,30 @@ static void wb_usage(FILE *f)
 {
     fprintf(f, "usage: wsync-bench-cuda [--layout dense|moe|both] [--iters N] [--plugin PATH]\n"
                "                        [--layers L] [--scale S] [--bucket-mib M]\n"
-               "                        [--params fused|separate]\n"
+               "                        [--params fused|separate] [--order hf|grouped]\n"
                "       wsync-bench-cuda --lora [--iters N] [--plugin PATH] [--layers L]\n"
                "       wsync-bench-cuda --pingpong [--iters N]\n"
                "       wsync-bench-cuda --lanes [--layout dense|moe|both] [--iters N]\n"
                "  --params: the engine parameters the copies land in: fused (default; per layer\n"
                "            one qkv_proj, one gate_up_proj or MoE w13 + w2 over all experts, as\n"
                "            SGLang, vLLM and LMDeploy hold them) or separate (one cudaMalloc per\n"
-               "            tensor)\n");
+               "            tensor)\n"
+               "  --order:  the trainer's MoE tensor order: hf (default; gate, up, down of each\n"
+               "            expert in turn, HF module order) or grouped (gate and up of every\n"
+               "            expert, then every down, as Megatron's grouped experts hold them)\n");
 }
 
 int main(int argc, char **argv)
 {
-    static const struct option lo[] = {{"layout", required_argument, NULL, 'l'},
-                                       {"iters", required_argument, NULL, 'i'},
-                                       {"plugin", required_argument, NULL, 'p'},
-                                       {"layers", required_argument, NULL, 'L'},
-                                       {"scale", required_argument, NULL, 'S'},
-                                       {"bucket-mib", required_argument, NULL, 'b'},
-                                       {"role", required_argument, NULL, 'r'},
-                                       {"fd", required_argument, NULL, 'f'},
-                                       {"help", no_argument, NULL, 'h'},
-                                       {"lora", no_argument, NULL, 'o'},
-                                       {"dir", required_argument, NULL, 'd'},
-                                       {"pingpong", no_argument, NULL, 'P'},
-                                       {"lanes", no_argument, NULL, 'N'},
-                                       {"params", required_argument, NULL, 'm'},
-                                       {NULL, 0, NULL, 0}};
+    static const struct option lo[] = {
+        {"layout", required_argument, NULL, 'l'}, {"iters", required_argument, NULL, 'i'},
+        {"plugin", required_argument, NULL, 'p'}, {"layers", required_argument, NULL, 'L'},
+        {"scale", required_argument, NULL, 'S'},  {"bucket-mib", required_argument, NULL, 'b'},
+        {"role", required_argument, NULL, 'r'},   {"fd", required_argument, NULL, 'f'},
+        {"help", no_argument, NULL, 'h'},         {"lora", no_argument, NULL, 'o'},
+        {"dir", required_argument, NULL, 'd'},    {"pingpong", no_argument, NULL, 'P'},
+        {"lanes", no_argument, NULL, 'N'},        {"params", required_argument, NULL, 'm'},
+        {"order", required_argument, NULL, 'O'},  {NULL, 0, NULL, 0}};
     wb_opts_t o = {.layout = "both",
                    .iters = 20,
                    .scale = 1,
@@ -906,6 +907,13 @@ int main(int argc, char **argv)
             break;
         case 'm':
             o.params = optarg;
+            break;
+        case 'O':
+            if (strcmp(optarg, "hf") != 0 && strcmp(optarg, "grouped") != 0) {
+                fprintf(stderr, "wsync-bench-cuda: --order %s: expected hf or grouped\n", optarg);
+                return 2;
+            }
+            o.grouped = strcmp(optarg, "grouped") == 0;
             break;
         case 'h':
             wb_usage(stdout);
@@ -973,7 +981,8 @@ int main(int argc, char **argv)
             snprintf(bucket, sizeof(bucket), "%llu", (unsigned long long)(o.bucket >> 20));
             execl(wb_self, wb_self, "--role", "consumer", "--layout", layouts[k], "--plugin",
                   o.plugin, "--iters", iters, "--layers", layers, "--scale", scale, "--bucket-mib",
-                  bucket, "--params", o.params, (char *)NULL);
+                  bucket, "--params", o.params, "--order", o.grouped ? "grouped" : "hf",
+                  (char *)NULL);
             _exit(127);
         }
         int st = 0;

@@ -567,7 +567,7 @@ static void wl_kernel_sweep(unsigned iters)
 static int wl_layout(const char *kind, unsigned iters)
 {
     wb_layout_t l;
-    if (wb_layout_build(kind, 0, 1, &l) != 0)
+    if (wb_layout_build(kind, 0, 1, 0, &l) != 0)
         return 1;
     unsigned char *src, *big;
     WL_CK(cudaMalloc((void **)&src, l.packed));

@@ -49,7 +49,8 @@ static int wb_add(wb_builder_t *b, int64_t rows, int64_t cols, const char *fmt, 
     return 0;
 }
 
-int wb_layout_build(const char *kind, unsigned layers, unsigned scale, wb_layout_t *out)
+int wb_layout_build(const char *kind, unsigned layers, unsigned scale, int grouped,
+                    wb_layout_t *out)
 {
     memset(out, 0, sizeof(*out));
     wb_builder_t b = {.l = out, .scale = scale};
@@ -70,14 +71,21 @@ int wb_layout_build(const char *kind, unsigned layers, unsigned scale, wb_layout
         rc |= wb_add(&b, 1, hd, "%s.%u.self_attn.k_norm.weight", p, i);
         if (moe) {
             rc |= wb_add(&b, experts, hidden, "%s.%u.mlp.gate.weight", p, i);
+            /* hf: gate, up, down of each expert in turn (HF module order); grouped: gate and
+             * up of every expert, then every down (Megatron's grouped experts: fc1 of each
+             * local expert, then fc2) */
             for (int64_t e = 0; e < experts && rc == 0; e++) {
                 rc |= wb_add(&b, moe_inter, hidden, "%s.%u.mlp.experts.%lld.gate_proj.weight", p, i,
                              (long long)e);
                 rc |= wb_add(&b, moe_inter, hidden, "%s.%u.mlp.experts.%lld.up_proj.weight", p, i,
                              (long long)e);
+                if (!grouped)
+                    rc |= wb_add(&b, hidden, moe_inter, "%s.%u.mlp.experts.%lld.down_proj.weight",
+                                 p, i, (long long)e);
+            }
+            for (int64_t e = 0; grouped && e < experts && rc == 0; e++)
                 rc |= wb_add(&b, hidden, moe_inter, "%s.%u.mlp.experts.%lld.down_proj.weight", p, i,
                              (long long)e);
-            }
         } else {
             rc |= wb_add(&b, inter, hidden, "%s.%u.mlp.gate_proj.weight", p, i);
             rc |= wb_add(&b, inter, hidden, "%s.%u.mlp.up_proj.weight", p, i);

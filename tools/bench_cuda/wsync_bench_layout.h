@@ -41,8 +41,11 @@ typedef struct wb_plan {
     size_t nb;
 } wb_plan_t;
 
-/* kind "dense" or "moe"; layers 0 = the model's own (36 / 12); scale divides every row count. */
-int wb_layout_build(const char *kind, unsigned layers, unsigned scale, wb_layout_t *out);
+/* kind "dense" or "moe"; layers 0 = the model's own (36 / 12); scale divides every row count;
+ * grouped (moe): the trainer's order puts gate and up of every expert, then every down, instead
+ * of gate, up, down of each expert in turn. */
+int wb_layout_build(const char *kind, unsigned layers, unsigned scale, int grouped,
+                    wb_layout_t *out);
 void wb_layout_free(wb_layout_t *l);
 /* Fills group / goff / group_bytes as an engine holds its parameters. fused = 0: one allocation
  * per tensor. fused = 1: per layer one qkv_proj (q, k, v), one gate_up_proj (dense gate, up), one
