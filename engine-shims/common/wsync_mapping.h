@@ -76,4 +76,14 @@ wsync_result_t wsync_map_plan(const wsync_map_table_t *table, const wsync_engine
                               const wsync_tensor_desc_t *t, wsync_copy_op_t *op,
                               wsync_error_t *err);
 
+/* The order the engine holds `names` in, as indices into names (order: n entries): tensors of one
+ * engine parameter next to each other, in the parameter's own order (q, k, v in qkv_proj; gate,
+ * up in gate_up_proj; gate_e, up_e expert after expert in w13, down_e in w2), each parameter where
+ * its first tensor came; names no rule matches keep their place among the parameters. A trainer
+ * that stages a bucket in this order lets copies into fused parameters continue each other, which
+ * the CUDA plugin joins into a few long copy-engine copies (docs/PERFORMANCE.md: MoE experts in
+ * HF module order copy at 0.90 of one memcpy, in this order at 0.95-0.98). */
+wsync_result_t wsync_map_order(const wsync_map_table_t *table, const char *const *names, size_t n,
+                               size_t *order, wsync_error_t *err);
+
 #endif

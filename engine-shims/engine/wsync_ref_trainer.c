@@ -7,16 +7,27 @@
 
 #include "wsync_host_error.h"
 
-/* Greedy packing in model order with the staging's 256-byte alignment. */
+/* Greedy packing in the engine's order (wsync_map_order: tensors of one fused engine parameter
+ * next to each other, so their copies continue each other) with the staging's 256-byte
+ * alignment. */
 static int wsync_ref_trainer_plan(wsync_ref_trainer_t *t, char *why, size_t len)
 {
     uint64_t used = 0;
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    const char **names = calloc(t->model.n + 1, sizeof(*names));
 
+    t->order = calloc(t->model.n + 1, sizeof(*t->order));
     t->bucket_first = calloc(t->model.n + 1, sizeof(*t->bucket_first));
-    if (t->bucket_first == NULL)
-        return snprintf(why, len, "out of memory"), -1;
+    if (t->bucket_first == NULL || t->order == NULL || names == NULL)
+        return free(names), snprintf(why, len, "out of memory"), -1;
+    for (size_t i = 0; i < t->model.n; i++)
+        names[i] = t->model.tensors[i].name;
+    wsync_result_t rc = wsync_map_order(t->shim->map, names, t->model.n, t->order, &err);
+    free(names);
+    if (rc != WSYNC_OK)
+        return snprintf(why, len, "%s", err.message), -1;
     for (size_t i = 0; i < t->model.n; i++) {
-        const wsync_model_tensor_t *m = &t->model.tensors[i];
+        const wsync_model_tensor_t *m = &t->model.tensors[t->order[i]];
         uint64_t at = (used + WSYNC_MODEL_ALIGN - 1) / WSYNC_MODEL_ALIGN * WSYNC_MODEL_ALIGN;
         if (m->nbytes > t->cfg.bucket_bytes)
             return snprintf(why, len, "tensor %s (%llu bytes) does not fit a %llu-byte bucket",
@@ -70,7 +81,7 @@ int wsync_ref_trainer_open(wsync_ref_trainer_t *t, const wsync_ref_trainer_confi
         goto fail;
     }
     for (size_t i = 0; i < t->model.n; i++) {
-        const wsync_model_tensor_t *m = &t->model.tensors[i];
+        const wsync_model_tensor_t *m = &t->model.tensors[t->order[i]];
         t->stage[i] = (wsync_stage_tensor_t){.struct_size = sizeof(wsync_stage_tensor_t),
                                              .name = m->name,
                                              .dtype = m->dtype,
@@ -102,6 +113,7 @@ void wsync_ref_trainer_close(wsync_ref_trainer_t *t)
     if (t->mem != NULL)
         t->cops->finalize(t->mem, NULL);
     free(t->stage);
+    free(t->order);
     free(t->bucket_first);
     wsync_model_free(&t->model);
     wsync_loader_close(&t->loader);

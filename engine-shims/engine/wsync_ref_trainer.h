@@ -43,8 +43,9 @@ typedef struct wsync_ref_trainer {
     uint64_t generation[WSYNC_REF_MAX_RANKS]; /* last published, per staging */
     int sent_buffer[WSYNC_REF_MAX_RANKS];     /* LMDeploy: flattened tensor already sent */
     wsync_model_t model;
-    void *params; /* plugin memory, the model packed */
-    wsync_stage_tensor_t *stage;
+    void *params;                /* plugin memory, the model packed */
+    wsync_stage_tensor_t *stage; /* in the engine's order (order[i]: its model tensor) */
+    size_t *order;
     size_t *bucket_first;
     size_t nbuckets;
     uint64_t version;

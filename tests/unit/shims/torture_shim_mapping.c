@@ -201,6 +201,50 @@ static void test_shape_and_dtype_refused(void **state)
     assert_non_null(strstr(err.message, "lm_head.weight"));
 }
 
+static void test_engine_order(void **state)
+{
+    (void)state;
+    /* HF module order: per expert gate, up, down; a dense layer's q, k, v, o, gate, up, down */
+    const char *names[] = {
+        "model.layers.0.self_attn.q_proj.weight",        /* 0 */
+        "model.layers.0.self_attn.k_proj.weight",        /* 1 */
+        "model.layers.0.self_attn.v_proj.weight",        /* 2 */
+        "model.layers.0.mlp.experts.0.gate_proj.weight", /* 3 */
+        "model.layers.0.mlp.experts.0.up_proj.weight",   /* 4 */
+        "model.layers.0.mlp.experts.0.down_proj.weight", /* 5 */
+        "model.layers.0.mlp.experts.1.gate_proj.weight", /* 6 */
+        "model.layers.0.mlp.experts.1.up_proj.weight",   /* 7 */
+        "model.layers.0.mlp.experts.1.down_proj.weight", /* 8 */
+        "something.else",                                /* 9: no rule */
+        "model.layers.1.mlp.up_proj.weight",             /* 10: up before gate */
+        "model.layers.1.mlp.gate_proj.weight",           /* 11 */
+        "model.layers.1.self_attn.v_proj.weight",        /* 12: v, then q */
+        "model.layers.1.self_attn.q_proj.weight",        /* 13 */
+        "model.layers.0.mlp.experts.2.up_proj.weight",   /* 14: a late expert joins its stack */
+    };
+    const size_t n = sizeof(names) / sizeof(names[0]);
+    /* w13 (from 3): gate0 up0 gate1 up1 up2; w2 (from 5): down0 down1; gate_up of layer 1 (from
+     * 10): gate, up; qkv of layer 1 (from 12): q, v */
+    const size_t want[] = {0, 1, 2, 3, 4, 6, 7, 14, 5, 8, 9, 11, 10, 13, 12};
+    size_t order[sizeof(names) / sizeof(names[0])];
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    assert_int_equal(wsync_map_order(&wsync_map_fused_moe_w13, names, n, order, &err), WSYNC_OK);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(order[i], want[i]);
+    /* an order that already is the engine's stays as it is */
+    const char *sorted[sizeof(names) / sizeof(names[0])];
+    for (size_t i = 0; i < n; i++)
+        sorted[i] = names[want[i]];
+    assert_int_equal(wsync_map_order(&wsync_map_fused_moe_w13, sorted, n, order, &err), WSYNC_OK);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(order[i], i);
+    /* bad arguments are named */
+    assert_int_equal(wsync_map_order(&wsync_map_fused_moe_w13, NULL, 3, order, &err),
+                     WSYNC_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(err.message, "3 tensors"));
+    assert_int_equal(wsync_map_order(&wsync_map_fused_moe_w13, NULL, 0, NULL, &err), WSYNC_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -211,6 +255,7 @@ int main(void)
         cmocka_unit_test(test_experts_and_gate_up),
         cmocka_unit_test(test_replicated_and_vocab),
         cmocka_unit_test(test_shape_and_dtype_refused),
+        cmocka_unit_test(test_engine_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
