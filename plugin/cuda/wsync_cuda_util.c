@@ -12,39 +12,34 @@
 
 wsync_cuda_stats_t wsync_cuda_stats;
 
+/* Driver calls found through the runtime (no link against libcuda), looked up once. */
 typedef int (*wsync_cu_mem_get_address_range_fn)(unsigned long long *base, size_t *size,
                                                  unsigned long long ptr);
-static wsync_cu_mem_get_address_range_fn wsync_cu_range;
-static pthread_once_t wsync_cu_range_once = PTHREAD_ONCE_INIT;
-
-static void wsync_cu_range_find(void)
-{
-    enum cudaDriverEntryPointQueryResult q;
-    void *f = NULL;
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault,
-                                         &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-        wsync_cu_range = (wsync_cu_mem_get_address_range_fn)f;
-}
-
 typedef int (*wsync_cu_write64_fn)(cudaStream_t s, unsigned long long addr,
                                    unsigned long long value, unsigned int flags);
+static wsync_cu_mem_get_address_range_fn wsync_cu_range;
 static wsync_cu_write64_fn wsync_cu_write64;
-static pthread_once_t wsync_cu_write64_once = PTHREAD_ONCE_INIT;
+static pthread_once_t wsync_cu_once = PTHREAD_ONCE_INIT;
 
-static void wsync_cu_write64_find(void)
+static void *wsync_cu_entry(const char *name)
 {
     enum cudaDriverEntryPointQueryResult q;
     void *f = NULL;
-    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &f, 12000, cudaEnableDefault,
-                                         &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-        wsync_cu_write64 = (wsync_cu_write64_fn)f;
+    if (cudaGetDriverEntryPointByVersion(name, &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+        return NULL;
+    return f;
+}
+
+static void wsync_cu_find(void)
+{
+    wsync_cu_range = (wsync_cu_mem_get_address_range_fn)wsync_cu_entry("cuMemGetAddressRange");
+    wsync_cu_write64 = (wsync_cu_write64_fn)wsync_cu_entry("cuStreamWriteValue64");
 }
 
 cudaError_t wsync_cuda_write_value64(cudaStream_t s, void *p, uint64_t v)
 {
-    pthread_once(&wsync_cu_write64_once, wsync_cu_write64_find);
+    pthread_once(&wsync_cu_once, wsync_cu_find);
     if (wsync_cu_write64 == NULL)
         return cudaErrorNotSupported;
     return wsync_cu_write64(s, (unsigned long long)(uintptr_t)p, v, 0) == 0 ? cudaSuccess
@@ -53,7 +48,7 @@ cudaError_t wsync_cuda_write_value64(cudaStream_t s, void *p, uint64_t v)
 
 int wsync_cuda_alloc_range(const void *p, uintptr_t *base, size_t *size)
 {
-    pthread_once(&wsync_cu_range_once, wsync_cu_range_find);
+    pthread_once(&wsync_cu_once, wsync_cu_find);
     unsigned long long b = 0;
     size_t n = 0;
     if (wsync_cu_range == NULL || wsync_cu_range(&b, &n, (unsigned long long)(uintptr_t)p) != 0)
