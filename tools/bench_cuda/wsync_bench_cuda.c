@@ -18,9 +18,7 @@
  *   the bare kernel at each launch variant,
  *   (c) a full colocated sync, trainer params -> 1 GiB staging (reused) -> engine params,
  *   through the plugin in two processes (ms per sync, wall clock until the engine stream is
- *   done; with two or more buffers the trainer stages bucket b before publishing bucket b - 1,
- *   the "seq" row publishes each bucket before staging the next), and (d) IPC opens per sync
- *   in steady state (the plugin's stats line).
+ *   done), and (d) IPC opens per sync in steady state (the plugin's stats line).
  * The producer is this program re-executed with --role producer. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -118,35 +116,6 @@ static void wb_stage_pieces(const wsync_plugin_t *p, wsync_staging_t *s, cudaStr
     free(names);
 }
 
-/* Where the producer publishes a sync's buckets: its buffers in turn, their last generations. */
-typedef struct wb_pub {
-    const wsync_plugin_t *p;
-    int fd;
-    wsync_staging_t **sg;
-    uint64_t *last;
-    int nbuf;
-    size_t nb;
-    cudaStream_t st;
-} wb_pub_t;
-
-/* Publish bucket b (staged), send its manifest; one buffer or the last bucket: wait for the ack.
- * Adds host ms to *tp (publish: waits for the stage kernel) and *ta (send + ack). */
-static void wb_publish_send(const wb_pub_t *x, size_t b, double *tp, double *ta)
-{
-    const char *json;
-    double t0 = wh_now_ms();
-    WB_OK(x->p->producer->publish(x->sg[b % x->nbuf], x->st, b + 1 == x->nb, &json,
-                                  &x->last[b % x->nbuf], err));
-    double t1 = wh_now_ms();
-    wh_send_str(x->fd, json);
-    if (x->nbuf == 1 || b + 1 == x->nb) {
-        char *m;
-        wb_recv_expect(x->fd, "ack", &m);
-        free(m);
-    }
-    *tp += t1 - t0, *ta += wh_now_ms() - t1;
-}
-
 /* Messages: consumer -> producer "retire" | "sync" | "quit"; producer -> consumer manifests,
  * "retired", "synced". */
 static int wb_producer_main(const wb_opts_t *o)
@@ -165,9 +134,8 @@ static int wb_producer_main(const wb_opts_t *o)
     WB_CK(cudaMalloc((void **)&trainer, l.packed));
     WB_CK(wh_fill(trainer, l.packed, WB_SEED, 0));
     WB_CK(cudaDeviceSynchronize()); /* benchmark set-up only, never on the plugin's path */
-    cudaStream_t st, pst;
+    cudaStream_t st;
     WB_CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    WB_CK(cudaStreamCreateWithFlags(&pst, cudaStreamNonBlocking));
     /* The raw trainer buffer too, so the consumer can time plain copies from IPC memory. */
     cudaIpcMemHandle_t th;
     WB_CK(cudaIpcGetMemHandle(&th, trainer));
@@ -213,14 +181,10 @@ static int wb_producer_main(const wb_opts_t *o)
         /* "syncN": N staging buffers used in turn (N = 1: one reused for every bucket) */
         wb_recv_expect(o->fd, "sync", &m);
         int quit = strcmp(m, "quit") == 0;
-        /* "fastkN": the no-digest set staged by the kernel alone (no copy-engine share);
-         * "seqN": the digest set, each bucket published before the next is staged */
+        /* "fastkN": the no-digest set staged by the kernel alone (no copy-engine share) */
         int kernel_only = strncmp(m, "fastk", 5) == 0;
         int fast = strncmp(m, "fast", 4) == 0;
-        int seq = strncmp(m, "seq", 3) == 0;
-        int nbuf = strncmp(m, "sync", 4) == 0 || fast ? atoi(m + (kernel_only ? 5 : 4))
-                   : seq                              ? atoi(m + 3)
-                                                      : 1;
+        int nbuf = strncmp(m, "sync", 4) == 0 || fast ? atoi(m + (kernel_only ? 5 : 4)) : 1;
         if (kernel_only)
             setenv("WSYNC_CUDA_CE_SHARE", "0", 1);
         else
@@ -232,24 +196,25 @@ static int wb_producer_main(const wb_opts_t *o)
         if (quit)
             break;
         syncs++;
-        /* With more than one buffer the trainer stages bucket b before it publishes bucket
-         * b - 1 (publish on its own stream: ready follows that bucket's stage alone), so the
-         * GPU has the next stage queued while the host waits for the last one. */
-        const int overlap = nbuf > 1 && !seq;
-        wb_pub_t pub = {p, o->fd, sg + set, last + set, nbuf, plan.nb, overlap ? pst : st};
         for (size_t b = 0; b < plan.nb; b++) {
+            wsync_staging_t *s = sg[set + b % nbuf];
+            uint64_t *lg = &last[set + b % nbuf];
             double t0 = wh_now_ms();
-            if (last[set + b % nbuf] > 0) /* the consumer acked it: order the reuse after it */
-                WB_OK(
-                    p->producer->wait_consumed(sg[set + b % nbuf], st, last[set + b % nbuf], err));
+            if (*lg > 0) /* the consumer acked that generation: order the reuse after it */
+                WB_OK(p->producer->wait_consumed(s, st, *lg, err));
             double t1 = wh_now_ms();
-            wb_stage_pieces(p, sg[set + b % nbuf], st, &l, &plan, b, trainer);
-            tw += t1 - t0, ts += wh_now_ms() - t1;
-            if (!overlap || b > 0)
-                wb_publish_send(&pub, overlap ? b - 1 : b, &tp, &ta);
+            wb_stage_pieces(p, s, st, &l, &plan, b, trainer);
+            double t2 = wh_now_ms();
+            WB_OK(p->producer->publish(s, st, b + 1 == plan.nb, &json, lg, err));
+            double t3 = wh_now_ms();
+            wh_send_str(o->fd, json);
+            if (nbuf == 1 || b + 1 == plan.nb) {
+                wb_recv_expect(o->fd, "ack", &m);
+                free(m);
+            }
+            double t4 = wh_now_ms();
+            tw += t1 - t0, ts += t2 - t1, tp += t3 - t2, ta += t4 - t3;
         }
-        if (overlap)
-            wb_publish_send(&pub, plan.nb - 1, &tp, &ta);
         if (nbuf > 1)
             for (size_t b = 0; b + 1 < plan.nb; b++) {
                 wb_recv_expect(o->fd, "ack", &m);
@@ -802,7 +767,6 @@ static int wb_consumer_main(const wb_opts_t *o)
         const char *variant;
         const char *what;
     } xs[] = {
-        {"seq", 2, NULL, "digests, each bucket published before the next is staged"},
         {"sync", 2, "0", "digests, both kernels alone"},
         {"fastk", 2, "0", "no digests, both kernels alone"},
         {"fastk", 2, NULL, "no digests, stage kernel alone, copy with copy-engine share"},
@@ -811,7 +775,7 @@ static int wb_consumer_main(const wb_opts_t *o)
     for (size_t x = 0; x < sizeof(xs) / sizeof(xs[0]); x++) {
         if (xs[x].variant)
             setenv("WSYNC_CUDA_CE_SHARE", xs[x].variant, 1);
-        wsync_handle_t **kp = strncmp(xs[x].kind, "fast", 4) != 0 ? keep : keep_fast;
+        wsync_handle_t **kp = strcmp(xs[x].kind, "sync") == 0 ? keep : keep_fast;
         for (unsigned i = 0; i < WB_WARMUP + o->iters; i++) {
             double ms = wb_sync(&E, fd, &plan, 0, xs[x].nbuf, kp, &failures, xs[x].kind);
             if (i >= WB_WARMUP)
