@@ -20,14 +20,16 @@ static uint64_t allocation_bytes(const void *p)
 }
 
 /* Let the engine's stream write *consumed* into the control block itself (a stream memory
- * write after the copies; no host function stalls the stream). Without it (WSYNC_CUDA_CONSUMED
- * =host, or the driver refuses) a host function queued after the copies writes it. */
+ * write after the copies; no host function stalls the stream). With WSYNC_CUDA_CONSUMED=host, or
+ * when the driver refuses, a host function queued after the copies writes it. */
 static void control_for_the_gpu(wsync_cuda_mapping_t *m)
 {
     const char *v = getenv("WSYNC_CUDA_CONSUMED");
     void *d = NULL;
     if (v != NULL && strcmp(v, "host") == 0)
         return;
+    if (v != NULL && *v != '\0' && strcmp(v, "gpu") != 0)
+        WSYNC_LOG_WARN("WSYNC_CUDA_CONSUMED=\"%s\" is neither \"gpu\" nor \"host\": using gpu", v);
     if (cudaHostRegister(m->control, sizeof(*m->control),
                          cudaHostRegisterMapped | cudaHostRegisterPortable) != cudaSuccess) {
         (void)cudaGetLastError();
