@@ -5,10 +5,12 @@
  * host words (*ready*, *consumed*), is driven:
  *   gpu:    on the GPU, by stream memory operations on the words (cuStreamWaitValue32 /
  *           cuStreamWriteValue32): no host in the loop at all;
- *   host:   by the host, as the protocol does today: the producer waits for its kernel and bumps
- *           *ready*, the consumer spins on it and launches; *consumed* from a host function;
+ *   host:   by the host, as the protocol did before the engine's stream wrote *consumed* itself:
+ *           the producer waits for its kernel and bumps *ready*, the consumer spins on it and
+ *           launches; *consumed* from a host function;
  *   signal: the GPU writes both words (cuStreamWriteValue32 after each copy) and each host spins
- *           on the other side's word before it enqueues: no stream synchronize, no host function;
+ *           on the other side's word before it enqueues: no stream synchronize, no host function
+ *           (the protocol's *consumed* now travels this way);
  *   half:   the producer as in gpu (enqueues everything ahead, its stream waits on *consumed*),
  *           the consumer as in signal (its host spins on the GPU-written *ready*);
  * gpu and host with 1 and 2 buffers, signal and half with 2, against the same 2 x 16 copies run
@@ -229,7 +231,7 @@ static const char *wp_mode_name(wp_mode_t mode)
     case WP_GPU:
         return "GPU (stream memory operations)";
     case WP_HOST:
-        return "host (as the protocol)";
+        return "host (stream synchronize, host function)";
     case WP_SIGNAL:
         return "host waits on GPU-written words";
     case WP_HALF:
