@@ -82,7 +82,7 @@ wsync_result_t wsync_map_plan(const wsync_map_table_t *table, const wsync_engine
  * its first tensor came; names no rule matches keep their place among the parameters. A trainer
  * that stages a bucket in this order lets copies into fused parameters continue each other, which
  * the CUDA plugin joins into a few long copy-engine copies (docs/PERFORMANCE.md: MoE experts in
- * HF module order copy at 0.90 of one memcpy, in this order at 0.95-0.98). */
+ * HF module order copy at 0.88-0.90 of one memcpy, in this order at 0.95-0.98). */
 wsync_result_t wsync_map_order(const wsync_map_table_t *table, const char *const *names, size_t n,
                                size_t *order, wsync_error_t *err);
 
