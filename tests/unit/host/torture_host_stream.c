@@ -1,5 +1,6 @@
 /* Host streams: order, host callbacks, synchronize, joins, and the error rules (a failed
  * wait-ready skips the copies behind it; digest mismatches are reported, not hidden). */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -229,6 +230,34 @@ static void test_wait_ready_blocks_until_signal(void **state)
     test_free(ctl);
 }
 
+/* Stores a generation the way a GPU's stream memory write does: the word alone, no futex wake. */
+static void *store_consumed_later(void *arg)
+{
+    wsync_control_t *ctl = arg;
+    sleep_ms(5);
+    atomic_store(&ctl->consumed_generation, 1); /* within the wait's spinning span */
+    sleep_ms(60);
+    atomic_store(&ctl->consumed_generation, 2); /* past it: seen through the sleeping slices */
+    return NULL;
+}
+
+static void test_wait_sees_a_store_without_wake(void **state)
+{
+    (void)state;
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    wsync_control_t *ctl = new_control();
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, store_consumed_later, ctl), 0);
+    assert_int_equal(wsync_control_wait_consumed(ctl, 1, 5000, 0, &err), WSYNC_OK);
+    assert_int_equal(wsync_control_wait_consumed(ctl, 2, 5000, 0, &err), WSYNC_OK);
+    assert_int_equal(atomic_load(&ctl->consumed_seq), 0); /* nobody woke the futex */
+    assert_int_equal(pthread_join(t, NULL), 0);
+    /* and a generation nobody stores still times out, naming it */
+    assert_int_equal(wsync_control_wait_consumed(ctl, 3, 30, 0, &err), WSYNC_ERR_TIMEOUT);
+    assert_non_null(strstr(err.message, "generation 3"));
+    test_free(ctl);
+}
+
 static void test_peer_gone(void **state)
 {
     (void)state;
@@ -372,6 +401,7 @@ int main(void)
         cmocka_unit_test(test_copy_then_host_fn_sees_bytes),
         cmocka_unit_test(test_wait_ready_timeout_skips_copies),
         cmocka_unit_test(test_wait_ready_blocks_until_signal),
+        cmocka_unit_test(test_wait_sees_a_store_without_wake),
         cmocka_unit_test(test_peer_gone),
         cmocka_unit_test(test_digest_mismatch_reported),
         cmocka_unit_test(test_join),
