@@ -254,22 +254,9 @@ typedef struct wb_engine {
     void **groups; /* per engine parameter allocation (l.n_groups) */
 } wb_engine_t;
 
-static double wb_time_events(wb_engine_t *E, unsigned iters, void (*fn)(void *), void *arg)
+static double wb_time_events(wb_engine_t *E, unsigned iters, wh_timed_fn fn, void *arg)
 {
-    double *t = calloc(iters, sizeof(*t));
-    for (unsigned i = 0; i < WB_WARMUP + iters; i++) {
-        WB_CK(cudaEventRecord(E->e0, E->st));
-        fn(arg);
-        WB_CK(cudaEventRecord(E->e1, E->st));
-        WB_CK(cudaEventSynchronize(E->e1));
-        float ms;
-        WB_CK(cudaEventElapsedTime(&ms, E->e0, E->e1));
-        if (i >= WB_WARMUP)
-            t[i - WB_WARMUP] = ms;
-    }
-    double med = wh_median(t, iters);
-    free(t);
-    return med;
+    return wh_time_events("wsync-bench-cuda", E->e0, E->e1, E->st, WB_WARMUP, iters, fn, arg);
 }
 
 typedef struct wb_copy_arg {
@@ -289,43 +276,43 @@ typedef struct wb_copy_arg {
     uint64_t ce_bytes;
 } wb_copy_arg_t;
 
-static void wb_memcpy_whole(void *a)
+static void wb_memcpy_whole(void *a, cudaStream_t s)
 {
     wb_copy_arg_t *x = a;
-    WB_CK(cudaMemcpyAsync(x->dst, x->src, x->E->l.packed, cudaMemcpyDeviceToDevice, x->E->st));
+    WB_CK(cudaMemcpyAsync(x->dst, x->src, x->E->l.packed, cudaMemcpyDeviceToDevice, s));
 }
 
-static void wb_memcpy_each(void *a)
+static void wb_memcpy_each(void *a, cudaStream_t s)
 {
     wb_copy_arg_t *x = a;
     for (size_t i = 0; i < x->E->l.n; i++)
         WB_CK(cudaMemcpyAsync(x->E->dst[i], (unsigned char *)x->src + x->E->l.t[i].offset,
-                              x->E->l.t[i].bytes, cudaMemcpyDeviceToDevice, x->E->st));
+                              x->E->l.t[i].bytes, cudaMemcpyDeviceToDevice, s));
 }
 
-static void wb_plugin_copy(void *a)
+static void wb_plugin_copy(void *a, cudaStream_t s)
 {
     wb_copy_arg_t *x = a;
-    WB_OK(x->E->p->consumer->copy_weights(x->E->c, x->h, x->E->st, x->gen, x->ops, x->n_ops,
-                                          x->flags, err));
+    WB_OK(
+        x->E->p->consumer->copy_weights(x->E->c, x->h, s, x->gen, x->ops, x->n_ops, x->flags, err));
 }
 
-static void wb_kernel_copy(void *a)
+static void wb_kernel_copy(void *a, cudaStream_t s)
 {
     wb_copy_arg_t *x = a;
-    WB_CK(wsync_cuda_launch_copy(x->kops, (uint32_t)x->n_ops, x->chunks, NULL, 0, x->sm, &x->cfg,
-                                 x->E->st));
+    WB_CK(
+        wsync_cuda_launch_copy(x->kops, (uint32_t)x->n_ops, x->chunks, NULL, 0, x->sm, &x->cfg, s));
 }
 
-static void wb_mixed_copy(void *a)
+static void wb_mixed_copy(void *a, cudaStream_t s)
 {
     wb_copy_arg_t *x = a;
-    WB_CK(cudaEventRecord(x->fork, x->E->st));
+    WB_CK(cudaEventRecord(x->fork, s));
     WB_CK(cudaStreamWaitEvent(x->st2, x->fork, 0));
     WB_CK(cudaMemcpyAsync(x->dst, x->src, x->ce_bytes, cudaMemcpyDeviceToDevice, x->st2));
     WB_CK(cudaEventRecord(x->join, x->st2));
-    WB_CK(wsync_cuda_launch_copy(x->kops, 1, x->chunks, NULL, 0, x->sm, &x->cfg, x->E->st));
-    WB_CK(cudaStreamWaitEvent(x->E->st, x->join, 0));
+    WB_CK(wsync_cuda_launch_copy(x->kops, 1, x->chunks, NULL, 0, x->sm, &x->cfg, s));
+    WB_CK(cudaStreamWaitEvent(s, x->join, 0));
 }
 
 static void wb_row(const char *what, double ms, uint64_t bytes, double limit_ms, double each_ms)

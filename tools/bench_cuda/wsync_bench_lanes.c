@@ -108,22 +108,10 @@ static void wl_enqueue(wl_env_t *x, const wl_plan_t *p)
 }
 
 /* Median ms of one enqueue function over iters runs after warm-up. */
-typedef void (*wl_fn_t)(void *arg, cudaStream_t s);
-static double wl_time_fn(wl_env_t *x, wl_fn_t fn, void *arg)
+static double wl_time_fn(wl_env_t *x, wh_timed_fn fn, void *arg)
 {
-    double t[64];
-    unsigned n = x->iters > 64 ? 64 : x->iters;
-    for (unsigned i = 0; i < n + WL_WARMUP; i++) {
-        WL_CK(cudaEventRecord(x->e0, x->s0));
-        fn(arg, x->s0);
-        WL_CK(cudaEventRecord(x->e1, x->s0));
-        WL_CK(cudaEventSynchronize(x->e1));
-        float ms;
-        WL_CK(cudaEventElapsedTime(&ms, x->e0, x->e1));
-        if (i >= WL_WARMUP)
-            t[i - WL_WARMUP] = ms;
-    }
-    return wh_median(t, n);
+    return wh_time_events("wsync-bench-cuda --lanes", x->e0, x->e1, x->s0, WL_WARMUP,
+                          x->iters > 64 ? 64 : x->iters, fn, arg);
 }
 
 /* A plan enqueued each time, or (ge) the graph made of it launched. */

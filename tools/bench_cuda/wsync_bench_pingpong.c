@@ -258,6 +258,22 @@ static int wp_producer(wp_shared_t *sh)
     }
 }
 
+typedef struct wp_one {
+    wp_ctx_t *x;
+    int ce;
+} wp_one_t;
+
+/* The 16 stage copies and 16 engine copies alternating on x's stream (s). */
+static void wp_one_process(void *arg, cudaStream_t s)
+{
+    wp_one_t *o = arg;
+    (void)s; /* wp_copy enqueues on o->x->st, which is s */
+    for (int b = 0; b < WP_NB; b++) {
+        wp_copy(o->x, 2, b, o->ce);
+        wp_copy(o->x, 2, WP_NB + b, o->ce);
+    }
+}
+
 int wb_pingpong_main(unsigned iters)
 {
     wp_shared_t *sh = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -274,21 +290,11 @@ int wb_pingpong_main(unsigned iters)
     WP_CK(cudaEventCreate(&e1));
     /* one process: the 16 stage copies and 16 engine copies, alternating, no turn-taking;
      * by the kernel and by the copy engines */
-    double *t = calloc(iters + 2, sizeof(*t)), one[2];
+    double one[2];
     for (int ce = 0; ce < 2; ce++) {
-        for (unsigned i = 0; i < iters + 2; i++) {
-            WP_CK(cudaEventRecord(e0, x.st));
-            for (int b = 0; b < WP_NB; b++) {
-                wp_copy(&x, 2, b, ce);
-                wp_copy(&x, 2, WP_NB + b, ce);
-            }
-            WP_CK(cudaEventRecord(e1, x.st));
-            WP_CK(cudaEventSynchronize(e1));
-            float ms;
-            WP_CK(cudaEventElapsedTime(&ms, e0, e1));
-            t[i] = ms;
-        }
-        one[ce] = wh_median(t + 2, iters);
+        wp_one_t arg = {&x, ce};
+        one[ce] = wh_time_events("wsync-bench-cuda --pingpong", e0, e1, x.st, 2, iters,
+                                 wp_one_process, &arg);
     }
     printf("wsync-bench-cuda --pingpong: 16 x 1 GiB stage copies + 16 x 1 GiB engine copies "
            "(median of %u after warm-up)\n",
@@ -325,6 +331,5 @@ int wb_pingpong_main(unsigned iters)
                wp_trials[k].ce ? "copy engines" : "copy kernel", wp_mode_name(wp_trials[k].mode),
                wp_trials[k].nbuf, wp_trials[k].nbuf > 1 ? "s" : "", best[k],
                best[k] / one[wp_trials[k].ce]);
-    free(t);
     return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
 }

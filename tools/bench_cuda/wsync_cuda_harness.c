@@ -162,3 +162,26 @@ double wh_median(double *v, unsigned n)
     qsort(v, n, sizeof(*v), wh_cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
+
+double wh_time_events(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaStream_t s,
+                      unsigned warmup, unsigned iters, wh_timed_fn fn, void *arg)
+{
+    double *t = calloc(iters, sizeof(*t));
+    if (t == NULL) {
+        fprintf(stderr, "%s: out of memory\n", who);
+        exit(1);
+    }
+    for (unsigned i = 0; i < warmup + iters; i++) {
+        WH_CK(who, cudaEventRecord(e0, s));
+        fn(arg, s);
+        WH_CK(who, cudaEventRecord(e1, s));
+        WH_CK(who, cudaEventSynchronize(e1));
+        float ms;
+        WH_CK(who, cudaEventElapsedTime(&ms, e0, e1));
+        if (i >= warmup)
+            t[i - warmup] = ms;
+    }
+    double med = wh_median(t, iters);
+    free(t);
+    return med;
+}

@@ -51,6 +51,11 @@ void wh_cuda_die(const char *who, const char *file, int line, const char *call, 
 double wh_now_ms(void);
 /* Median of v[0..n) (sorts v in place); n > 0. */
 double wh_median(double *v, unsigned n);
+/* Median ms, by events e0 and e1 recorded on s around fn(arg, s), of `iters` calls (> 0) after
+ * `warmup` more. A failed CUDA call ends the program, naming `who`. */
+typedef void (*wh_timed_fn)(void *arg, cudaStream_t s);
+double wh_time_events(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaStream_t s,
+                      unsigned warmup, unsigned iters, wh_timed_fn fn, void *arg);
 
 /* Device helpers, enqueued on `s`. Word i of a filled buffer is mix(seed + i); bytes past the
  * last full word are the low bytes of the next word. */
