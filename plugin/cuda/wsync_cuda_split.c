@@ -64,7 +64,7 @@ static size_t take(const wsync_cuda_groups_t *g, int *lane, uint64_t target, uin
         const uint64_t floor = classes[k] > min_bytes ? classes[k] : min_bytes;
         for (size_t i = 0; i < g->n && *taken < target; i++) {
             const uint64_t b = group_bytes(&g->g[i]);
-            if (lane[i] >= 0 || b < floor || b == 0)
+            if (lane[i] >= 0 || b < floor)
                 continue;
             lane[i] = 0;
             *taken += b;
