@@ -196,10 +196,15 @@ static int wsync_lora_trainer_sync(wsync_lora_trainer_t *t, unsigned k)
     rc = s->cops->parse_manifest(s->c, json, strlen(json), &m, &err);
     if (rc != WSYNC_OK)
         return wsync_cli_report("trainer", "parse_manifest of our own manifest", rc, &err);
+    /* by name: the plugin packs the engine's fused modules side by side (wsync_pack_order) */
+    bad += m->n_tensors != 2 * s->lora.n;
     for (size_t i = 0; i < m->n_tensors; i++) {
+        size_t j = 0;
+        while (j < 2 * s->lora.n && strcmp(m->tensors[i].name, t->stage[j].name) != 0)
+            j++;
         moved += m->tensors[i].nbytes;
-        bad += i >= 2 * s->lora.n || strcmp(m->tensors[i].name, t->stage[i].name) != 0 ||
-               !m->tensors[i].has_digest || m->tensors[i].digest != t->expected[i];
+        bad += j == 2 * s->lora.n || !m->tensors[i].has_digest ||
+               m->tensors[i].digest != t->expected[j];
     }
     s->cops->manifest_free(s->c, m);
     if (bad) {

@@ -8,6 +8,7 @@
 #include "wsync_dtype.h"
 #include "wsync_error.h"
 #include "wsync_manifest.h"
+#include "wsync_pack_order.h"
 
 /* "[4, 4096]" into buf; truncated with "..." if it does not fit. */
 static const char *wsync_shape_str(uint32_t ndim, const int64_t *shape, char *buf, size_t cap)
@@ -96,34 +97,54 @@ wsync_result_t wsync_layout_build(const wsync_stage_tensor_t *t, size_t n, uint6
     wsync_result_t r;
     uint64_t used = 0;
     size_t names_len = 0;
+    char *names = NULL;
 
     if (out == NULL || (n > 0 && t == NULL))
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "tensors and out must not be NULL");
     memset(out, 0, sizeof(*out));
 
     wsync_tensor_desc_t *desc = calloc(n ? n : 1, sizeof(*desc));
-    if (desc == NULL)
-        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "cannot allocate %zu descriptors", n);
-
-    for (size_t i = 0; i < n; i++) {
-        uint64_t nbytes, offset;
-        if ((r = wsync_layout_check(&t[i], i, &nbytes, err)) != WSYNC_OK)
+    uint64_t *bytes = calloc(n ? n : 1, sizeof(*bytes));
+    size_t *from = calloc(n ? n : 1, sizeof(*from));
+    if (desc == NULL || bytes == NULL || from == NULL) {
+        r = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "cannot allocate %zu descriptors", n);
+        goto fail;
+    }
+    for (size_t i = 0; i < n; i++) { /* checked in the caller's order: errors name its index */
+        if ((r = wsync_layout_check(&t[i], i, &bytes[i], err)) != WSYNC_OK)
             goto fail;
+        names_len += strlen(t[i].name) + 1;
+    }
+    if ((r = wsync_layout_dups(t, n, err)) != WSYNC_OK)
+        goto fail;
+    if ((r = wsync_pack_order(t, n, from, err)) != WSYNC_OK)
+        goto fail;
+    names = malloc(names_len ? names_len : 1);
+    if (names == NULL) {
+        r = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of names",
+                       names_len);
+        goto fail;
+    }
+    char *w = names;
+    for (size_t k = 0; k < n; k++) {
+        const size_t i = from[k];
+        uint64_t offset;
         if (__builtin_add_overflow(used, (uint64_t)WSYNC_LAYOUT_ALIGN - 1, &offset) ||
-            __builtin_add_overflow(offset & ~(uint64_t)(WSYNC_LAYOUT_ALIGN - 1), nbytes, &used)) {
+            __builtin_add_overflow(offset & ~(uint64_t)(WSYNC_LAYOUT_ALIGN - 1), bytes[i], &used)) {
             r = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_BOUNDS,
                            "tensor %zu (\"%.80s\"): packed offset overflows 64 bits", i, t[i].name);
             goto fail;
         }
-        offset &= ~(uint64_t)(WSYNC_LAYOUT_ALIGN - 1);
-        desc[i].struct_size = sizeof(desc[i]);
-        desc[i].name = t[i].name;
-        desc[i].dtype = t[i].dtype;
-        desc[i].ndim = t[i].ndim;
-        memcpy(desc[i].shape, t[i].shape, t[i].ndim * sizeof(t[i].shape[0]));
-        desc[i].offset = offset;
-        desc[i].nbytes = nbytes;
-        names_len += strlen(t[i].name) + 1;
+        size_t len = strlen(t[i].name) + 1;
+        memcpy(w, t[i].name, len);
+        desc[k].struct_size = sizeof(desc[k]);
+        desc[k].name = w;
+        desc[k].dtype = t[i].dtype;
+        desc[k].ndim = t[i].ndim;
+        memcpy(desc[k].shape, t[i].shape, t[i].ndim * sizeof(t[i].shape[0]));
+        desc[k].offset = offset & ~(uint64_t)(WSYNC_LAYOUT_ALIGN - 1);
+        desc[k].nbytes = bytes[i];
+        w += len;
     }
     if (used > capacity) {
         r = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_BOUNDS,
@@ -133,29 +154,18 @@ wsync_result_t wsync_layout_build(const wsync_stage_tensor_t *t, size_t n, uint6
                        (unsigned long long)capacity, (unsigned long long)used);
         goto fail;
     }
-    if ((r = wsync_layout_dups(t, n, err)) != WSYNC_OK)
-        goto fail;
-
-    char *names = malloc(names_len ? names_len : 1);
-    if (names == NULL) {
-        r = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of names",
-                       names_len);
-        goto fail;
-    }
-    char *w = names;
-    for (size_t i = 0; i < n; i++) {
-        size_t len = strlen(t[i].name) + 1;
-        memcpy(w, t[i].name, len);
-        desc[i].name = w;
-        w += len;
-    }
+    free(bytes);
     out->n = n;
     out->tensors = desc;
+    out->from = from;
     out->names = names;
     out->used = used;
     return WSYNC_OK;
 fail:
     free(desc);
+    free(bytes);
+    free(from);
+    free(names);
     return r;
 }
 
@@ -173,17 +183,18 @@ wsync_result_t wsync_layout_compare(const wsync_layout_t *retained, const wsync_
                           next->n, retained->n);
     for (size_t i = 0; i < next->n; i++) {
         const wsync_tensor_desc_t *r = &retained->tensors[i], *t = &next->tensors[i];
+        const size_t at = next->from != NULL ? next->from[i] : i; /* the caller's index */
         if (strcmp(r->name, t->name) != 0)
             return WSYNC_FAIL(err, WSYNC_ERR_LAYOUT_MISMATCH,
-                              "tensor %zu: name \"%.100s\" differs from the retained \"%.100s\"", i,
-                              t->name, r->name);
+                              "tensor %zu: name \"%.100s\" differs from the retained \"%.100s\"",
+                              at, t->name, r->name);
         if (r->dtype != t->dtype)
             return WSYNC_FAIL(err, WSYNC_ERR_LAYOUT_MISMATCH,
-                              "tensor %zu (\"%.100s\"): dtype %s differs from the retained %s", i,
+                              "tensor %zu (\"%.100s\"): dtype %s differs from the retained %s", at,
                               t->name, wsync_dtype_name(t->dtype), wsync_dtype_name(r->dtype));
         if (r->ndim != t->ndim || memcmp(r->shape, t->shape, t->ndim * sizeof(t->shape[0])) != 0)
             return WSYNC_FAIL(err, WSYNC_ERR_LAYOUT_MISMATCH,
-                              "tensor %zu (\"%.100s\"): shape %s differs from the retained %s", i,
+                              "tensor %zu (\"%.100s\"): shape %s differs from the retained %s", at,
                               t->name, wsync_shape_str(t->ndim, t->shape, a, sizeof(a)),
                               wsync_shape_str(r->ndim, r->shape, b, sizeof(b)));
     }
@@ -195,6 +206,7 @@ void wsync_layout_free(wsync_layout_t *l)
     if (l == NULL)
         return;
     free(l->tensors);
+    free(l->from);
     free(l->names);
     memset(l, 0, sizeof(*l));
 }

@@ -8,12 +8,15 @@
 
 typedef struct wsync_layout {
     size_t n;
-    wsync_tensor_desc_t *tensors; /* offsets packed at WSYNC_LAYOUT_ALIGN; has_digest 0 */
+    wsync_tensor_desc_t *tensors; /* in packing order, offsets rising at WSYNC_LAYOUT_ALIGN;
+                                   * has_digest 0 */
+    size_t *from;                 /* tensors[k] is the caller's tensor from[k] */
     char *names;                  /* owned copies of the names */
     uint64_t used;                /* bytes up to the end of the last tensor */
 } wsync_layout_t;
 
-/* Pack `t` back to back. Refuses (clear message) empty/duplicate names, unknown dtypes,
+/* Pack `t` back to back in wsync_pack_order's order (the engine's fused parameters side by
+ * side). Refuses (clear message) empty/duplicate names, unknown dtypes,
  * bad shapes, a NULL src with non-zero size, and a bucket larger than `capacity`. */
 wsync_result_t wsync_layout_build(const wsync_stage_tensor_t *t, size_t n, uint64_t capacity,
                                   wsync_layout_t *out, wsync_error_t *err);

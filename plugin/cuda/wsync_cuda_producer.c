@@ -191,7 +191,7 @@ static wsync_result_t stage_body(struct wsync_staging *s, cudaStream_t st,
     wsync_cuda_op_t *table = (wsync_cuda_op_t *)s->table_host;
     uint64_t chunks = 0;
     for (size_t i = 0; i < n; i++)
-        chunks += wsync_cuda_plan_op(&table[i], t[i].src, s->dev + lay.tensors[i].offset,
+        chunks += wsync_cuda_plan_op(&table[i], t[lay.from[i]].src, s->dev + lay.tensors[i].offset,
                                      lay.tensors[i].nbytes, lay.tensors[i].nbytes, 1,
                                      lay.tensors[i].nbytes, 1, chunks);
     const size_t ops = wsync_cuda_slot_ops_bytes(n);

@@ -133,7 +133,7 @@ wsync_result_t wsync_host_stage(struct wsync_staging *s, wsync_stream_t stream,
     const int digests = (s->flags & WSYNC_STAGING_NO_DIGESTS) == 0;
     for (size_t i = 0; i < n; i++) {
         copies[i] = (wsync_host_stage_copy_t){
-            .src = tensors[i].src,
+            .src = tensors[next.from[i]].src,
             .dst = s->data + next.tensors[i].offset,
             .nbytes = next.tensors[i].nbytes,
             .digest = digests ? &s->layout.tensors[i].digest : NULL,

@@ -24,6 +24,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,10 +100,7 @@ static void wb_stage_pieces(const wsync_plugin_t *p, wsync_staging_t *s, cudaStr
     for (size_t k = 0; k < bk->count; k++) {
         const wb_piece_t *pc = &plan->p[bk->first + k];
         const wb_tensor_t *x = &l->t[pc->tensor];
-        if (pc->r0 == 0 && pc->rows == x->rows)
-            snprintf(names[k], sizeof(names[k]), "%s", x->name);
-        else
-            snprintf(names[k], sizeof(names[k]), "%s@%lld", x->name, (long long)pc->r0);
+        wb_piece_name(l, pc, names[k], sizeof(names[k]));
         t[k].struct_size = sizeof(t[k]);
         t[k].name = names[k];
         t[k].dtype = WSYNC_DTYPE_BF16;
@@ -333,19 +331,31 @@ static unsigned long long wb_count_bad(wb_engine_t *E, unsigned long long *bad_d
     return bad;
 }
 
-/* ops of bucket b of `plan` against the parsed manifest m (pieces in order, names checked) */
-static wsync_copy_op_t *wb_bucket_ops(wb_engine_t *E, const wb_plan_t *plan, size_t b,
+/* ops of bucket b of `plan` against the parsed manifest m: the producer packs in its own order
+ * (the engine's fused parameters side by side), so pieces are found by name on a bucket's first
+ * sight and checked after */
+static wsync_copy_op_t *wb_bucket_ops(wb_engine_t *E, wb_plan_t *plan, size_t b,
                                       const wsync_manifest_t *m)
 {
     const wb_bucket_t *bk = &plan->b[b];
-    if (m->n_tensors != bk->count) {
-        fprintf(stderr, "wsync-bench-cuda: bucket %zu has %zu tensors, manifest %zu\n", b,
-                bk->count, m->n_tensors);
-        exit(1);
+    char why[256];
+    if (m->n_tensors != bk->count || plan->at == NULL ||
+        (bk->count > 0 && plan->at[bk->first] == SIZE_MAX)) {
+        const char **names = calloc(m->n_tensors ? m->n_tensors : 1, sizeof(*names));
+        for (size_t k = 0; names != NULL && k < m->n_tensors; k++)
+            names[k] = m->tensors[k].name;
+        int rc = names != NULL
+                     ? wb_plan_learn(&E->l, plan, b, names, m->n_tensors, why, sizeof(why))
+                     : (snprintf(why, sizeof(why), "no memory"), -1);
+        free(names);
+        if (rc != 0) {
+            fprintf(stderr, "wsync-bench-cuda: %s\n", why);
+            exit(1);
+        }
     }
     wsync_copy_op_t *ops = calloc(bk->count, sizeof(*ops));
     for (size_t k = 0; k < bk->count; k++) {
-        const wb_piece_t *pc = &plan->p[bk->first + k];
+        const wb_piece_t *pc = &plan->p[plan->at[bk->first + k]];
         const wb_tensor_t *x = &E->l.t[pc->tensor];
         if (strncmp(m->tensors[k].name, x->name, strlen(x->name)) != 0) {
             fprintf(stderr, "wsync-bench-cuda: manifest tensor %s is not %s\n", m->tensors[k].name,
@@ -369,7 +379,7 @@ static wsync_copy_op_t *wb_bucket_ops(wb_engine_t *E, const wb_plan_t *plan, siz
  * engine stream has finished the last copy. */
 static double wb_ct[6]; /* consumer host ms: recv, parse, open, copy, record, close+ack */
 
-static double wb_sync(wb_engine_t *E, int fd, const wb_plan_t *plan, uint32_t flags, int nbuf,
+static double wb_sync(wb_engine_t *E, int fd, wb_plan_t *plan, uint32_t flags, int nbuf,
                       wsync_handle_t **keep, int *digest_failures, const char *kind)
 {
     double t0 = wh_now_ms();

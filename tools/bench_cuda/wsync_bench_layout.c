@@ -243,7 +243,69 @@ oom:
 
 void wb_plan_free(wb_plan_t *p)
 {
+    free(p->at);
     free(p->p);
     free(p->b);
     memset(p, 0, sizeof(*p));
+}
+
+void wb_piece_name(const wb_layout_t *l, const wb_piece_t *pc, char *buf, size_t cap)
+{
+    const wb_tensor_t *x = &l->t[pc->tensor];
+    if (pc->r0 == 0 && pc->rows == x->rows)
+        snprintf(buf, cap, "%s", x->name);
+    else
+        snprintf(buf, cap, "%s@%lld", x->name, (long long)pc->r0);
+}
+
+typedef struct wb_named {
+    char name[128];
+    size_t piece;
+} wb_named_t;
+
+static int wb_by_name(const void *a, const void *b)
+{
+    return strcmp(((const wb_named_t *)a)->name, ((const wb_named_t *)b)->name);
+}
+
+int wb_plan_learn(const wb_layout_t *l, wb_plan_t *p, size_t b, const char *const *names, size_t n,
+                  char *why, size_t cap)
+{
+    const wb_bucket_t *bk = &p->b[b];
+    if (n != bk->count) {
+        snprintf(why, cap, "bucket %zu has %zu tensors, the manifest %zu", b, bk->count, n);
+        return -1;
+    }
+    if (p->at == NULL) {
+        p->at = malloc((p->np ? p->np : 1) * sizeof(*p->at));
+        if (p->at == NULL) {
+            snprintf(why, cap, "no memory for %zu pieces", p->np);
+            return -1;
+        }
+        memset(p->at, 0xFF, (p->np ? p->np : 1) * sizeof(*p->at));
+    }
+    wb_named_t *s = calloc(n ? n : 1, sizeof(*s));
+    if (s == NULL) {
+        snprintf(why, cap, "no memory for %zu names", n);
+        return -1;
+    }
+    for (size_t j = 0; j < n; j++) {
+        wb_piece_name(l, &p->p[bk->first + j], s[j].name, sizeof(s[j].name));
+        s[j].piece = bk->first + j;
+    }
+    qsort(s, n, sizeof(*s), wb_by_name);
+    int rc = 0;
+    for (size_t k = 0; k < n && rc == 0; k++) {
+        wb_named_t key;
+        snprintf(key.name, sizeof(key.name), "%s", names[k]);
+        const wb_named_t *hit = bsearch(&key, s, n, sizeof(*s), wb_by_name);
+        if (hit == NULL) {
+            snprintf(why, cap, "manifest tensor %s is no piece of bucket %zu", names[k], b);
+            rc = -1;
+        } else {
+            p->at[bk->first + k] = hit->piece;
+        }
+    }
+    free(s);
+    return rc;
 }

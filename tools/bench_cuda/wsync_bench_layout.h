@@ -37,6 +37,8 @@ typedef struct wb_bucket {
 typedef struct wb_plan {
     wb_piece_t *p;
     size_t np;
+    size_t *at; /* per bucket slot k: the piece the manifest's k-th tensor is (SIZE_MAX: not
+                 * yet seen; the producer packs in its own order, wb_plan_learn) */
     wb_bucket_t *b;
     size_t nb;
 } wb_plan_t;
@@ -57,5 +59,12 @@ int wb_layout_group(wb_layout_t *l, int fused);
  * rows. */
 int wb_plan_build(const wb_layout_t *l, uint64_t bucket_bytes, wb_plan_t *out);
 void wb_plan_free(wb_plan_t *p);
+/* The name a piece is staged under: the tensor's, with "@r0" for a slice from row r0 > 0 or a
+ * slice that is not the whole tensor. */
+void wb_piece_name(const wb_layout_t *l, const wb_piece_t *pc, char *buf, size_t cap);
+/* Learns at[] of bucket b from the manifest's names (count of them: n); -1 naming the first name
+ * that is no piece of the bucket, in why. */
+int wb_plan_learn(const wb_layout_t *l, wb_plan_t *p, size_t b, const char *const *names, size_t n,
+                  char *why, size_t cap);
 
 #endif

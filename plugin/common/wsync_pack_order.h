@@ -1,0 +1,23 @@
+/* The order a bucket is packed in: the tensors an engine fuses into one parameter side by side,
+ * in the order the engine holds them, so that the engine's copies continue each other. */
+#ifndef WSYNC_COMMON_PACK_ORDER_H
+#define WSYNC_COMMON_PACK_ORDER_H
+
+#include <stddef.h>
+
+#include "wsync_abi.h"
+
+/* Fills order[k] with the input index packed k-th. Names of the HF convention that SGLang, vLLM
+ * and LMDeploy fuse are grouped where the first of them comes:
+ *   X.q_proj.S, X.k_proj.S, X.v_proj.S               -> q, k, v            (qkv_proj)
+ *   X.gate_proj.S, X.up_proj.S                       -> gate, up           (gate_up_proj)
+ *   X.experts.E.{gate_proj|w1, up_proj|w3}.S         -> by expert: gate, up (w13, expert-major)
+ *   X.experts.E.{down_proj|w2}.S                     -> by expert          (w2)
+ * Every other tensor keeps its place among the groups. Stable and O(n log n).
+ * WSYNC_PACK_ORDER=given keeps the caller's order (order[k] = k); any value other than "given"
+ * or "engine" is named in a warning and the engine order is used.
+ * INVALID_ARGUMENT for NULL arrays with n > 0; OUT_OF_MEMORY if the keys cannot be allocated. */
+wsync_result_t wsync_pack_order(const wsync_stage_tensor_t *t, size_t n, size_t *order,
+                                wsync_error_t *err);
+
+#endif
