@@ -767,6 +767,7 @@ static int wb_consumer_main(const wb_opts_t *o)
         {"sync", 2, "0", "digests, both kernels alone"},
         {"fastk", 2, "0", "no digests, both kernels alone"},
         {"fastk", 2, NULL, "no digests, stage kernel alone, copy with copy-engine share"},
+        {"fast", 4, NULL, "no digests, publish never waits: the trainer 3 buckets ahead"},
     };
     double ms_x[sizeof(xs) / sizeof(xs[0])];
     for (size_t x = 0; x < sizeof(xs) / sizeof(xs[0]); x++) {
