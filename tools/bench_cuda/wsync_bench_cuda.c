@@ -182,11 +182,7 @@ static int wb_producer_main(const wb_opts_t *o)
         /* "fastkN": the no-digest set staged by the kernel alone (no copy-engine share) */
         int kernel_only = strncmp(m, "fastk", 5) == 0;
         int fast = strncmp(m, "fast", 4) == 0;
-        /* "groupN": N buffers taken in turns as a group (below) */
-        int group = strncmp(m, "group", 5) == 0;
-        int nbuf = strncmp(m, "sync", 4) == 0 || fast ? atoi(m + (kernel_only ? 5 : 4))
-                   : group                            ? atoi(m + 5)
-                                                      : 1;
+        int nbuf = strncmp(m, "sync", 4) == 0 || fast ? atoi(m + (kernel_only ? 5 : 4)) : 1;
         if (kernel_only)
             setenv("WSYNC_CUDA_CE_SHARE", "0", 1);
         else
@@ -198,34 +194,7 @@ static int wb_producer_main(const wb_opts_t *o)
         if (quit)
             break;
         syncs++;
-        /* Turns: the trainer waits until the engine has consumed its whole last group, stages
-         * the next N buckets back to back, and only then publishes them, so the GPU runs N
-         * stages, then N copies: two contexts that take 2 * buckets / N turns, not 2 * buckets
-         * (one GPU time-slices between processes). */
-        for (size_t g0 = 0; group && g0 < plan.nb; g0 += (size_t)nbuf) {
-            const size_t g1 = g0 + (size_t)nbuf < plan.nb ? g0 + (size_t)nbuf : plan.nb;
-            const char *js[WB_MAX_BUF];
-            double t0 = wh_now_ms();
-            for (size_t b = g0; b < g1; b++)
-                if (last[b % nbuf] > 0)
-                    WB_OK(p->producer->wait_consumed(sg[b % nbuf], st, last[b % nbuf], err));
-            double t1 = wh_now_ms();
-            for (size_t b = g0; b < g1; b++)
-                wb_stage_pieces(p, sg[b % nbuf], st, &l, &plan, b, trainer);
-            double t2 = wh_now_ms();
-            for (size_t b = g0; b < g1; b++)
-                WB_OK(p->producer->publish(sg[b % nbuf], st, b + 1 == plan.nb, &js[b - g0],
-                                           &last[b % nbuf], err));
-            double t3 = wh_now_ms();
-            for (size_t b = g0; b < g1; b++)
-                wh_send_str(o->fd, js[b - g0]);
-            tw += t1 - t0, ts += t2 - t1, tp += t3 - t2, ta += wh_now_ms() - t3;
-        }
-        for (size_t b = 0; group && b < plan.nb; b++) {
-            wb_recv_expect(o->fd, "ack", &m);
-            free(m);
-        }
-        for (size_t b = 0; !group && b < plan.nb; b++) {
+        for (size_t b = 0; b < plan.nb; b++) {
             wsync_staging_t *s = sg[set + b % nbuf];
             uint64_t *lg = &last[set + b % nbuf];
             double t0 = wh_now_ms();
@@ -244,7 +213,7 @@ static int wb_producer_main(const wb_opts_t *o)
             double t4 = wh_now_ms();
             tw += t1 - t0, ts += t2 - t1, tp += t3 - t2, ta += t4 - t3;
         }
-        if (nbuf > 1 && !group)
+        if (nbuf > 1)
             for (size_t b = 0; b + 1 < plan.nb; b++) {
                 wb_recv_expect(o->fd, "ack", &m);
                 free(m);
@@ -799,14 +768,12 @@ static int wb_consumer_main(const wb_opts_t *o)
         {"fastk", 2, "0", "no digests, both kernels alone"},
         {"fastk", 2, NULL, "no digests, stage kernel alone, copy with copy-engine share"},
         {"fast", 4, NULL, "no digests, publish never waits: the trainer 3 buckets ahead"},
-        {"group", 2, NULL, "digests, the trainer's 2 buckets, then the engine's 2 in turn"},
-        {"group", 4, NULL, "digests, the trainer's 4 buckets, then the engine's 4 in turn"},
     };
     double ms_x[sizeof(xs) / sizeof(xs[0])];
     for (size_t x = 0; x < sizeof(xs) / sizeof(xs[0]); x++) {
         if (xs[x].variant)
             setenv("WSYNC_CUDA_CE_SHARE", xs[x].variant, 1);
-        wsync_handle_t **kp = strncmp(xs[x].kind, "fast", 4) == 0 ? keep_fast : keep;
+        wsync_handle_t **kp = strcmp(xs[x].kind, "sync") == 0 ? keep : keep_fast;
         for (unsigned i = 0; i < WB_WARMUP + o->iters; i++) {
             double ms = wb_sync(&E, fd, &plan, 0, xs[x].nbuf, kp, &failures, xs[x].kind);
             if (i >= WB_WARMUP)
