@@ -379,10 +379,10 @@ static wsync_result_t staging_wait_consumed(struct wsync_staging *s, wsync_strea
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "wait_consumed(%llu): only generations 1..%llu were published",
                           (unsigned long long)generation, (unsigned long long)s->generation);
-    /* The consumer's stream bumps the control word once its copies are done (a host function
-     * queued after them): this bounded host wait covers them, so any GPU work enqueued after it
-     * is ordered after the copies, and it reports a consumer that died mid-copy (PEER_GONE) or
-     * stalls (TIMEOUT). */
+    /* The consumer's stream bumps the control word once its copies are done (a stream memory
+     * write after them, or a host function): this bounded host wait covers them, so any GPU work
+     * enqueued after it is ordered after the copies, and it reports a consumer that died mid-copy
+     * (PEER_GONE) or stalls (TIMEOUT). */
     (void)stream;
     wsync_result_t rc = wsync_control_wait_consumed(s->control, generation, s->timeout_ms,
                                                     atomic_load(&s->control->consumer_pid), err);
