@@ -366,7 +366,9 @@ typedef struct wsync_producer_v1 {
                              wsync_error_v1_t *err);
 
     /* Start a new bucket: pack `tensors` back to back (256-byte aligned) into the staging buffer
-     * with stream-ordered copies on `stream`, computing wsync64 digests. The caller must have
+     * with stream-ordered copies on `stream`, computing wsync64 digests. The packing order puts
+     * the tensors of one fused engine parameter side by side (docs/ABI.md, "Packing order"); the
+     * manifest lists them in that order. The caller must have
      * waited for *consumed* of the previous generation (wait_consumed) before calling.
      * With WSYNC_STAGING_FIXED_LAYOUT, names/dtypes/shapes must equal the first bucket's
      * (LAYOUT_MISMATCH otherwise, nothing written). Non-blocking on CUDA. */
