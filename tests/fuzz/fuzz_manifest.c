@@ -2,12 +2,16 @@
  * Invariants checked on every manifest the parser accepts (the promises of wsync_manifest.h):
  * names non-empty, unique, <= WSYNC_MANIFEST_MAX_NAME; nbytes == dtype size x prod(shape);
  * offset + nbytes <= buffer bytes without overflow; ndim <= WSYNC_MAX_DIMS; then
- * emit(parse(x)) parses back to an equal manifest and emits the same text again.
+ * emit(parse(x)) parses back to an equal manifest and emits the same text again, the same
+ * bytes as jansson's own compact dump of that text.
  * Differential (wsync_manifest_cache.h): the cached parse gives the full parse's code, message
  * and manifest for x, for x used as the head in front of a cached canonical tail, and, once x
  * itself is cached, for a canonical head in front of x's tail. */
 #define _GNU_SOURCE /* memmem */
+#include <stdlib.h>
 #include <string.h>
+
+#include <jansson.h>
 
 #include "wsync_dtype.h"
 #include "wsync_fuzz.h"
@@ -200,6 +204,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     check_equal(&m->view, &m2->view);
     WSYNC_FUZZ_CHECK(wsync_manifest_emit(&m2->view, &text2, &err) == WSYNC_OK);
     WSYNC_FUZZ_CHECK(strcmp(text, text2) == 0);
+    /* The tensors array is written by hand: jansson, loading it and dumping it compact, must
+     * write the same bytes. */
+    json_t *jroot = json_loads(text, 0, NULL);
+    WSYNC_FUZZ_CHECK(jroot != NULL);
+    char *jtext = json_dumps(jroot, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    WSYNC_FUZZ_CHECK(jtext != NULL && strcmp(jtext, text) == 0);
+    free(jtext);
+    json_decref(jroot);
 
     /* A prefix of valid JSON must be refused cleanly (truncated transport). */
     size_t cut = strlen(text) / 2;
