@@ -4,13 +4,11 @@
 
 #include "wsync_host_error.h"
 #include "wsync_mapping.h"
+#include "wsync_pack_order.h"
 
 typedef struct wsync_order_key {
-    const char *param; /* engine parameter name (resolved) or the HF name itself */
-    size_t rank;       /* first input index of a tensor of that parameter */
-    int64_t expert;    /* -1 outside an expert stack */
-    int part;          /* wsync_map_part_t: q < k < v, gate < up, w1 < w3 */
-    size_t index;      /* input index */
+    wsync_order_place_t at; /* first: sorted by wsync_order_place_cmp; part: wsync_map_part_t */
+    const char *param;      /* engine parameter name (resolved) or the HF name itself */
 } wsync_order_key_t;
 
 static int wsync_order_by_param(const void *a, const void *b)
@@ -18,19 +16,7 @@ static int wsync_order_by_param(const void *a, const void *b)
     const wsync_order_key_t *x = *(const wsync_order_key_t *const *)a;
     const wsync_order_key_t *y = *(const wsync_order_key_t *const *)b;
     int c = strcmp(x->param, y->param);
-    return c != 0 ? c : (x->index > y->index) - (x->index < y->index);
-}
-
-static int wsync_order_by_key(const void *a, const void *b)
-{
-    const wsync_order_key_t *x = a, *y = b;
-    if (x->rank != y->rank)
-        return x->rank < y->rank ? -1 : 1;
-    if (x->expert != y->expert)
-        return x->expert < y->expert ? -1 : 1;
-    if (x->part != y->part)
-        return x->part < y->part ? -1 : 1;
-    return (x->index > y->index) - (x->index < y->index);
+    return c != 0 ? c : (x->at.index > y->at.index) - (x->at.index < y->at.index);
 }
 
 wsync_result_t wsync_map_order(const wsync_map_table_t *table, const char *const *names, size_t n,
@@ -52,12 +38,12 @@ wsync_result_t wsync_map_order(const wsync_map_table_t *table, const char *const
     for (size_t i = 0; i < n; i++) {
         wsync_map_target_t tg;
         wsync_error_t quiet = {.struct_size = sizeof(quiet)};
-        k[i] = (wsync_order_key_t){.param = names[i], .expert = -1, .index = i};
+        k[i] = (wsync_order_key_t){.at = {.expert = -1, .index = i}, .param = names[i]};
         if (names[i] != NULL && wsync_map_resolve(table, names[i], &tg, &quiet) == WSYNC_OK) {
             memcpy(param[i], tg.engine_name, sizeof(param[i]));
             k[i].param = param[i];
-            k[i].expert = tg.expert;
-            k[i].part = (int)tg.rule->part;
+            k[i].at.expert = tg.expert;
+            k[i].at.part = (int)tg.rule->part;
         } else if (names[i] == NULL) {
             k[i].param = "";
         }
@@ -66,11 +52,11 @@ wsync_result_t wsync_map_order(const wsync_map_table_t *table, const char *const
     /* each parameter ranks where its first tensor came */
     qsort(by, n, sizeof(*by), wsync_order_by_param);
     for (size_t i = 0; i < n; i++)
-        by[i]->rank =
-            i > 0 && strcmp(by[i]->param, by[i - 1]->param) == 0 ? by[i - 1]->rank : by[i]->index;
-    qsort(k, n, sizeof(*k), wsync_order_by_key);
+        by[i]->at.rank = i > 0 && strcmp(by[i]->param, by[i - 1]->param) == 0 ? by[i - 1]->at.rank
+                                                                              : by[i]->at.index;
+    qsort(k, n, sizeof(*k), wsync_order_place_cmp);
     for (size_t i = 0; i < n; i++)
-        order[i] = k[i].index;
+        order[i] = k[i].at.index;
     free(k), free(by), free(param);
     return WSYNC_OK;
 }

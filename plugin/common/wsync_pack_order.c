@@ -11,14 +11,11 @@
 enum { WSYNC_PACK_ALONE, WSYNC_PACK_QKV, WSYNC_PACK_GATE_UP, WSYNC_PACK_W13, WSYNC_PACK_W2 };
 
 typedef struct wsync_pack_key {
+    wsync_order_place_t at; /* first: sorted by wsync_order_place_cmp */
     const char *name;
     size_t plen;        /* the group's prefix: name[0, plen) */
     int cls;            /* WSYNC_PACK_*; ALONE: the whole name is the group */
     const char *suffix; /* after the projection's name ("weight", "bias", ...) */
-    int64_t expert;     /* -1 outside an expert stack */
-    int part;           /* place in the fused parameter: q < k < v, gate < up */
-    size_t index;       /* input index */
-    size_t rank;        /* first input index of the group */
 } wsync_pack_key_t;
 
 typedef struct wsync_pack_proj {
@@ -63,8 +60,8 @@ static void wsync_pack_parse(wsync_pack_key_t *k)
     k->cls = WSYNC_PACK_ALONE;
     k->plen = strlen(name);
     k->suffix = "";
-    k->expert = -1;
-    k->part = 0;
+    k->at.expert = -1;
+    k->at.part = 0;
     for (const char *c = name; c != NULL && *c != '\0';) {
         const char *dot = strchr(c, '.');
         const wsync_pack_proj_t *p = NULL;
@@ -83,8 +80,8 @@ static void wsync_pack_parse(wsync_pack_key_t *k)
         if (p != NULL) {
             const char *end = proj + strlen(p->name);
             k->cls = p->cls;
-            k->part = p->part;
-            k->expert = e;
+            k->at.part = p->part;
+            k->at.expert = e;
             k->plen = (size_t)(c - name);
             k->suffix = *end == '.' ? end + 1 : end;
             return;
@@ -105,7 +102,7 @@ static int wsync_pack_by_group(const void *a, const void *b)
         c = x->cls < y->cls ? -1 : 1;
     if (c == 0)
         c = strcmp(x->suffix, y->suffix);
-    return c != 0 ? c : (x->index > y->index) - (x->index < y->index);
+    return c != 0 ? c : (x->at.index > y->at.index) - (x->at.index < y->at.index);
 }
 
 static int wsync_pack_same_group(const wsync_pack_key_t *x, const wsync_pack_key_t *y)
@@ -114,9 +111,9 @@ static int wsync_pack_same_group(const wsync_pack_key_t *x, const wsync_pack_key
            memcmp(x->name, y->name, x->plen) == 0 && strcmp(x->suffix, y->suffix) == 0;
 }
 
-static int wsync_pack_by_key(const void *a, const void *b)
+int wsync_order_place_cmp(const void *a, const void *b)
 {
-    const wsync_pack_key_t *x = a, *y = b;
+    const wsync_order_place_t *x = a, *y = b;
     if (x->rank != y->rank)
         return x->rank < y->rank ? -1 : 1;
     if (x->expert != y->expert)
@@ -158,17 +155,17 @@ wsync_result_t wsync_pack_order(const wsync_stage_tensor_t *t, size_t n, size_t 
     }
     for (size_t i = 0; i < n; i++) {
         k[i].name = t[i].name != NULL ? t[i].name : "";
-        k[i].index = k[i].rank = i;
+        k[i].at.index = k[i].at.rank = i;
         wsync_pack_parse(&k[i]);
         by[i] = &k[i];
     }
     qsort(by, n, sizeof(*by), wsync_pack_by_group);
     for (size_t i = 1; i < n; i++)
         if (wsync_pack_same_group(by[i - 1], by[i]))
-            by[i]->rank = by[i - 1]->rank; /* sorted by index within a group: the first's */
-    qsort(k, n, sizeof(*k), wsync_pack_by_key);
+            by[i]->at.rank = by[i - 1]->at.rank; /* sorted by index within a group: the first's */
+    qsort(k, n, sizeof(*k), wsync_order_place_cmp);
     for (size_t i = 0; i < n; i++)
-        order[i] = k[i].index;
+        order[i] = k[i].at.index;
     free(k), free(by);
     return WSYNC_OK;
 }

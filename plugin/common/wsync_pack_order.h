@@ -4,8 +4,23 @@
 #define WSYNC_COMMON_PACK_ORDER_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "wsync_abi.h"
+
+/* Where a tensor goes in an engine order: after every tensor of an earlier group (rank: the
+ * group's first input index), then by expert (-1 outside an expert stack), by its part in the
+ * fused parameter (q < k < v, gate < up), by input index. The first member of the sort keys of
+ * both engine orders (this one, and wsync_map_order's for a whole model in engine-shims/). */
+typedef struct wsync_order_place {
+    size_t rank;
+    int64_t expert;
+    int part;
+    size_t index;
+} wsync_order_place_t;
+
+/* qsort comparator for an array of structs whose first member is a wsync_order_place_t. */
+int wsync_order_place_cmp(const void *a, const void *b);
 
 /* Fills order[k] with the input index packed k-th. Names of the HF convention that SGLang, vLLM
  * and LMDeploy fuse are grouped where the first of them comes:
