@@ -58,11 +58,19 @@ static void wsync_text_str(wsync_text_t *t, const char *s)
     wsync_text_put(t, s, strlen(s));
 }
 
+/* Decimal, as "%lld" writes it (snprintf costs more than the rest of a tensor's text). */
 static void wsync_text_int(wsync_text_t *t, long long v)
 {
     char buf[24];
-    int n = snprintf(buf, sizeof(buf), "%lld", v);
-    wsync_text_put(t, buf, (size_t)n);
+    char *w = buf + sizeof(buf);
+    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+    do {
+        *--w = (char)('0' + u % 10);
+        u /= 10;
+    } while (u != 0);
+    if (v < 0)
+        *--w = '-';
+    wsync_text_put(t, w, (size_t)(buf + sizeof(buf) - w));
 }
 
 /* Length of the UTF-8 sequence at s (1-4), or 0 when it is not valid UTF-8: the rules of
