@@ -9,6 +9,7 @@
 #include "wsync_error.h"
 #include "wsync_manifest.h"
 #include "wsync_pack_order.h"
+#include "wsync_utf8.h"
 
 /* "[4, 4096]" into buf; truncated with "..." if it does not fit. */
 static const char *wsync_shape_str(uint32_t ndim, const int64_t *shape, char *buf, size_t cap)
@@ -35,6 +36,12 @@ static wsync_result_t wsync_layout_check(const wsync_stage_tensor_t *t, size_t i
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "tensor %zu: name \"%.40s...\" is %zu bytes, the limit is %d", i, t->name,
                           len, WSYNC_MANIFEST_MAX_NAME);
+    size_t bad = wsync_utf8_invalid_at(t->name);
+    if (bad != (size_t)-1)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "tensor %zu: name is not valid UTF-8 (byte 0x%02x at %zu); names "
+                          "travel as JSON strings",
+                          i, (unsigned)(unsigned char)t->name[bad], bad);
     if (wsync_dtype_size(t->dtype) == 0)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "tensor %zu (\"%.80s\"): unknown dtype %d", i, t->name, (int)t->dtype);

@@ -13,6 +13,7 @@
 #include "wsync_dtype.h"
 #include "wsync_error.h"
 #include "wsync_manifest.h"
+#include "wsync_utf8.h"
 
 #define WSYNC_JSON_INT_MAX ((uint64_t)INT64_MAX)
 
@@ -71,36 +72,6 @@ static void wsync_text_int(wsync_text_t *t, long long v)
     if (v < 0)
         *--w = '-';
     wsync_text_put(t, w, (size_t)(buf + sizeof(buf) - w));
-}
-
-/* Length of the UTF-8 sequence at s (1-4), or 0 when it is not valid UTF-8: the rules of
- * jansson's own check (no overlong forms, no surrogates, nothing above U+10FFFF). */
-static size_t wsync_utf8_len(const unsigned char *s)
-{
-    unsigned c = s[0];
-    size_t n;
-    uint32_t v;
-    if (c < 0x80)
-        return 1;
-    if (c < 0xC2)
-        return 0;
-    if (c < 0xE0)
-        n = 2, v = c & 0x1F;
-    else if (c < 0xF0)
-        n = 3, v = c & 0x0F;
-    else if (c < 0xF5)
-        n = 4, v = c & 0x07;
-    else
-        return 0;
-    for (size_t k = 1; k < n; k++) {
-        if ((s[k] & 0xC0) != 0x80)
-            return 0;
-        v = (v << 6) | (s[k] & 0x3F);
-    }
-    if ((n == 3 && v < 0x800) || (n == 4 && v < 0x10000) || v > 0x10FFFF ||
-        (v >= 0xD800 && v <= 0xDFFF))
-        return 0;
-    return n;
 }
 
 /* A JSON string as jansson dumps it (no ASCII forcing, '/' as is, \uXXXX upper case). 0 when s

@@ -107,6 +107,12 @@ static void test_refusals(void **state)
     expect_build_fail(t, 3, cap, WSYNC_ERR_INVALID_ARGUMENT, "tensor 1: name is empty");
     t[1].name = NULL;
     expect_build_fail(t, 3, cap, WSYNC_ERR_INVALID_ARGUMENT, "tensor 1: name is NULL");
+    /* names travel as JSON strings: refused at stage, before a byte is written */
+    t[1].name = "caf\xc3\xa9.\xc0\xaf";
+    expect_build_fail(t, 3, cap, WSYNC_ERR_INVALID_ARGUMENT,
+                      "tensor 1: name is not valid UTF-8 (byte 0xc0 at 6)");
+    t[1].name = "surrogate \xed\xa0\x80";
+    expect_build_fail(t, 3, cap, WSYNC_ERR_INVALID_ARGUMENT, "(byte 0xed at 10)");
     t[1].name = "b";
     t[2].name = "a";
     expect_build_fail(t, 3, cap, WSYNC_ERR_INVALID_ARGUMENT,

@@ -1,0 +1,47 @@
+/* UTF-8 validation (see wsync_utf8.h). */
+#include "wsync_utf8.h"
+
+#include <stdint.h>
+
+/* Length of the UTF-8 sequence at s (1-4), or 0 when it is not valid UTF-8: the rules of
+ * jansson's own check (no overlong forms, no surrogates, nothing above U+10FFFF). */
+size_t wsync_utf8_len(const unsigned char *s)
+{
+    unsigned c = s[0];
+    size_t n;
+    uint32_t v;
+    if (c < 0x80)
+        return 1;
+    if (c < 0xC2)
+        return 0;
+    if (c < 0xE0)
+        n = 2, v = c & 0x1F;
+    else if (c < 0xF0)
+        n = 3, v = c & 0x0F;
+    else if (c < 0xF5)
+        n = 4, v = c & 0x07;
+    else
+        return 0;
+    for (size_t k = 1; k < n; k++) {
+        if ((s[k] & 0xC0) != 0x80)
+            return 0;
+        v = (v << 6) | (s[k] & 0x3F);
+    }
+    if ((n == 3 && v < 0x800) || (n == 4 && v < 0x10000) || v > 0x10FFFF ||
+        (v >= 0xD800 && v <= 0xDFFF))
+        return 0;
+    return n;
+}
+
+size_t wsync_utf8_invalid_at(const char *s)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0;
+    while (u[i] != '\0') {
+        size_t n = wsync_utf8_len(u + i);
+        if (n == 0)
+            return i;
+        i += n;
+    }
+    return (size_t)-1;
+}
