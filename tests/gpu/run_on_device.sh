@@ -34,7 +34,7 @@ cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release ${WSYNC_CMAKE_ARGS:-} >"
 if [ $status -eq 0 ]; then
   # only what this script runs, so unrelated parts of the tree cannot stop it (ALL=1: everything)
   targets="--target wsync_cuda wsync_cuda_broken wsync-bench-cuda torture_gpu_torn torture_gpu_cache"
-  targets="$targets torture_gpu_sync torture_gpu_digest torture_gpu_adapter torture_cuda_init"
+  targets="$targets torture_gpu_sync torture_gpu_moe_order torture_gpu_digest torture_gpu_adapter torture_cuda_init"
   targets="$targets torture_gpu_soak torture_gpu_fault"
   [ "${ALL:-0}" = 1 ] && targets=
   cmake --build "$BUILD" -j16 $targets >>"$OUT/build.log" 2>&1 || status=1
