@@ -986,17 +986,7 @@ int main(int argc, char **argv)
         return 1;
     wb_self[n] = '\0';
     static char plugin[PATH_MAX + 64];
-    if (o.plugin == NULL || strchr(o.plugin, '/') == NULL) {
-        /* a bare name resolves next to this program: <bin>/../lib/<name> */
-        char dir[PATH_MAX];
-        snprintf(dir, sizeof(dir), "%s", wb_self);
-        char *slash = strrchr(dir, '/');
-        if (slash)
-            *slash = '\0';
-        snprintf(plugin, sizeof(plugin), "%s/../lib/%s", dir,
-                 o.plugin ? o.plugin : "libwsync_cuda.so");
-        o.plugin = plugin;
-    }
+    o.plugin = wh_plugin_path(o.plugin, plugin, sizeof(plugin));
     if (o.role && strcmp(o.role, "producer") == 0)
         return wb_producer_main(&o);
     if (o.role && strcmp(o.role, "consumer") == 0)

@@ -17,6 +17,7 @@
  * Every process is forked before it touches CUDA. */
 #define _GNU_SOURCE
 #include <getopt.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -434,8 +435,8 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (o.plugin == NULL)
-        o.plugin = "libwsync_cuda.so";
+    static char plugin[PATH_MAX + 64];
+    o.plugin = wh_plugin_path(o.plugin, plugin, sizeof(plugin));
     int found = mg_count_gpus();
     if (o.gpus == 0)
         o.gpus = found > MG_MAX ? MG_MAX : found;

@@ -2,6 +2,7 @@
 #include "wsync_cuda_harness.h"
 
 #include <dlfcn.h>
+#include <limits.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -184,4 +185,20 @@ double wh_time_events(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaStrea
     double med = wh_median(t, iters);
     free(t);
     return med;
+}
+
+const char *wh_plugin_path(const char *name, char *buf, size_t cap)
+{
+    if (name != NULL && strchr(name, '/') != NULL)
+        return name;
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0)
+        return name != NULL ? name : "libwsync_cuda.so";
+    self[n] = '\0';
+    char *slash = strrchr(self, '/');
+    if (slash != NULL)
+        *slash = '\0';
+    snprintf(buf, cap, "%s/../lib/%s", self, name != NULL ? name : "libwsync_cuda.so");
+    return buf;
 }

@@ -21,6 +21,11 @@ typedef struct wh_stats {
 } wh_stats_t;
 extern wh_stats_t wh_stats;
 
+/* The plugin a benchmark loads: `name` when it holds a '/', else <this program's dir>/../lib/
+ * <name> (NULL: libwsync_cuda.so), so a build tree's binaries find its plugin without
+ * LD_LIBRARY_PATH. Written into buf; returns buf, or `name` if /proc/self/exe cannot be read. */
+const char *wh_plugin_path(const char *name, char *buf, size_t cap);
+
 /* dlopen `path` and initialise it (logging WARN and above to stderr, INFO stats captured).
  * Returns the init result; on failure `why` holds the reason. */
 wsync_result_t wh_load(const char *path, const wsync_plugin_t **out, char *why, size_t why_len);
