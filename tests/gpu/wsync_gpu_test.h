@@ -44,6 +44,10 @@ typedef int (*wg_role_fn)(int fd, void *arg);
  * stores the producer's in *producer_status (-1 when it did not exit normally). */
 int wg_run_pair(wg_role_fn producer, wg_role_fn consumer, void *arg, int *producer_status);
 
+/* wg_run_pair, and 1 when both children exited 0; otherwise prints both exit statuses (-1: killed
+ * by a signal) and returns 0. */
+int wg_pair_passes(wg_role_fn producer, wg_role_fn consumer, void *arg);
+
 /* In a child: load `plugin` (stats logging on when stats != 0). */
 const wsync_plugin_t *wg_load(const char *plugin, int stats);
 
