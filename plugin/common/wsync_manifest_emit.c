@@ -91,33 +91,12 @@ static int wsync_text_json_str(wsync_text_t *t, const char *s)
             continue;
         }
         wsync_text_put(t, (const char *)u, run);
-        char esc[8];
-        switch (c) {
-        case '"':
-            memcpy(esc, "\\\"", 3);
-            break;
-        case '\\':
-            memcpy(esc, "\\\\", 3);
-            break;
-        case '\b':
-            memcpy(esc, "\\b", 3);
-            break;
-        case '\f':
-            memcpy(esc, "\\f", 3);
-            break;
-        case '\n':
-            memcpy(esc, "\\n", 3);
-            break;
-        case '\r':
-            memcpy(esc, "\\r", 3);
-            break;
-        case '\t':
-            memcpy(esc, "\\t", 3);
-            break;
-        default:
+        /* the short escapes JSON has, else \u00XX */
+        static const char from[] = "\"\\\b\f\n\r\t", to[] = "\"\\bfnrt";
+        const char *hit = memchr(from, c, sizeof(from) - 1);
+        char esc[8] = {'\\', hit != NULL ? to[hit - from] : 'u', '\0'};
+        if (hit == NULL)
             snprintf(esc, sizeof(esc), "\\u%04X", c);
-            break;
-        }
         wsync_text_str(t, esc);
         u += run + 1;
         run = 0;
