@@ -135,8 +135,16 @@ static double wsync_bench_plugin_once(wsync_bench_t *b, wsync_bench_run_t *r, ui
         return wsync_cli_report("bench", "open_handle", rc, &err), -1;
     }
     for (size_t i = 0; i < man->n_tensors; i++) {
+        /* by name, as an engine does: the plugin packs in its own order (docs/ABI.md) */
         const wsync_tensor_desc_t *d = &man->tensors[i];
-        const wsync_model_tensor_t *t = &r->m.tensors[i]; /* staged in model order */
+        long idx = wsync_model_find(&r->m, d->name);
+        if (idx < 0 || r->m.tensors[idx].nbytes != d->nbytes) {
+            fprintf(stderr, "wsync bench: manifest tensor %s is no model tensor of %llu bytes\n",
+                    d->name, (unsigned long long)d->nbytes);
+            b->cops->manifest_free(b->c, man);
+            return -1;
+        }
+        const wsync_model_tensor_t *t = &r->m.tensors[idx];
         r->ops[i] = (wsync_copy_op_t){.src_offset = d->offset,
                                       .src_pitch = d->nbytes,
                                       .dst = (char *)r->pdst + t->offset,

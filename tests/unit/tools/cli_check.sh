@@ -10,6 +10,9 @@
 #   cli_check.sh engine WSYNC PLUGIN SYNCS TP [demo options...]
 #       runs demo --tp TP through wsync-engine (options name --engine); passes when every rank
 #       prints SYNCS "verified N/N engine parameters" lines with N/N equal and non-zero.
+#   cli_check.sh bench WSYNC PLUGIN [bench options...]
+#       runs wsync bench --layout both; passes when it exits 0 and reports the plugin's copy for
+#       both layouts (its content check, every tensor looked up by name, ran first).
 #   cli_check.sh info WSYNC PLUGIN
 #       info must succeed and name the plugin; info on a missing path must fail naming it.
 set -u
@@ -52,6 +55,14 @@ engine)
     syncs=$1; tp=$2; shift 2
     run_demo "$syncs" $((syncs * tp)) 'verified [0-9]*/[0-9]* engine parameters' --tp "$tp" "$@"
     ;;
+bench)
+    timeout 300 "$wsync" bench --plugin "$plugin" --layout both "$@" >"$out" 2>&1
+    rc=$?
+    cat "$out"
+    [ $rc -eq 0 ] || fail "wsync bench exited with $rc"
+    [ "$(grep -c '^  copy_weights  ' "$out")" -eq 2 ] || fail "no copy_weights row for both layouts"
+    ! grep -q 'is wrong' "$out" || fail "a plugin copy is wrong"
+    ;;
 info)
     "$wsync" info "$plugin" >"$out" 2>&1 || fail "wsync info $plugin failed"
     cat "$out"
@@ -64,6 +75,6 @@ info)
     grep -q '/nonexistent/libwsync_none.so' "$out" || fail "the error does not name the path"
     ;;
 *)
-    echo "usage: $0 demo|lora|engine|info WSYNC PLUGIN ..."; exit 2 ;;
+    echo "usage: $0 demo|lora|engine|bench|info WSYNC PLUGIN ..."; exit 2 ;;
 esac
 echo "OK"
