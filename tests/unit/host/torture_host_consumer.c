@@ -485,6 +485,47 @@ static void test_layout_mismatch(void **state)
     assert_int_equal(P.p->retire(small, NULL), WSYNC_OK);
 }
 
+/* A tensor name that is not UTF-8 (names travel as JSON strings) is refused at stage, naming the
+ * tensor and the byte, before anything is written: the staged bytes of the consumed generation
+ * and the engine's copy of it stay as they were, and the next good stage publishes. */
+static void test_bad_name_refused_at_stage(void **state)
+{
+    fixture_t *f = *state;
+    wsync_copy_op_t ops[NT];
+    wsync_error_t err = {.struct_size = sizeof(err)};
+
+    publish_gen(f, 1);
+    assert_int_equal(P.c->open_handle(f->c, &f->m->buffer, &f->h, NULL), WSYNC_OK);
+    wsync_test_ops(f->m, f->dst, ops);
+    assert_int_equal(P.c->copy_weights(f->c, f->h, NULL, 1, ops, NT, WSYNC_COPY_VERIFY, NULL),
+                     WSYNC_OK);
+    assert_int_equal(P.c->record_consumed(f->c, f->h, 1, NULL), WSYNC_OK);
+    assert_int_equal(P.p->wait_consumed(f->s, NULL, 1, NULL), WSYNC_OK);
+    const size_t n0 = (size_t)shapes[0] * 4;
+    uint8_t *before = malloc(n0), *after = malloc(n0);
+    assert_int_equal(P.p->read_back(f->s, f->m->tensors[0].offset, before, n0, NULL), WSYNC_OK);
+
+    wsync_test_fill(f->src[0], n0, 2, 0); /* new bytes that must not reach the buffer */
+    wsync_stage_tensor_t t = {.struct_size = sizeof(t),
+                              .name = "layer.0.we\xc0\xafight",
+                              .dtype = WSYNC_DTYPE_F32,
+                              .ndim = 1,
+                              .shape = {shapes[0]},
+                              .src = f->src[0]};
+    assert_int_equal(P.p->stage(f->s, NULL, &t, 1, &err), WSYNC_ERR_INVALID_ARGUMENT);
+    print_message("bad name: %s\n", err.message);
+    assert_non_null(strstr(err.message, "tensor 0: name is not valid UTF-8 (byte 0xc0 at 10)"));
+    assert_int_equal(P.p->stream_synchronize(f->s, NULL, NULL), WSYNC_OK);
+    assert_int_equal(P.p->read_back(f->s, f->m->tensors[0].offset, after, n0, NULL), WSYNC_OK);
+    assert_memory_equal(before, after, n0);
+    for (int i = 0; i < NT; i++) /* the engine's weights: still generation 1 */
+        assert_int_equal(wsync_test_check(f->dst[i], (size_t)shapes[i] * 4, 1, (uint64_t)i), 0);
+    free(before);
+    free(after);
+
+    publish_gen(f, 2); /* nothing was lost: the next good stage publishes */
+}
+
 /* WSYNC_STAGING_NO_DIGESTS: the manifest carries no digest; unknown flags are refused. */
 static void test_staging_without_digests(void **state)
 {
@@ -618,6 +659,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_wait_consumed_timeout_keeps_staging, setup, teardown),
         cmocka_unit_test_setup_teardown(test_digest_mismatch_detected, setup, teardown),
         cmocka_unit_test_setup_teardown(test_layout_mismatch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bad_name_refused_at_stage, setup, teardown),
         cmocka_unit_test_setup_teardown(test_staging_without_digests, setup, teardown),
         cmocka_unit_test_setup_teardown(test_record_joins_streams, setup, teardown),
         cmocka_unit_test_setup_teardown(test_misc_members, setup, teardown),
