@@ -14,6 +14,12 @@
  *     reported into it is kept (first error wins) and nothing is allocated.
  *   - Strings passed in are borrowed for the duration of the call unless a member says otherwise.
  *   - Nothing in a plugin aborts, exits or prints: diagnostics go to the host's logger only.
+ *   - The stream rule: every wsync_stream_t argument names the stream the work is ordered on, and
+ *     NULL means what it means in every CUDA API, the legacy default stream (torch's default
+ *     stream, whose cuda_stream is 0): the work runs after everything the caller queued there.
+ *     cudaStreamPerThread and cudaStreamLegacy are accepted as the handles they are. A plugin
+ *     never substitutes a private stream. Host backend: NULL is the plugin's in-order queue of
+ *     that consumer or staging buffer (the caller's CPU work is done when it calls).
  */
 #ifndef WSYNC_ABI_V1_H
 #define WSYNC_ABI_V1_H
@@ -107,7 +113,8 @@ typedef enum wsync_buffer_kind {
     WSYNC_BUFFER_INVALID = 0,
     WSYNC_BUFFER_CUDA_IPC = 1,   /* legacy cudaIpcMemHandle_t */
     WSYNC_BUFFER_HOST_SHM = 2,   /* POSIX shared memory; handle bytes are the shm name */
-    WSYNC_BUFFER_CUDA_VMM_FD = 3 /* reserved */
+    WSYNC_BUFFER_CUDA_VMM_FD = 3 /* a cuMem allocation exported as a POSIX fd (the default
+                                    staging kind of the CUDA plugin) */
 } wsync_buffer_kind_t;
 
 /* ------------------------------------------------------------ manifest view */
@@ -237,7 +244,7 @@ typedef struct wsync_adapter_source_v1 {
 
 struct wsync_consumer;        /* one per engine device; opaque */
 struct wsync_handle;          /* a cached mapping of one producer buffer; opaque */
-typedef void *wsync_stream_t; /* cudaStream_t for CUDA, a plugin queue for host */
+typedef void *wsync_stream_t; /* cudaStream_t (NULL: legacy default); host: a plugin queue */
 typedef void (*wsync_host_fn_t)(void *user);
 
 typedef struct wsync_consumer_config_v1 {
@@ -278,7 +285,9 @@ typedef struct wsync_consumer_v1 {
      * enqueued; on error nothing is written. Non-blocking: returns once enqueued. With
      * WSYNC_COPY_VERIFY a digest mismatch is reported by record_consumed (the stream-ordered
      * result), and the bytes of that op are written anyway: callers that need all-or-nothing copy
-     * into a shadow first. Thread safe per handle only with distinct streams. */
+     * into a shadow first. Thread safe per handle only with distinct streams.
+     * Stream: the copies run on `stream` itself (NULL: the legacy default stream), after the
+     * caller's work queued there; *consumed* follows them (record_consumed). */
     wsync_result_t (*copy_weights)(struct wsync_consumer *c, struct wsync_handle *h,
                                    wsync_stream_t stream, uint64_t generation,
                                    const wsync_copy_op_v1_t *ops, size_t n_ops, uint32_t flags,
@@ -292,14 +301,15 @@ typedef struct wsync_consumer_v1 {
                                       wsync_error_v1_t *err);
 
     /* Load a LoRA adapter into `slot` (shadow copy, then switch *active). Validates every name,
-     * shape and dtype against the slot before writing. Blocking. May return NOT_SUPPORTED. */
+     * shape and dtype against the slot before writing. The copies run on `stream` (NULL: the
+     * legacy default stream). Blocking. May return NOT_SUPPORTED. */
     wsync_result_t (*hot_load_adapter)(struct wsync_consumer *c,
                                        const wsync_adapter_source_v1_t *src,
                                        wsync_adapter_slot_v1_t *slot, wsync_stream_t stream,
                                        wsync_error_v1_t *err);
 
-    /* Run fn(user) on the host once all work enqueued before it on `stream` is done, in stream
-     * order. fn must not call into the plugin. Non-blocking. */
+    /* Run fn(user) on the host once all work enqueued before it on `stream` (NULL: the legacy
+     * default stream) is done, in stream order. fn must not call into the plugin. Non-blocking. */
     wsync_result_t (*enqueue_host_fn)(struct wsync_consumer *c, wsync_stream_t stream,
                                       wsync_host_fn_t fn, void *user, wsync_error_v1_t *err);
 
@@ -307,7 +317,8 @@ typedef struct wsync_consumer_v1 {
     wsync_result_t (*finalize)(struct wsync_consumer *c, wsync_error_v1_t *err);
 
     /* Optional helpers. Host backend: streams are in-order queues run by a worker thread; CUDA:
-     * cudaStreamCreateWithFlags(NonBlocking). NULL stream = the consumer's default stream. */
+     * cudaStreamCreateWithFlags(NonBlocking). stream_synchronize(NULL) waits for the legacy
+     * default stream (host: the consumer's own queue). */
     wsync_result_t (*stream_create)(struct wsync_consumer *c, wsync_stream_t *out,
                                     wsync_error_v1_t *err);
     wsync_result_t (*stream_destroy)(struct wsync_consumer *c, wsync_stream_t s,
@@ -371,13 +382,16 @@ typedef struct wsync_producer_v1 {
      * manifest lists them in that order. The caller must have
      * waited for *consumed* of the previous generation (wait_consumed) before calling.
      * With WSYNC_STAGING_FIXED_LAYOUT, names/dtypes/shapes must equal the first bucket's
-     * (LAYOUT_MISMATCH otherwise, nothing written). Non-blocking on CUDA. */
+     * (LAYOUT_MISMATCH otherwise, nothing written). The copies read the sources on `stream`
+     * (NULL: the legacy default stream), after the caller's writes queued there. Non-blocking
+     * on CUDA. */
     wsync_result_t (*stage)(struct wsync_staging *s, wsync_stream_t stream,
                             const wsync_stage_tensor_v1_t *tensors, size_t n,
                             wsync_error_v1_t *err);
 
-    /* Record *ready* for the next generation on `stream` and emit the manifest (NUL-terminated
-     * JSON, plugin-owned, valid until the next publish or retire). Non-blocking. */
+    /* Record *ready* for the next generation on `stream` (NULL: the legacy default stream; use
+     * the stream stage ran on) and emit the manifest (NUL-terminated JSON, plugin-owned, valid
+     * until the next publish or retire). Non-blocking. */
     wsync_result_t (*publish)(struct wsync_staging *s, wsync_stream_t stream, int finished,
                               const char **manifest_json, uint64_t *generation,
                               wsync_error_v1_t *err);

@@ -45,8 +45,8 @@ typedef struct wsync_engine_ops {
     void (*tp)(void *user, uint32_t *rank, uint32_t *size);
     /* Model dimensions. Required. */
     void (*dims)(void *user, wsync_model_dims_t *out);
-    /* The stream weight copies must run on (the engine's load stream); NULL = the plugin's
-     * default stream. Optional. */
+    /* The stream weight copies must run on (the engine's load stream, e.g. torch's current
+     * stream); NULL = CUDA's legacy default stream (the ABI's stream rule). Optional. */
     wsync_stream_t (*stream)(void *user);
     /* Drop cached state derived from the weights (SGLang flush_cache, vLLM prefix-cache reset).
      * Called after the copies of a request are enqueued and the stream drained. Optional. */

@@ -239,6 +239,15 @@ static inline uint64_t wsync_cuda_last_generation(const wsync_cache_entry_t *ent
     return last;
 }
 
+/* The stream rule of the ABI: a NULL stream is CUDA's legacy default stream, as in every CUDA
+ * API (work on it is ordered after everything the caller queued there, e.g. torch's default
+ * stream, whose cuda_stream is 0); cudaStreamPerThread and cudaStreamLegacy pass through as the
+ * handles they are. The plugin never substitutes a private stream. */
+static inline cudaStream_t wsync_cuda_stream(wsync_stream_t s)
+{
+    return s != NULL ? (cudaStream_t)s : cudaStreamLegacy;
+}
+
 /* What open_handle returns: a view (base_offset, bytes) of a cached mapping. */
 #define WSYNC_CUDA_HANDLE_MAGIC 0x57534844u
 struct wsync_handle {
@@ -253,7 +262,6 @@ struct wsync_consumer {
     int sm_count;
     char uuid[WSYNC_DEVICE_MAX];
     uint32_t timeout_ms;
-    cudaStream_t default_stream;
     cudaStream_t side_stream; /* fixture build only: where the early consumed is recorded */
     wsync_cuda_lane_t lane;   /* the copy engines' share of copy_weights */
     wsync_cache_t *cache;

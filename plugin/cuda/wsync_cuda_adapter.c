@@ -269,7 +269,7 @@ wsync_result_t wsync_cuda_hot_load_adapter(struct wsync_consumer *c,
     wsync_result_t arg = wsync_validate_adapter_call(c, src, slot, err);
     if (arg != WSYNC_OK)
         return arg;
-    cudaStream_t st = stream ? (cudaStream_t)stream : c->default_stream;
+    cudaStream_t st = wsync_cuda_stream(stream);
     wsync_cuda_range_push("wsync:hot_load_adapter");
     cudaSetDevice(c->device);
     pthread_mutex_lock(&c->lock);
@@ -307,7 +307,7 @@ wsync_result_t wsync_cuda_unload_adapter(struct wsync_consumer *c, wsync_adapter
                           "consumer %p and slot %p must be non-NULL", (void *)c, (void *)slot);
     cudaSetDevice(c->device);
     pthread_mutex_lock(&c->lock);
-    exec_ctx_t x = {.c = c, .stream = c->default_stream};
+    exec_ctx_t x = {.c = c, .stream = cudaStreamLegacy};
     wsync_result_t rc = wsync_adapter_unload(slot, exec_plan, &x, NULL, NULL, err);
     pthread_mutex_unlock(&c->lock);
     return rc;

@@ -31,9 +31,7 @@ static wsync_result_t consumer_create(const wsync_consumer_config_t *config,
     rc = wsync_cuda_device_uuid(c->device, c->uuid, err);
     if (rc != WSYNC_OK)
         goto fail;
-    e = cudaStreamCreateWithFlags(&c->default_stream, cudaStreamNonBlocking);
-    if (e == cudaSuccess)
-        e = cudaStreamCreateWithFlags(&c->side_stream, cudaStreamNonBlocking);
+    e = cudaStreamCreateWithFlags(&c->side_stream, cudaStreamNonBlocking);
     if (e == cudaSuccess)
         e = wsync_cuda_lane_create(&c->lane);
     if (e != cudaSuccess) {
@@ -62,8 +60,6 @@ fail:
         wsync_manifest_cache_destroy(c->manifests);
     if (c->cache)
         wsync_cache_destroy(c->cache);
-    if (c->default_stream)
-        cudaStreamDestroy(c->default_stream);
     if (c->side_stream)
         cudaStreamDestroy(c->side_stream);
     wsync_cuda_lane_destroy(&c->lane);
@@ -99,8 +95,7 @@ static wsync_result_t consumer_enqueue_host_fn(struct wsync_consumer *c, wsync_s
     if (c == NULL || fn == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "enqueue_host_fn needs c and fn");
     cudaSetDevice(c->device);
-    WSYNC_CUDA_TRY(err,
-                   cudaLaunchHostFunc(stream ? (cudaStream_t)stream : c->default_stream, fn, user));
+    WSYNC_CUDA_TRY(err, cudaLaunchHostFunc(wsync_cuda_stream(stream), fn, user));
     return WSYNC_OK;
 }
 
@@ -115,7 +110,6 @@ static wsync_result_t consumer_finalize(struct wsync_consumer *c, wsync_error_t 
     wsync_cuda_adapter_state_free(&c->adapter);
     wsync_manifest_cache_destroy(c->manifests);
     pthread_mutex_unlock(&c->lock);
-    cudaStreamDestroy(c->default_stream);
     cudaStreamDestroy(c->side_stream);
     wsync_cuda_lane_destroy(&c->lane);
     pthread_mutex_destroy(&c->lock);
@@ -151,7 +145,7 @@ static wsync_result_t consumer_stream_synchronize(struct wsync_consumer *c, wsyn
 {
     if (c == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "stream_synchronize(NULL consumer)");
-    WSYNC_CUDA_TRY(err, cudaStreamSynchronize(s ? (cudaStream_t)s : c->default_stream));
+    WSYNC_CUDA_TRY(err, cudaStreamSynchronize(wsync_cuda_stream(s)));
     return WSYNC_OK;
 }
 

@@ -200,8 +200,7 @@ wsync_result_t wsync_cuda_copy_weights(struct wsync_consumer *c, struct wsync_ha
     wsync_cuda_range_push("wsync:copy_weights");
     cudaSetDevice(c->device);
     pthread_mutex_lock(&c->lock);
-    rc = copy_locked(c, h, stream ? (cudaStream_t)stream : c->default_stream, generation, ops,
-                     n_ops, flags, err);
+    rc = copy_locked(c, h, wsync_cuda_stream(stream), generation, ops, n_ops, flags, err);
     pthread_mutex_unlock(&c->lock);
     wsync_cuda_range_pop();
     return rc;

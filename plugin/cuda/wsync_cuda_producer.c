@@ -31,7 +31,6 @@ struct wsync_staging {
     char uuid[WSYNC_DEVICE_MAX];
     wsync_shm_t control_shm;
     wsync_control_t *control;
-    cudaStream_t default_stream;
     /* the stage kernel's table: pinned [ops | zero sums] and [sums read back]; device the same */
     unsigned char *table_host;
     unsigned char *table_dev;
@@ -65,8 +64,6 @@ static void staging_free(struct wsync_staging *s)
         wsync_cuda_vmm_destroy(&s->vmm);
     else if (s->dev)
         cudaFree(s->dev);
-    if (s->default_stream)
-        cudaStreamDestroy(s->default_stream);
     if (s->control_shm.addr) {
         wsync_shm_unlink(&s->control_shm);
         wsync_shm_close(&s->control_shm);
@@ -126,7 +123,6 @@ static wsync_result_t staging_create(const wsync_staging_config_t *config,
     STAGING_TRY(cudaIpcGetEventHandle(&s->ready_handle, s->ready));
     STAGING_TRY(cudaEventCreateWithFlags(&s->staged, cudaEventDisableTiming));
     STAGING_TRY(wsync_cuda_lane_create(&s->lane));
-    STAGING_TRY(cudaStreamCreateWithFlags(&s->default_stream, cudaStreamNonBlocking));
 #undef STAGING_TRY
     rc = wsync_cuda_device_uuid(s->device, s->uuid, err);
     if (rc != WSYNC_OK)
@@ -272,7 +268,7 @@ static wsync_result_t staging_stage(struct wsync_staging *s, wsync_stream_t stre
                           (unsigned long long)s->waited);
     wsync_cuda_range_push("wsync:stage");
     cudaSetDevice(s->device);
-    cudaStream_t st = stream ? (cudaStream_t)stream : s->default_stream;
+    cudaStream_t st = wsync_cuda_stream(stream);
     /* No stream wait is needed: wait_consumed returned only after the consumer's stream had
      * passed its copies of the previous generation (the control word moves in stream order). */
     wsync_result_t rc = stage_body(s, st, t, n, err);
@@ -364,8 +360,7 @@ static wsync_result_t staging_publish(struct wsync_staging *s, wsync_stream_t st
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "publish needs a staging and json");
     wsync_cuda_range_push("wsync:publish");
     cudaSetDevice(s->device);
-    wsync_result_t rc = publish_body(s, stream ? (cudaStream_t)stream : s->default_stream, finished,
-                                     json, generation, err);
+    wsync_result_t rc = publish_body(s, wsync_cuda_stream(stream), finished, json, generation, err);
     wsync_cuda_range_pop();
     return rc;
 }
@@ -432,7 +427,7 @@ static wsync_result_t staging_stream_synchronize(struct wsync_staging *s, wsync_
 {
     if (s == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "stream_synchronize(NULL)");
-    WSYNC_CUDA_TRY(err, cudaStreamSynchronize(st ? (cudaStream_t)st : s->default_stream));
+    WSYNC_CUDA_TRY(err, cudaStreamSynchronize(wsync_cuda_stream(st)));
     return WSYNC_OK;
 }
 
