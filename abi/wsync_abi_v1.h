@@ -33,7 +33,9 @@ extern "C" {
 
 /* Version changelog:
  *   1 — first release: consumer vtable (open/close/copy/record/adapter/host_fn/finalize),
- *       producer table (create/stage/publish/wait/retire), manifest parse in the plugin. */
+ *       producer table (create/stage/publish/wait/retire), manifest parse in the plugin.
+ *       Buffer kinds cuda_ipc, host_shm, cuda_vmm_fd; torch_expandable (appended in 0.1.1, with
+ *       torch's own handles as kind "torch" on the wire). */
 #define WSYNC_ABI_VERSION_1 1u
 
 /* ------------------------------------------------------------------ results */
@@ -111,10 +113,14 @@ typedef enum wsync_dtype {
 
 typedef enum wsync_buffer_kind {
     WSYNC_BUFFER_INVALID = 0,
-    WSYNC_BUFFER_CUDA_IPC = 1,   /* legacy cudaIpcMemHandle_t */
-    WSYNC_BUFFER_HOST_SHM = 2,   /* POSIX shared memory; handle bytes are the shm name */
-    WSYNC_BUFFER_CUDA_VMM_FD = 3 /* a cuMem allocation exported as a POSIX fd (the default
-                                    staging kind of the CUDA plugin) */
+    WSYNC_BUFFER_CUDA_IPC = 1,    /* legacy cudaIpcMemHandle_t */
+    WSYNC_BUFFER_HOST_SHM = 2,    /* POSIX shared memory; handle bytes are the shm name */
+    WSYNC_BUFFER_CUDA_VMM_FD = 3, /* a cuMem allocation exported as a POSIX fd (the default
+                                     staging kind of the CUDA plugin) */
+    /* PyTorch expandable segments: torch's share of cuMem allocations (a header and one POSIX fd
+     * per segment, mapped back to back). Manifests name a torch handle as kind "torch" (torch's
+     * bytes verbatim, 'c' or 'e'); parse_manifest turns 'c' into CUDA_IPC and 'e' into this. */
+    WSYNC_BUFFER_TORCH_EXPANDABLE = 4
 } wsync_buffer_kind_t;
 
 /* ------------------------------------------------------------ manifest view */

@@ -15,6 +15,7 @@
 #include "wsync_dtype.h"
 #include "wsync_error.h"
 #include "wsync_manifest_parts.h"
+#include "wsync_torch_handle.h"
 
 /* ------------------------------------------------------------- buffer kinds */
 
@@ -27,6 +28,8 @@ const char *wsync_buffer_kind_name(wsync_buffer_kind_t k)
         return "host_shm";
     case WSYNC_BUFFER_CUDA_VMM_FD:
         return "cuda_vmm_fd";
+    case WSYNC_BUFFER_TORCH_EXPANDABLE:
+        return "torch_expandable";
     case WSYNC_BUFFER_INVALID:
         break;
     }
@@ -43,6 +46,8 @@ wsync_buffer_kind_t wsync_buffer_kind_from_name(const char *name)
         return WSYNC_BUFFER_HOST_SHM;
     if (strcmp(name, "cuda_vmm_fd") == 0)
         return WSYNC_BUFFER_CUDA_VMM_FD;
+    if (strcmp(name, "torch_expandable") == 0)
+        return WSYNC_BUFFER_TORCH_EXPANDABLE;
     return WSYNC_BUFFER_INVALID;
 }
 
@@ -195,20 +200,36 @@ static wsync_result_t wsync_parse_buffer(const json_t *b, wsync_buffer_desc_t *d
     p.field = "kind";
     if ((r = wsync_read_string(json_object_get(b, "kind"), &p, 1, &s, &n, err)) != WSYNC_OK)
         return r;
-    d->kind = wsync_buffer_kind_from_name(s);
+    /* "torch": torch's _share_cuda_ handle bytes verbatim (wsync_torch_handle.h) */
+    int torch = strcmp(s, "torch") == 0;
+    d->kind = torch ? WSYNC_BUFFER_CUDA_IPC : wsync_buffer_kind_from_name(s);
     if (d->kind == WSYNC_BUFFER_INVALID)
         return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                          "buffer.kind: unknown kind \"%.64s\" (expected cuda_ipc, host_shm or "
-                          "cuda_vmm_fd)",
+                          "buffer.kind: unknown kind \"%.64s\" (expected cuda_ipc, host_shm, "
+                          "cuda_vmm_fd, torch or torch_expandable)",
                           s);
 
     p.field = "handle";
     if ((r = wsync_read_base64(json_object_get(b, "handle"), &p, 1, d->handle, &d->handle_len, NULL,
                                err)) != WSYNC_OK)
         return r;
+    /* torch's 66-byte 'c' form is accepted as a cuda_ipc handle too: it names the same memory */
+    if (torch || (d->kind == WSYNC_BUFFER_CUDA_IPC && d->handle_len == 66 &&
+                  wsync_torch_handle_is(d->handle, d->handle_len))) {
+        if ((r = wsync_torch_handle_decode(d->handle, d->handle_len, "buffer.handle", d, err)) !=
+            WSYNC_OK)
+            return r;
+    }
     if (d->kind == WSYNC_BUFFER_CUDA_IPC && d->handle_len != 64)
         return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                          "buffer.handle: a cuda_ipc handle is 64 bytes, got %u", d->handle_len);
+                          "buffer.handle: a cuda_ipc handle is 64 bytes, got %u (torch's 66-byte "
+                          "form is version 2, 'c', then the 64)",
+                          d->handle_len);
+    if (d->kind == WSYNC_BUFFER_TORCH_EXPANDABLE) {
+        wsync_torch_segments_t seg;
+        if ((r = wsync_torch_segments_decode(d->handle, d->handle_len, &seg, err)) != WSYNC_OK)
+            return r;
+    }
 
     p.field = "bytes";
     if ((r = wsync_read_uint(json_object_get(b, "bytes"), &p, &d->bytes, err)) != WSYNC_OK)

@@ -85,10 +85,12 @@ wsync_result_t wsync_cuda_map(void *user, const wsync_buffer_desc_t *desc, void 
     struct wsync_consumer *c = user;
     wsync_result_t rc = WSYNC_OK;
     cudaError_t e;
-    if (desc->kind != WSYNC_BUFFER_CUDA_IPC && desc->kind != WSYNC_BUFFER_CUDA_VMM_FD)
+    if (desc->kind != WSYNC_BUFFER_CUDA_IPC && desc->kind != WSYNC_BUFFER_CUDA_VMM_FD &&
+        desc->kind != WSYNC_BUFFER_TORCH_EXPANDABLE)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                          "buffer kind %d is neither cuda_ipc nor cuda_vmm_fd: load the plugin "
-                          "that matches the producer (libwsync_host.so for host_shm)",
+                          "buffer kind %d is none of cuda_ipc, cuda_vmm_fd, torch_expandable: "
+                          "load the plugin that matches the producer (libwsync_host.so for "
+                          "host_shm)",
                           (int)desc->kind);
     if (desc->kind == WSYNC_BUFFER_CUDA_IPC && desc->handle_len != sizeof(cudaIpcMemHandle_t))
         return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
@@ -104,9 +106,12 @@ wsync_result_t wsync_cuda_map(void *user, const wsync_buffer_desc_t *desc, void 
     rc = wsync_cuda_peer_enable(c->device, desc->device, NULL, err);
     if (rc != WSYNC_OK)
         goto fail;
-    if (desc->kind == WSYNC_BUFFER_CUDA_VMM_FD) {
-        rc = wsync_cuda_vmm_import(desc->handle, desc->handle_len, desc->pid, c->device, &m->vmm,
-                                   err);
+    if (desc->kind == WSYNC_BUFFER_CUDA_VMM_FD || desc->kind == WSYNC_BUFFER_TORCH_EXPANDABLE) {
+        rc = desc->kind == WSYNC_BUFFER_CUDA_VMM_FD
+                 ? wsync_cuda_vmm_import(desc->handle, desc->handle_len, desc->pid, c->device,
+                                         &m->vmm, err)
+                 : wsync_cuda_vmm_import_torch(desc->handle, desc->handle_len, c->device, &m->vmm,
+                                               err);
         if (rc != WSYNC_OK)
             goto fail;
         m->is_vmm = 1;

@@ -17,6 +17,7 @@
 
 #include "wsync_error.h"
 #include "wsync_log.h"
+#include "wsync_torch_handle.h"
 
 typedef struct vmm_api {
     CUresult (*granularity)(size_t *, const CUmemAllocationProp *,
@@ -189,6 +190,44 @@ void wsync_cuda_vmm_handle(const wsync_cuda_vmm_t *v, uint8_t *out, uint32_t *le
     *len = sizeof(h);
 }
 
+/* pidfd_open(pid): the exporter of an fd-based handle. */
+static wsync_result_t pidfd_open_producer(int64_t pid, int *out, wsync_error_t *err)
+{
+    int pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+    if (pidfd < 0) {
+        int e = errno;
+        return WSYNC_FAIL(err, e == ENOSYS ? WSYNC_ERR_NOT_SUPPORTED : WSYNC_ERR_PEER_GONE,
+                          "pidfd_open(producer pid %lld): %s; the producer must be alive on this "
+                          "machine (Linux >= 5.6 for fd handles; else WSYNC_CUDA_STAGING_KIND=ipc)",
+                          (long long)pid, strerror(e));
+    }
+    *out = pidfd;
+    return WSYNC_OK;
+}
+
+/* pidfd_getfd: a copy of the producer's descriptor `remote` in this process. */
+static wsync_result_t take_fd(int pidfd, int64_t pid, int remote, int *out, wsync_error_t *err)
+{
+    int fd = (int)syscall(SYS_pidfd_getfd, pidfd, remote, 0);
+    int e = errno;
+    if (fd >= 0) {
+        *out = fd;
+        return WSYNC_OK;
+    }
+    if (e == EPERM || e == EACCES)
+        return WSYNC_FAIL(err, WSYNC_ERR_PERMISSION,
+                          "pidfd_getfd(pid %lld, fd %d): %s: taking the producer's fd needs the "
+                          "same uid as the producer and ptrace permission over it (Yama "
+                          "kernel.yama.ptrace_scope <= 1 with the producer a descendant, or "
+                          "CAP_SYS_PTRACE); else set WSYNC_CUDA_STAGING_KIND=ipc in the "
+                          "producer (torch: expandable_segments:False)",
+                          (long long)pid, remote, strerror(e));
+    return WSYNC_FAIL(err, e == ENOSYS ? WSYNC_ERR_NOT_SUPPORTED : WSYNC_ERR_PEER_GONE,
+                      "pidfd_getfd(pid %lld, fd %d): %s (Linux >= 5.6 needed; is the "
+                      "producer's allocation still alive?)",
+                      (long long)pid, remote, strerror(e));
+}
+
 wsync_result_t wsync_cuda_vmm_import(const uint8_t *handle, uint32_t len, int64_t pid, int device,
                                      wsync_cuda_vmm_t *out, wsync_error_t *err)
 {
@@ -207,32 +246,14 @@ wsync_result_t wsync_cuda_vmm_import(const uint8_t *handle, uint32_t len, int64_
     wsync_result_t rc = need_api(err);
     if (rc != WSYNC_OK)
         return rc;
-    int pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
-    if (pidfd < 0) {
-        int e = errno;
-        return WSYNC_FAIL(
-            err, e == ENOSYS ? WSYNC_ERR_NOT_SUPPORTED : WSYNC_ERR_PEER_GONE,
-            "pidfd_open(producer pid %lld): %s; the producer must be alive on this "
-            "machine (Linux >= 5.6 for cuda_vmm_fd; else WSYNC_CUDA_STAGING_KIND=ipc)",
-            (long long)pid, strerror(e));
-    }
-    int fd = (int)syscall(SYS_pidfd_getfd, pidfd, h.fd, 0);
-    int e = errno;
+    int pidfd = -1, fd = -1;
+    rc = pidfd_open_producer(pid, &pidfd, err);
+    if (rc != WSYNC_OK)
+        return rc;
+    rc = take_fd(pidfd, pid, h.fd, &fd, err);
     close(pidfd);
-    if (fd < 0) {
-        if (e == EPERM || e == EACCES)
-            return WSYNC_FAIL(err, WSYNC_ERR_PERMISSION,
-                              "pidfd_getfd(pid %lld, fd %d): %s: taking the staging fd needs the "
-                              "same uid as the producer and ptrace permission over it (Yama "
-                              "kernel.yama.ptrace_scope <= 1 with the producer a descendant, or "
-                              "CAP_SYS_PTRACE); else set WSYNC_CUDA_STAGING_KIND=ipc in the "
-                              "producer",
-                              (long long)pid, h.fd, strerror(e));
-        return WSYNC_FAIL(err, e == ENOSYS ? WSYNC_ERR_NOT_SUPPORTED : WSYNC_ERR_PEER_GONE,
-                          "pidfd_getfd(pid %lld, fd %d): %s (Linux >= 5.6 needed; is the "
-                          "producer's staging buffer still alive?)",
-                          (long long)pid, h.fd, strerror(e));
-    }
+    if (rc != WSYNC_OK)
+        return rc;
     (void)cudaFree(0);
     CUmemGenericAllocationHandle mh = 0;
     out->size = h.size;
@@ -260,9 +281,78 @@ fail:
     return rc;
 }
 
+wsync_result_t wsync_cuda_vmm_import_torch(const uint8_t *handle, uint32_t len, int device,
+                                           wsync_cuda_vmm_t *out, wsync_error_t *err)
+{
+    wsync_torch_segments_t seg;
+    memset(out, 0, sizeof(*out));
+    out->fd = -1;
+    wsync_result_t rc = wsync_torch_segments_decode(handle, len, &seg, err);
+    if (rc == WSYNC_OK)
+        rc = need_api(err);
+    if (rc != WSYNC_OK)
+        return rc;
+    size_t g = 0;
+    (void)cudaFree(0);
+    if ((g = granularity(device, err, &rc)) == 0)
+        return rc;
+    int pidfd = -1;
+    if ((rc = pidfd_open_producer(seg.pid, &pidfd, err)) != WSYNC_OK)
+        return rc;
+    CUmemGenericAllocationHandle mh[WSYNC_TORCH_SEGMENTS_MAX] = {0};
+    uint32_t got = 0;
+    CUdeviceptr p = 0;
+    uint32_t mapped = 0;
+    for (; got < seg.n; got++) {
+        int fd = -1;
+        if ((rc = take_fd(pidfd, seg.pid, seg.fds[got], &fd, err)) != WSYNC_OK)
+            goto fail;
+        CUresult r = api.import_fd(&mh[got], (void *)(uintptr_t)fd,
+                                   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        close(fd);
+        if (r != CUDA_SUCCESS) {
+            rc = cu_fail(err, r, __func__, "cuMemImportFromShareableHandle(torch segment)");
+            goto fail;
+        }
+    }
+    out->seg_size = seg.segment_size;
+    out->size = seg.segment_size * seg.n;
+    CU_TRY(api.reserve(&p, out->size, g, 0, 0), "cuMemAddressReserve");
+    for (; mapped < seg.n; mapped++)
+        CU_TRY(api.map(p + mapped * seg.segment_size, seg.segment_size, 0, mh[mapped], 0),
+               "cuMemMap(torch segment)");
+    CUmemAccessDesc a;
+    memset(&a, 0, sizeof(a));
+    a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    a.location.id = device;
+    a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CU_TRY(api.set_access(p, out->size, &a, 1), "cuMemSetAccess");
+    for (uint32_t i = 0; i < seg.n; i++)
+        api.release(mh[i]); /* the mappings keep the allocations alive until unmapped */
+    close(pidfd);
+    out->ptr = p;
+    out->n_seg = seg.n;
+    return WSYNC_OK;
+fail:
+    for (uint32_t i = 0; i < mapped; i++)
+        api.unmap(p + i * seg.segment_size, seg.segment_size);
+    if (p)
+        api.address_free(p, out->size);
+    for (uint32_t i = 0; i < got; i++)
+        api.release(mh[i]);
+    close(pidfd);
+    memset(out, 0, sizeof(*out));
+    out->fd = -1;
+    return rc;
+}
+
 void wsync_cuda_vmm_destroy(wsync_cuda_vmm_t *v)
 {
-    if (v->ptr) {
+    if (v->ptr && v->n_seg > 0) {
+        for (uint32_t i = 0; i < v->n_seg; i++)
+            api.unmap(v->ptr + i * v->seg_size, v->seg_size);
+        api.address_free(v->ptr, v->size);
+    } else if (v->ptr) {
         api.unmap(v->ptr, v->size);
         api.address_free(v->ptr, v->size);
     }

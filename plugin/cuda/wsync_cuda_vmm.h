@@ -32,6 +32,8 @@ typedef struct wsync_cuda_vmm {
     uint64_t size;
     int fd; /* producer: the exported descriptor; -1 otherwise */
     uint64_t nonce;
+    uint64_t seg_size; /* torch expandable segments: size of each mapped segment (0: one map) */
+    uint32_t n_seg;    /* torch expandable segments: segments mapped back to back */
 } wsync_cuda_vmm_t;
 
 /* Producer: allocate at least `bytes` on `device`, map it here, export an fd. */
@@ -44,6 +46,11 @@ void wsync_cuda_vmm_handle(const wsync_cuda_vmm_t *v, uint8_t *out, uint32_t *le
  * (no such process or fd), NOT_SUPPORTED (kernel or driver without the calls), SYSTEM. */
 wsync_result_t wsync_cuda_vmm_import(const uint8_t *handle, uint32_t len, int64_t pid, int device,
                                      wsync_cuda_vmm_t *out, wsync_error_t *err);
+/* Consumer: import a torch expandable-segment share (kind torch_expandable: the header and
+ * fds of wsync_torch_handle.h) from its exporter and map its segments back to back on `device`,
+ * as torch's own import does. Errors as wsync_cuda_vmm_import. */
+wsync_result_t wsync_cuda_vmm_import_torch(const uint8_t *handle, uint32_t len, int device,
+                                           wsync_cuda_vmm_t *out, wsync_error_t *err);
 /* Unmap, free the address range and release the allocation (closes the producer's fd). The
  * caller guarantees no work still uses the memory. Safe on a zeroed struct. */
 void wsync_cuda_vmm_destroy(wsync_cuda_vmm_t *v);
