@@ -1,0 +1,192 @@
+/* See wsync_shim_api.h. Each entry point forwards to the shims' own code. */
+#include "wsync_shim_api.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "wsync_driver.h"
+#include "wsync_host_error.h"
+#include "wsync_shim.h"
+
+#define WSYNC_SHIM_API __attribute__((visibility("default")))
+
+struct wsync_shim_worker {
+    const wsync_shim_t *shim;
+    wsync_driver_t *driver;
+    wsync_shim_ctx_t ctx;
+};
+
+WSYNC_SHIM_API uint32_t wsync_shim_api_version(void)
+{
+    return WSYNC_SHIM_API_VERSION;
+}
+
+static const wsync_shim_t *find_shim(const char *engine, wsync_error_t *err)
+{
+    const wsync_shim_t *s = wsync_shim_find(engine);
+    if (s == NULL)
+        WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_FOUND,
+                        "unknown engine \"%.64s\": use sglang, vllm or lmdeploy",
+                        engine ? engine : "(null)");
+    return s;
+}
+
+WSYNC_SHIM_API wsync_result_t wsync_shim_worker_open(const wsync_shim_worker_config_t *cfg,
+                                                     wsync_shim_worker_t **out, wsync_error_t *err)
+{
+    if (cfg == NULL || out == NULL || cfg->ops == NULL ||
+        cfg->struct_size < sizeof(wsync_shim_worker_config_t))
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                               "worker_open needs a config (struct_size %zu) with ops, and out",
+                               sizeof(wsync_shim_worker_config_t));
+    const wsync_shim_t *s = find_shim(cfg->engine, err);
+    if (s == NULL)
+        return WSYNC_ERR_NOT_FOUND;
+    wsync_shim_worker_t *w = calloc(1, sizeof(*w));
+    if (w == NULL)
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for a shim worker");
+    wsync_driver_config_t dc = {.plugin_path = cfg->plugin_path,
+                                .engine = cfg->ops,
+                                .map = s->map,
+                                .log = cfg->log,
+                                .log_user = cfg->log_user,
+                                .log_level = cfg->log_level,
+                                .device_ordinal = cfg->device_ordinal,
+                                .timeout_ms = cfg->timeout_ms,
+                                .copy_flags = cfg->copy_flags};
+    wsync_result_t rc = wsync_driver_open(&dc, &w->driver, err);
+    if (rc != WSYNC_OK) {
+        free(w);
+        return rc;
+    }
+    uint32_t rank = 0, size = 1;
+    cfg->ops->tp(cfg->ops->user, &rank, &size);
+    w->shim = s;
+    wsync_shim_ctx_init(&w->ctx, w->driver, rank, size);
+    *out = w;
+    return WSYNC_OK;
+}
+
+WSYNC_SHIM_API void wsync_shim_worker_close(wsync_shim_worker_t *w)
+{
+    if (w == NULL)
+        return;
+    wsync_shim_ctx_free(&w->ctx);
+    wsync_driver_release(w->driver, NULL);
+    wsync_driver_close(w->driver);
+    free(w);
+}
+
+WSYNC_SHIM_API char *wsync_shim_worker_backend(const wsync_shim_worker_t *w, int *native)
+{
+    const char *why = NULL;
+    int nat = wsync_driver_native(w->driver, &why);
+    const wsync_plugin_t *p = wsync_driver_plugin(w->driver);
+    char buf[WSYNC_ERROR_MESSAGE_LEN + 32];
+    if (nat || p == NULL)
+        snprintf(buf, sizeof(buf), "native: %s", why ? why : "no plugin");
+    else
+        snprintf(buf, sizeof(buf), "%s %s", p->name, p->version);
+    if (native != NULL)
+        *native = nat || p == NULL;
+    return strdup(buf);
+}
+
+WSYNC_SHIM_API char *wsync_shim_worker_serve(wsync_shim_worker_t *w, const char *text, size_t len,
+                                             wsync_result_t *rc, wsync_error_t *err)
+{
+    if (w == NULL || text == NULL) {
+        wsync_result_t r = WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                                           "serve needs a worker and a request text");
+        if (rc != NULL)
+            *rc = r;
+        return NULL;
+    }
+    return wsync_shim_serve(w->shim, &w->ctx, text, len, rc, err);
+}
+
+WSYNC_SHIM_API wsync_result_t wsync_shim_worker_drain(wsync_shim_worker_t *w, wsync_error_t *err)
+{
+    return wsync_driver_drain(w->driver, err);
+}
+
+WSYNC_SHIM_API wsync_result_t wsync_shim_worker_release(wsync_shim_worker_t *w, wsync_error_t *err)
+{
+    return wsync_driver_release(w->driver, err);
+}
+
+/* JSON text (malloc'd) of `msgs` (stolen), or NULL with err set. */
+static char *dump_stolen(json_t *msgs, wsync_error_t *err)
+{
+    char *out = json_dumps(msgs, JSON_COMPACT);
+    json_decref(msgs);
+    if (out == NULL)
+        WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for the message text");
+    return out;
+}
+
+WSYNC_SHIM_API char *wsync_shim_encode_bucket(const char *engine, const char *const *manifests,
+                                              size_t n_ranks, int first, int finished,
+                                              const char *weight_version, int packed,
+                                              int with_buffer, wsync_error_t *err)
+{
+    const wsync_shim_t *s = find_shim(engine, err);
+    if (s == NULL)
+        return NULL;
+    if (manifests == NULL || n_ranks == 0) {
+        WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "encode_bucket needs manifests");
+        return NULL;
+    }
+    wsync_shim_encode_t in = {.manifests = manifests,
+                              .n_ranks = n_ranks,
+                              .first = first,
+                              .finished = finished,
+                              .weight_version = weight_version,
+                              .packed = packed,
+                              .with_buffer = with_buffer};
+    json_t *msgs = NULL;
+    if (s->encode(&in, &msgs, err) != WSYNC_OK)
+        return NULL;
+    return dump_stolen(msgs, err);
+}
+
+WSYNC_SHIM_API char *wsync_shim_encode_lora(const char *engine, const char *name, uint32_t int_id,
+                                            const char *path, const char *const *manifests,
+                                            size_t n_ranks, const char *config, int unload,
+                                            wsync_error_t *err)
+{
+    const wsync_shim_t *s = find_shim(engine, err);
+    if (s == NULL)
+        return NULL;
+    if (name == NULL || (!unload && path == NULL && (manifests == NULL || n_ranks == 0))) {
+        WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                        "encode_lora needs a name and a path or manifests");
+        return NULL;
+    }
+    wsync_shim_lora_t in = {.name = name,
+                            .int_id = int_id ? int_id : 1,
+                            .path = path,
+                            .manifests = manifests,
+                            .n_ranks = n_ranks,
+                            .config = config,
+                            .unload = unload};
+    json_t *msg = NULL;
+    if (s->encode_lora(&in, &msg, err) != WSYNC_OK)
+        return NULL;
+    return dump_stolen(msg, err);
+}
+
+WSYNC_SHIM_API wsync_result_t wsync_shim_order(const char *engine, const char *const *names,
+                                               size_t n, size_t *order, wsync_error_t *err)
+{
+    const wsync_shim_t *s = find_shim(engine, err);
+    if (s == NULL)
+        return WSYNC_ERR_NOT_FOUND;
+    return wsync_map_order(s->map, names, n, order, err);
+}
+
+WSYNC_SHIM_API void wsync_shim_api_free(void *p)
+{
+    free(p);
+}

@@ -1,0 +1,92 @@
+/* The engine shims as one shared library (libwsync_shim.so) for engines and trainers written in
+ * other languages (the Python package binds it with ctypes). It adds no rule of its own: each
+ * call is the C shims' code (mapping, request handling, encoding, planning order), so a Python
+ * engine and a C engine behave identically.
+ *
+ * Exported: exactly the functions below (cmake/wsync_shim.map). Errors as everywhere in wsync:
+ * a wsync_result_t and an optional caller-owned wsync_error_t (first error wins). Strings this
+ * library returns are malloc'd; free them with wsync_shim_api_free. */
+#ifndef WSYNC_SHIM_API_H
+#define WSYNC_SHIM_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wsync_abi.h"
+#include "wsync_registry.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define WSYNC_SHIM_API_VERSION 1u
+
+/* This library's API version (WSYNC_SHIM_API_VERSION). */
+uint32_t wsync_shim_api_version(void);
+
+typedef struct wsync_shim_worker wsync_shim_worker_t;
+
+typedef struct wsync_shim_worker_config {
+    size_t struct_size;
+    const char *engine;            /* "sglang", "vllm", "lmdeploy" */
+    const char *plugin_path;       /* NULL: $WSYNC_PLUGIN, else the default search */
+    const wsync_engine_ops_t *ops; /* borrowed for the worker's life */
+    int device_ordinal;            /* CUDA ordinal of the engine's parameters */
+    uint32_t timeout_ms;           /* consumer waits (0: the plugin's default) */
+    uint32_t copy_flags;           /* WSYNC_COPY_VERIFY: check wsync64 digests in the copy */
+    wsync_log_fn_t log;            /* NULL: silent */
+    void *log_user;
+    wsync_log_level_t log_level;
+} wsync_shim_worker_config_t;
+
+/* One engine worker (one TP rank): the shim of cfg->engine over a request driver. When no plugin
+ * can be used (missing, incompatible, no device) the worker still opens and *native is set
+ * (wsync_shim_worker_backend says why); requests then go to ops->native_copy, or fail with
+ * NOT_SUPPORTED without one. NOT_FOUND for an unknown engine name. Blocking. */
+wsync_result_t wsync_shim_worker_open(const wsync_shim_worker_config_t *cfg,
+                                      wsync_shim_worker_t **out, wsync_error_t *err);
+/* Release every mapping, finalize the consumer, unload the plugin. NULL is a no-op. */
+void wsync_shim_worker_close(wsync_shim_worker_t *w);
+
+/* The plugin in use ("host 0.1.0 /path/libwsync_host.so.0"), or "native: <why>" (malloc'd). */
+char *wsync_shim_worker_backend(const wsync_shim_worker_t *w, int *native);
+
+/* Handle one request message (JSON text of the engine's API, wsync_shim.h) and return the reply
+ * JSON text ({"ok": true, ...} or {"ok": false, "code", "error", "message"}); *rc gets the
+ * result. A refused request leaves every engine parameter as it was. Copies are enqueued on
+ * ops->stream (non-blocking) unless the shim drains (flush, finish). */
+char *wsync_shim_worker_serve(wsync_shim_worker_t *w, const char *text, size_t len,
+                              wsync_result_t *rc, wsync_error_t *err);
+/* Wait for every copy enqueued on the engine's stream. Blocking. */
+wsync_result_t wsync_shim_worker_drain(wsync_shim_worker_t *w, wsync_error_t *err);
+/* Drain, then close every cached mapping (the engine's half of the retire handshake). */
+wsync_result_t wsync_shim_worker_release(wsync_shim_worker_t *w, wsync_error_t *err);
+
+/* Trainer side: the request messages (a JSON array, in send order) that carry one bucket to
+ * `engine`, from what publish returned for each engine TP rank (n_ranks manifests, or one for
+ * all). first / finished: first and last bucket of a weight version; weight_version may be NULL;
+ * packed (vLLM): packed buckets; with_buffer (LMDeploy): the first bucket a buffer carries. */
+char *wsync_shim_encode_bucket(const char *engine, const char *const *manifests, size_t n_ranks,
+                               int first, int finished, const char *weight_version, int packed,
+                               int with_buffer, wsync_error_t *err);
+
+/* Trainer side, LoRA: the one message that hot-loads adapter `name` into `engine` from the
+ * tensors of a published buffer (manifests, one per rank or one for all, naming tensors as PEFT
+ * saves them) with PEFT's adapter_config.json text `config`; or, with `path`, from a PEFT
+ * directory. int_id: vLLM's lora_int_id (> 0). */
+char *wsync_shim_encode_lora(const char *engine, const char *name, uint32_t int_id,
+                             const char *path, const char *const *manifests, size_t n_ranks,
+                             const char *config, int unload, wsync_error_t *err);
+
+/* The order `engine` holds the n HF `names` in (wsync_map_order): order[i] indexes names. A
+ * trainer that plans buckets in this order cuts a fused parameter at most once. */
+wsync_result_t wsync_shim_order(const char *engine, const char *const *names, size_t n,
+                                size_t *order, wsync_error_t *err);
+
+void wsync_shim_api_free(void *p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
