@@ -186,6 +186,23 @@ WSYNC_SHIM_API wsync_result_t wsync_shim_order(const char *engine, const char *c
     return wsync_map_order(s->map, names, n, order, err);
 }
 
+WSYNC_SHIM_API wsync_result_t wsync_shim_plan(const char *engine, const char *const *names,
+                                              const uint64_t *nbytes, size_t n,
+                                              uint64_t bucket_bytes, size_t *order,
+                                              size_t *bucket_first, size_t *n_buckets,
+                                              wsync_error_t *err)
+{
+    const wsync_shim_t *s = find_shim(engine, err);
+    if (s == NULL)
+        return WSYNC_ERR_NOT_FOUND;
+    if ((n > 0 && (names == NULL || nbytes == NULL || order == NULL)) || bucket_first == NULL ||
+        n_buckets == NULL)
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                               "plan needs names, nbytes, order, bucket_first and n_buckets");
+    return wsync_map_plan_buckets(s->map, names, nbytes, n, bucket_bytes, order, bucket_first,
+                                  n_buckets, err);
+}
+
 WSYNC_SHIM_API void wsync_shim_api_free(void *p)
 {
     free(p);

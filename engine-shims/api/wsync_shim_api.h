@@ -83,6 +83,13 @@ char *wsync_shim_encode_lora(const char *engine, const char *name, uint32_t int_
 wsync_result_t wsync_shim_order(const char *engine, const char *const *names, size_t n,
                                 size_t *order, wsync_error_t *err);
 
+/* Trainer side: buckets of at most bucket_bytes for the n tensors (names, nbytes) in `engine`'s
+ * order (wsync_map_plan_buckets): bucket b holds order[bucket_first[b] .. bucket_first[b + 1]).
+ * order: n entries; bucket_first: n + 1. INVALID_ARGUMENT naming a tensor that does not fit. */
+wsync_result_t wsync_shim_plan(const char *engine, const char *const *names, const uint64_t *nbytes,
+                               size_t n, uint64_t bucket_bytes, size_t *order, size_t *bucket_first,
+                               size_t *n_buckets, wsync_error_t *err);
+
 void wsync_shim_api_free(void *p);
 
 #ifdef __cplusplus

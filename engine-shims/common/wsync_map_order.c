@@ -60,3 +60,33 @@ wsync_result_t wsync_map_order(const wsync_map_table_t *table, const char *const
     free(k), free(by), free(param);
     return WSYNC_OK;
 }
+
+wsync_result_t wsync_map_plan_buckets(const wsync_map_table_t *table, const char *const *names,
+                                      const uint64_t *nbytes, size_t n, uint64_t bucket_bytes,
+                                      size_t *order, size_t *bucket_first, size_t *n_buckets,
+                                      wsync_error_t *err)
+{
+    wsync_result_t rc = wsync_map_order(table, names, n, order, err);
+    if (rc != WSYNC_OK)
+        return rc;
+    uint64_t used = 0;
+    size_t nb = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t b = nbytes[order[i]];
+        uint64_t at = (used + WSYNC_MAP_ALIGN - 1) / WSYNC_MAP_ALIGN * WSYNC_MAP_ALIGN;
+        if (b > bucket_bytes)
+            return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                                   "tensor %s (%llu bytes) does not fit a %llu-byte bucket: "
+                                   "raise the bucket size",
+                                   names[order[i]], (unsigned long long)b,
+                                   (unsigned long long)bucket_bytes);
+        if (i == 0 || at + b > bucket_bytes) {
+            bucket_first[nb++] = i;
+            at = 0;
+        }
+        used = at + b;
+    }
+    bucket_first[nb] = n;
+    *n_buckets = nb;
+    return WSYNC_OK;
+}

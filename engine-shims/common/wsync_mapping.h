@@ -86,4 +86,17 @@ wsync_result_t wsync_map_plan(const wsync_map_table_t *table, const wsync_engine
 wsync_result_t wsync_map_order(const wsync_map_table_t *table, const char *const *names, size_t n,
                                size_t *order, wsync_error_t *err);
 
+/* The staging buffer's packing alignment (the producers' 256 bytes). */
+#define WSYNC_MAP_ALIGN 256u
+
+/* Plan buckets of at most bucket_bytes for n tensors (names, nbytes): the engine's order
+ * (wsync_map_order into order, n entries), cut greedily with WSYNC_MAP_ALIGN alignment, so a fused
+ * parameter is cut at most once per bucket boundary. Bucket b holds order[bucket_first[b] ..
+ * bucket_first[b + 1]); *n_buckets buckets (bucket_first needs n + 1 entries). INVALID_ARGUMENT
+ * naming the tensor when one does not fit a bucket. */
+wsync_result_t wsync_map_plan_buckets(const wsync_map_table_t *table, const char *const *names,
+                                      const uint64_t *nbytes, size_t n, uint64_t bucket_bytes,
+                                      size_t *order, size_t *bucket_first, size_t *n_buckets,
+                                      wsync_error_t *err);
+
 #endif

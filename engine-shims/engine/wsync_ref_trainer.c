@@ -7,40 +7,32 @@
 
 #include "wsync_host_error.h"
 
-/* Greedy packing in the engine's order (wsync_map_order: tensors of one fused engine parameter
- * next to each other, so their copies continue each other) with the staging's 256-byte
- * alignment. */
+/* Buckets planned by the shims' planner (wsync_map_plan_buckets: the engine's order, greedy,
+ * with the staging's alignment). */
 static int wsync_ref_trainer_plan(wsync_ref_trainer_t *t, char *why, size_t len)
 {
-    uint64_t used = 0;
     wsync_error_t err = {.struct_size = sizeof(err)};
     const char **names = calloc(t->model.n + 1, sizeof(*names));
+    uint64_t *nbytes = calloc(t->model.n + 1, sizeof(*nbytes));
 
     t->order = calloc(t->model.n + 1, sizeof(*t->order));
     t->bucket_first = calloc(t->model.n + 1, sizeof(*t->bucket_first));
-    if (t->bucket_first == NULL || t->order == NULL || names == NULL)
-        return free(names), snprintf(why, len, "out of memory"), -1;
-    for (size_t i = 0; i < t->model.n; i++)
+    if (t->bucket_first == NULL || t->order == NULL || names == NULL || nbytes == NULL) {
+        free(names);
+        free(nbytes);
+        return snprintf(why, len, "out of memory"), -1;
+    }
+    for (size_t i = 0; i < t->model.n; i++) {
         names[i] = t->model.tensors[i].name;
-    wsync_result_t rc = wsync_map_order(t->shim->map, names, t->model.n, t->order, &err);
+        nbytes[i] = t->model.tensors[i].nbytes;
+    }
+    wsync_result_t rc =
+        wsync_map_plan_buckets(t->shim->map, names, nbytes, t->model.n, t->cfg.bucket_bytes,
+                               t->order, t->bucket_first, &t->nbuckets, &err);
     free(names);
+    free(nbytes);
     if (rc != WSYNC_OK)
         return snprintf(why, len, "%s", err.message), -1;
-    for (size_t i = 0; i < t->model.n; i++) {
-        const wsync_model_tensor_t *m = &t->model.tensors[t->order[i]];
-        uint64_t at = (used + WSYNC_MODEL_ALIGN - 1) / WSYNC_MODEL_ALIGN * WSYNC_MODEL_ALIGN;
-        if (m->nbytes > t->cfg.bucket_bytes)
-            return snprintf(why, len, "tensor %s (%llu bytes) does not fit a %llu-byte bucket",
-                            m->name, (unsigned long long)m->nbytes,
-                            (unsigned long long)t->cfg.bucket_bytes),
-                   -1;
-        if (i == 0 || at + m->nbytes > t->cfg.bucket_bytes) {
-            t->bucket_first[t->nbuckets++] = i;
-            at = 0;
-        }
-        used = at + m->nbytes;
-    }
-    t->bucket_first[t->nbuckets] = t->model.n;
     return 0;
 }
 
