@@ -7,6 +7,7 @@
 
 #include "wsync_driver.h"
 #include "wsync_host_error.h"
+#include "wsync_loader.h"
 #include "wsync_shim.h"
 
 #define WSYNC_SHIM_API __attribute__((visibility("default")))
@@ -201,6 +202,27 @@ WSYNC_SHIM_API wsync_result_t wsync_shim_plan(const char *engine, const char *co
                                "plan needs names, nbytes, order, bucket_first and n_buckets");
     return wsync_map_plan_buckets(s->map, names, nbytes, n, bucket_bytes, order, bucket_first,
                                   n_buckets, err);
+}
+
+WSYNC_SHIM_API wsync_result_t wsync_shim_plugin_open(const char *path, const wsync_plugin_t **out,
+                                                     char *loaded_path, size_t cap,
+                                                     wsync_error_t *err)
+{
+    if (out == NULL)
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "plugin_open needs out");
+    /* Process lifetime: the loader's dlopen handle is never closed (tables stay valid). */
+    wsync_loader_t *l = calloc(1, sizeof(*l));
+    if (l == NULL)
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for a plugin loader");
+    wsync_result_t rc = wsync_loader_open(l, path, NULL, err);
+    if (rc != WSYNC_OK) {
+        free(l);
+        return rc;
+    }
+    *out = l->plugin;
+    if (loaded_path != NULL && cap > 0)
+        snprintf(loaded_path, cap, "%s", l->path);
+    return WSYNC_OK;
 }
 
 WSYNC_SHIM_API void wsync_shim_api_free(void *p)

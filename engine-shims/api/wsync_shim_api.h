@@ -48,7 +48,7 @@ wsync_result_t wsync_shim_worker_open(const wsync_shim_worker_config_t *cfg,
 /* Release every mapping, finalize the consumer, unload the plugin. NULL is a no-op. */
 void wsync_shim_worker_close(wsync_shim_worker_t *w);
 
-/* The plugin in use ("host 0.1.0 /path/libwsync_host.so.0"), or "native: <why>" (malloc'd). */
+/* The plugin in use ("host 0.1.1"), or "native: <why>" (malloc'd). */
 char *wsync_shim_worker_backend(const wsync_shim_worker_t *w, int *native);
 
 /* Handle one request message (JSON text of the engine's API, wsync_shim.h) and return the reply
@@ -89,6 +89,14 @@ wsync_result_t wsync_shim_order(const char *engine, const char *const *names, si
 wsync_result_t wsync_shim_plan(const char *engine, const char *const *names, const uint64_t *nbytes,
                                size_t n, uint64_t bucket_bytes, size_t *order, size_t *bucket_first,
                                size_t *n_buckets, wsync_error_t *err);
+
+/* Load a plugin through the shims' loader (wsync_loader.h: `path`, else $WSYNC_PLUGIN, else the
+ * CUDA plugin when it finds a device, else the host plugin, searched in $WSYNC_PLUGIN_DIR first)
+ * for a trainer's producer side. The plugin stays loaded for the life of the process; *out is
+ * its table, loaded_path (cap bytes) the file that was loaded. Errors name the library, the
+ * step and why. */
+wsync_result_t wsync_shim_plugin_open(const char *path, const wsync_plugin_t **out,
+                                      char *loaded_path, size_t cap, wsync_error_t *err);
 
 void wsync_shim_api_free(void *p);
 

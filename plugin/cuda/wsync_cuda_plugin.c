@@ -14,7 +14,7 @@ static const wsync_plugin_v1_t wsync_cuda_plugin = {
     .struct_size = sizeof(wsync_plugin_v1_t),
     .abi_version = WSYNC_ABI_VERSION_1,
     .name = WSYNC_CUDA_PLUGIN_NAME,
-    .version = "0.1.0",
+    .version = "0.1.1",
     .consumer = &wsync_cuda_consumer_ops,
     .producer = &wsync_cuda_producer_ops,
 };

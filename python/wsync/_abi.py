@@ -1,0 +1,188 @@
+"""ctypes mirrors of ``abi/wsync_abi_v1.h`` and ``engine-shims/common/wsync_registry.h``.
+
+Layouts only: every rule lives in the C plugin and shims. Field order and types follow the
+frozen header exactly; ``tests/python/test_abi_layout.py`` checks the sizes against the C
+compiler's.
+"""
+
+from __future__ import annotations
+
+import ctypes as C
+
+MAX_DIMS = 8
+HANDLE_MAX = 128
+DEVICE_MAX = 64
+ERROR_MESSAGE_LEN = 320
+ERROR_WHERE_LEN = 64
+ABI_VERSION = 1
+
+COPY_VERIFY = 0x1
+STAGING_FIXED_LAYOUT = 0x1
+STAGING_NO_DIGESTS = 0x2
+
+# wsync_dtype_t: values fixed by the ABI.
+DTYPES = {
+    "bfloat16": 1,
+    "float16": 2,
+    "float32": 3,
+    "float64": 4,
+    "int8": 5,
+    "uint8": 6,
+    "int16": 7,
+    "int32": 8,
+    "int64": 9,
+    "bool": 10,
+    "float8_e4m3fn": 11,
+    "float8_e5m2": 12,
+}
+
+
+class Error(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_size_t),
+        ("code", C.c_int),
+        ("where", C.c_char * ERROR_WHERE_LEN),
+        ("message", C.c_char * ERROR_MESSAGE_LEN),
+    ]
+
+    @classmethod
+    def new(cls) -> "Error":
+        e = cls()
+        e.struct_size = C.sizeof(cls)
+        return e
+
+
+LogFn = C.CFUNCTYPE(None, C.c_void_p, C.c_int, C.c_char_p, C.c_int, C.c_char_p)
+
+
+class Host(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_size_t),
+        ("log", C.c_void_p),
+        ("log_user", C.c_void_p),
+        ("log_level", C.c_int),
+    ]
+
+
+class StagingConfig(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_size_t),
+        ("bytes", C.c_uint64),
+        ("device_ordinal", C.c_int),
+        ("flags", C.c_uint32),
+        ("timeout_ms", C.c_uint32),
+    ]
+
+
+class StageTensor(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_size_t),
+        ("name", C.c_char_p),
+        ("dtype", C.c_int),
+        ("ndim", C.c_uint32),
+        ("shape", C.c_int64 * MAX_DIMS),
+        ("src", C.c_void_p),
+    ]
+
+
+_R = C.c_int  # wsync_result_t
+_P = C.c_void_p
+_E = C.POINTER(Error)
+
+
+class ProducerOps(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_size_t),
+        ("abi_version", C.c_uint32),
+        ("create", C.CFUNCTYPE(_R, C.POINTER(StagingConfig), C.POINTER(_P), _E)),
+        ("stage", C.CFUNCTYPE(_R, _P, _P, C.POINTER(StageTensor), C.c_size_t, _E)),
+        (
+            "publish",
+            C.CFUNCTYPE(_R, _P, _P, C.c_int, C.POINTER(C.c_char_p), C.POINTER(C.c_uint64), _E),
+        ),
+        ("wait_consumed", C.CFUNCTYPE(_R, _P, _P, C.c_uint64, _E)),
+        ("retire", C.CFUNCTYPE(_R, _P, _E)),
+        ("stream_create", C.CFUNCTYPE(_R, _P, C.POINTER(_P), _E)),
+        ("stream_destroy", C.CFUNCTYPE(_R, _P, _P, _E)),
+        ("stream_synchronize", C.CFUNCTYPE(_R, _P, _P, _E)),
+        ("read_back", C.CFUNCTYPE(_R, _P, C.c_uint64, _P, C.c_size_t, _E)),
+    ]
+
+
+class Plugin(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_size_t),
+        ("abi_version", C.c_uint32),
+        ("name", C.c_char_p),
+        ("version", C.c_char_p),
+        ("consumer", C.c_void_p),
+        ("producer", C.POINTER(ProducerOps)),
+    ]
+
+
+PluginInit = C.CFUNCTYPE(_R, C.POINTER(C.c_uint32), C.POINTER(Host), C.POINTER(C.POINTER(Plugin)), _E)
+
+
+# ------------------------------------------------------------------ engine registry
+
+
+class ParamInfo(C.Structure):
+    _fields_ = [
+        ("ptr", C.c_void_p),
+        ("dtype", C.c_int),
+        ("ndim", C.c_uint32),
+        ("shape", C.c_int64 * MAX_DIMS),
+    ]
+
+
+class ModelDims(C.Structure):
+    _fields_ = [
+        ("hidden", C.c_int64),
+        ("heads", C.c_int64),
+        ("kv_heads", C.c_int64),
+        ("head_dim", C.c_int64),
+        ("intermediate", C.c_int64),
+        ("experts", C.c_int64),
+        ("moe_intermediate", C.c_int64),
+        ("vocab", C.c_int64),
+    ]
+
+
+ParamFn = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_char_p, C.POINTER(ParamInfo))
+TpFn = C.CFUNCTYPE(None, C.c_void_p, C.POINTER(C.c_uint32), C.POINTER(C.c_uint32))
+DimsFn = C.CFUNCTYPE(None, C.c_void_p, C.POINTER(ModelDims))
+StreamFn = C.CFUNCTYPE(C.c_void_p, C.c_void_p)
+HookFn = C.CFUNCTYPE(None, C.c_void_p)
+
+
+class EngineOps(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_size_t),
+        ("user", C.c_void_p),
+        ("param", ParamFn),
+        ("tp", TpFn),
+        ("dims", DimsFn),
+        ("stream", StreamFn),
+        ("flush_cache", HookFn),
+        ("post_load", HookFn),
+        ("native_copy", C.c_void_p),
+        ("lora_slot", C.c_void_p),
+        ("lora_loaded", C.c_void_p),
+        ("lora_unloaded", C.c_void_p),
+        ("reset_prefix_cache", C.c_void_p),
+    ]
+
+
+class WorkerConfig(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_size_t),
+        ("engine", C.c_char_p),
+        ("plugin_path", C.c_char_p),
+        ("ops", C.POINTER(EngineOps)),
+        ("device_ordinal", C.c_int),
+        ("timeout_ms", C.c_uint32),
+        ("copy_flags", C.c_uint32),
+        ("log", C.c_void_p),
+        ("log_user", C.c_void_p),
+        ("log_level", C.c_int),
+    ]

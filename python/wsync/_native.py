@@ -1,0 +1,172 @@
+"""Loading the C libraries: ``libwsync_shim.so`` (the engine shims, bucket planning, the plugin
+loader) and, through it, a plugin. One table of ``(name, restype, argtypes)`` built once, as
+vLLM's pynccl wrapper does.
+
+Where the libraries are found: ``$WSYNC_PLUGIN_DIR`` when set, else the ``lib/`` folder inside
+this package (the wheel ships the CMake-built ``.so`` files there). ``WSYNC_PLUGIN`` names the
+plugin file and overrides the default choice (the CUDA plugin when it finds a device, else the
+host plugin), exactly as for C engines.
+"""
+
+from __future__ import annotations
+
+import ctypes as C
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from . import _abi
+from .errors import PluginUnavailable, error_for
+
+PACKAGE_LIB = Path(__file__).resolve().parent / "lib"
+
+_P = C.c_void_p
+_E = C.POINTER(_abi.Error)
+_FUNCTIONS = [
+    ("wsync_shim_api_version", C.c_uint32, []),
+    ("wsync_shim_worker_open", C.c_int, [C.POINTER(_abi.WorkerConfig), C.POINTER(_P), _E]),
+    ("wsync_shim_worker_close", None, [_P]),
+    ("wsync_shim_worker_backend", _P, [_P, C.POINTER(C.c_int)]),
+    ("wsync_shim_worker_serve", _P, [_P, C.c_char_p, C.c_size_t, C.POINTER(C.c_int), _E]),
+    ("wsync_shim_worker_drain", C.c_int, [_P, _E]),
+    ("wsync_shim_worker_release", C.c_int, [_P, _E]),
+    (
+        "wsync_shim_encode_bucket",
+        _P,
+        [C.c_char_p, C.POINTER(C.c_char_p), C.c_size_t, C.c_int, C.c_int, C.c_char_p, C.c_int,
+         C.c_int, _E],
+    ),
+    (
+        "wsync_shim_encode_lora",
+        _P,
+        [C.c_char_p, C.c_char_p, C.c_uint32, C.c_char_p, C.POINTER(C.c_char_p), C.c_size_t,
+         C.c_char_p, C.c_int, _E],
+    ),
+    (
+        "wsync_shim_plan",
+        C.c_int,
+        [C.c_char_p, C.POINTER(C.c_char_p), C.POINTER(C.c_uint64), C.c_size_t, C.c_uint64,
+         C.POINTER(C.c_size_t), C.POINTER(C.c_size_t), C.POINTER(C.c_size_t), _E],
+    ),
+    (
+        "wsync_shim_plugin_open",
+        C.c_int,
+        [C.c_char_p, C.POINTER(C.POINTER(_abi.Plugin)), C.c_char_p, C.c_size_t, _E],
+    ),
+    ("wsync_shim_api_free", None, [_P]),
+]
+
+SHIM_API_VERSION = 1
+
+
+def lib_dir() -> Path:
+    """The folder the C libraries are loaded from."""
+    env = os.environ.get("WSYNC_PLUGIN_DIR")
+    return Path(env) if env else PACKAGE_LIB
+
+
+class ShimLibrary:
+    """``libwsync_shim.so`` with its function table."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            self.lib = C.CDLL(str(path), mode=os.RTLD_LOCAL)
+        except OSError as e:
+            raise PluginUnavailable(
+                4, "dlopen", f"cannot load {path}: {e}; build the package (pip install .) or "
+                "set WSYNC_PLUGIN_DIR to the folder holding libwsync_shim.so"
+            ) from None
+        for name, restype, argtypes in _FUNCTIONS:
+            f = getattr(self.lib, name)
+            f.restype = restype
+            f.argtypes = argtypes
+            setattr(self, name.removeprefix("wsync_shim_"), f)
+        got = self.api_version()
+        if got != SHIM_API_VERSION:
+            raise PluginUnavailable(
+                2, "wsync_shim_api_version",
+                f"{path} speaks shim API {got}, this package {SHIM_API_VERSION}",
+            )
+        self.path = path
+
+    def take_string(self, p: Optional[int]) -> Optional[str]:
+        """The text of a malloc'd C string, freed."""
+        if not p:
+            return None
+        try:
+            return C.string_at(p).decode()
+        finally:
+            self.api_free(p)
+
+
+_lock = threading.Lock()
+_shim: Optional[ShimLibrary] = None
+
+
+def shim() -> ShimLibrary:
+    """The shim library, loaded once per process."""
+    global _shim
+    with _lock:
+        if _shim is None:
+            d = lib_dir()
+            # The C loader searches $WSYNC_PLUGIN_DIR first: point it at the same folder.
+            os.environ.setdefault("WSYNC_PLUGIN_DIR", str(d))
+            _shim = ShimLibrary(d / "libwsync_shim.so")
+        return _shim
+
+
+def check(rc: int, err: _abi.Error) -> None:
+    """Raise the WsyncError subclass for a failed call."""
+    if rc != 0:
+        raise error_for(rc, err.where.decode(errors="replace"), err.message.decode(errors="replace"))
+
+
+@dataclass(frozen=True)
+class LoadedPlugin:
+    """A loaded plugin: its tables and the file they came from."""
+
+    table: "C._Pointer[_abi.Plugin]"
+    path: str
+
+    @property
+    def name(self) -> str:
+        return self.table.contents.name.decode()
+
+    @property
+    def version(self) -> str:
+        return self.table.contents.version.decode()
+
+    @property
+    def producer(self) -> _abi.ProducerOps:
+        return self.table.contents.producer.contents
+
+
+_plugins: dict = {}
+
+
+def load_plugin(path: Optional[str] = None) -> LoadedPlugin:
+    """Load a plugin through the C loader (``path``, else ``WSYNC_PLUGIN``, else the default)."""
+    s = shim()
+    key = path or os.environ.get("WSYNC_PLUGIN") or ""
+    with _lock:
+        if key in _plugins:
+            return _plugins[key]
+        out = C.POINTER(_abi.Plugin)()
+        buf = C.create_string_buffer(4096)
+        err = _abi.Error.new()
+        rc = s.plugin_open(path.encode() if path else None, C.byref(out), buf, len(buf), C.byref(err))
+        if rc != 0:
+            raise PluginUnavailable(rc, err.where.decode(), err.message.decode())
+        lp = LoadedPlugin(out, buf.value.decode())
+        _plugins[key] = lp
+        return lp
+
+
+def c_strings(items: Sequence[str]) -> "C.Array[C.c_char_p]":
+    """A C array of NUL-terminated strings (the caller keeps it alive for the call)."""
+    arr = (C.c_char_p * max(len(items), 1))()
+    for i, s in enumerate(items):
+        arr[i] = s.encode()
+    return arr

@@ -1,0 +1,59 @@
+"""What the package needs from torch: dtype names, data pointers, the stream a caller means."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Optional, Tuple, Union
+
+import torch
+
+from . import _abi
+from .errors import InvalidArgument
+
+NamedTensors = Union[Mapping[str, torch.Tensor], Iterable[Tuple[str, torch.Tensor]]]
+
+
+def items(named: NamedTensors) -> list:
+    """(name, tensor) pairs of a state_dict, named_parameters() or an iterator of pairs."""
+    pairs = list(named.items()) if isinstance(named, Mapping) else list(named)
+    return [(n, t.data if isinstance(t, torch.nn.Parameter) else t) for n, t in pairs]
+
+
+def dtype_code(name: str, t: torch.Tensor) -> int:
+    """The ABI's wsync_dtype_t for tensor `name`, or InvalidArgument naming it."""
+    key = str(t.dtype).removeprefix("torch.")
+    code = _abi.DTYPES.get(key)
+    if code is None:
+        raise InvalidArgument(
+            1, "dtype", f"tensor {name}: dtype {t.dtype} has no wsync type; "
+            f"use one of {', '.join(sorted(_abi.DTYPES))}"
+        )
+    return code
+
+
+def shape_of(name: str, t: torch.Tensor) -> Tuple[int, Any]:
+    if t.dim() > _abi.MAX_DIMS:
+        raise InvalidArgument(1, "shape", f"tensor {name}: {t.dim()} dims, wsync takes at most {_abi.MAX_DIMS}")
+    arr = (C_INT64 * _abi.MAX_DIMS)(*t.shape)
+    return t.dim(), arr
+
+
+import ctypes as _C  # noqa: E402
+
+C_INT64 = _C.c_int64
+
+
+def stream_handle(device: torch.device, stream: Optional[Any]) -> Optional[int]:
+    """The cudaStream_t to pass: the given torch stream's, else torch's current stream on
+    `device` (0, the legacy default stream, is passed as such); None for CPU tensors (the host
+    plugin's own queue)."""
+    if device.type != "cuda":
+        return None
+    s = stream if stream is not None else torch.cuda.current_stream(device)
+    return int(s.cuda_stream) or None
+
+
+def device_uuid(device: torch.device) -> str:
+    """The "GPU-<uuid>" a manifest names, or "cpu"."""
+    if device.type != "cuda":
+        return "cpu"
+    return "GPU-" + str(torch.cuda.get_device_properties(device).uuid)

@@ -1,0 +1,189 @@
+"""The engine side: an :class:`EngineWorker` wraps one engine rank's torch parameters (by
+engine name: ``qkv_proj``, ``gate_up_proj``, ``w13_weight`` ...) and serves the engine's weight
+update requests through the C shim of that engine. Mapping HF names to engine parameters,
+tensor-parallel narrowing and every validation are the C shims' (one implementation for C and
+Python engines); this class only tells them where each parameter lives.
+
+Copies run in place (every ``data_ptr()`` stays) on the torch stream given, else the current
+stream of the parameters' device when the request arrives.
+"""
+
+from __future__ import annotations
+
+import ctypes as C
+import json
+from typing import Any, Callable, Mapping, Optional, Union
+
+import torch
+
+from . import _abi, _native, _torch
+from .errors import InvalidArgument, PluginUnavailable, error_for
+
+
+def dims_from_config(config: Any) -> _abi.ModelDims:
+    """Model dimensions from a transformers config (or a dict with the same keys)."""
+    get = config.get if isinstance(config, Mapping) else (lambda k, d=None: getattr(config, k, d))
+    hidden = int(get("hidden_size"))
+    heads = int(get("num_attention_heads"))
+    head_dim = get("head_dim") or hidden // heads
+    return _abi.ModelDims(
+        hidden=hidden,
+        heads=heads,
+        kv_heads=int(get("num_key_value_heads") or heads),
+        head_dim=int(head_dim),
+        intermediate=int(get("intermediate_size") or 0),
+        experts=int(get("num_experts") or get("num_local_experts") or 0),
+        moe_intermediate=int(get("moe_intermediate_size") or 0),
+        vocab=int(get("vocab_size")),
+    )
+
+
+class EngineWorker:
+    """One engine rank: ``params`` (a module's ``named_parameters()``, a mapping, or pairs) by
+    engine name, this rank's ``tp_rank`` of ``tp_size``, the model ``config`` the fused layouts
+    depend on. ``plugin`` as for C engines (None: ``WSYNC_PLUGIN`` or the default). ``verify``
+    checks every wsync64 digest inside the copy. ``on_flush`` / ``on_post_load`` are the
+    engine's cache-flush and post-load hooks."""
+
+    def __init__(
+        self,
+        params: Union[torch.nn.Module, _torch.NamedTensors],
+        *,
+        engine: str,
+        config: Any,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        plugin: Optional[str] = None,
+        verify: bool = False,
+        timeout_ms: int = 0,
+        stream: Optional[Any] = None,
+        on_flush: Optional[Callable[[], None]] = None,
+        on_post_load: Optional[Callable[[], None]] = None,
+    ) -> None:
+        named = params.named_parameters() if isinstance(params, torch.nn.Module) else params
+        self.params = dict(_torch.items(named))
+        if not self.params:
+            raise InvalidArgument(1, "EngineWorker", "no parameters")
+        devices = {t.device for t in self.params.values()}
+        if len(devices) != 1:
+            raise InvalidArgument(1, "EngineWorker", f"parameters on several devices: {sorted(map(str, devices))}")
+        self.device = devices.pop()
+        for name, t in self.params.items():
+            if not t.is_contiguous():
+                raise InvalidArgument(1, "EngineWorker", f"parameter {name} is not contiguous: copies are in place")
+        self.engine = engine
+        self.tp_rank, self.tp_size = int(tp_rank), int(tp_size)
+        self.stream = stream
+        self._dims = dims_from_config(config)
+        self._hooks = (on_flush, on_post_load)
+        self._shim = _native.shim()
+        self._keep = []  # callbacks stay alive as long as the worker
+        ops = _abi.EngineOps(
+            struct_size=C.sizeof(_abi.EngineOps),
+            param=self._cb(_abi.ParamFn, self._param),
+            tp=self._cb(_abi.TpFn, self._tp),
+            dims=self._cb(_abi.DimsFn, self._dims_cb),
+            stream=self._cb(_abi.StreamFn, self._stream_cb),
+            flush_cache=self._cb(_abi.HookFn, lambda _u: on_flush and on_flush()),
+            post_load=self._cb(_abi.HookFn, lambda _u: on_post_load and on_post_load()),
+        )
+        self._ops = ops
+        cfg = _abi.WorkerConfig(
+            struct_size=C.sizeof(_abi.WorkerConfig),
+            engine=engine.encode(),
+            plugin_path=plugin.encode() if plugin else None,
+            ops=C.pointer(ops),
+            device_ordinal=(self.device.index or 0) if self.device.type == "cuda" else 0,
+            timeout_ms=timeout_ms,
+            copy_flags=_abi.COPY_VERIFY if verify else 0,
+        )
+        self._cfg = cfg
+        w = C.c_void_p()
+        err = _abi.Error.new()
+        _native.check(self._shim.worker_open(C.byref(cfg), C.byref(w), C.byref(err)), err)
+        self._w = w.value
+        native = C.c_int()
+        self.backend = self._shim.take_string(self._shim.worker_backend(self._w, C.byref(native)))
+        if native.value:
+            self._shim.worker_close(self._w)
+            self._w = None
+            raise PluginUnavailable(4, "EngineWorker", f"no usable wsync plugin ({self.backend})")
+
+    # ----------------------------------------------------------------- callbacks
+
+    def _cb(self, kind: Any, fn: Callable[..., Any]) -> Any:
+        f = kind(fn)
+        self._keep.append(f)
+        return f
+
+    def _param(self, _user: int, name: bytes, out: Any) -> int:
+        t = self.params.get(name.decode())
+        if t is None:
+            return -1
+        info = out.contents
+        info.ptr = t.data_ptr() or None
+        key = str(t.dtype).removeprefix("torch.")
+        info.dtype = _abi.DTYPES.get(key, 0)
+        info.ndim = t.dim()
+        for i, s in enumerate(t.shape):
+            info.shape[i] = s
+        return 0
+
+    def _tp(self, _user: int, rank: Any, size: Any) -> None:
+        rank[0] = self.tp_rank
+        size[0] = self.tp_size
+
+    def _dims_cb(self, _user: int, out: Any) -> None:
+        C.memmove(out, C.byref(self._dims), C.sizeof(_abi.ModelDims))
+
+    def _stream_cb(self, _user: int) -> Optional[int]:
+        return _torch.stream_handle(self.device, self.stream)
+
+    # ------------------------------------------------------------------- requests
+
+    def handle(self, message: Union[str, bytes]) -> str:
+        """Serve one request message; returns the reply JSON text. A refused request replies
+        {"ok": false, "code", "error", "message"} and leaves every parameter as it was."""
+        if self._w is None:
+            raise InvalidArgument(1, "handle", "the worker is closed")
+        data = message.encode() if isinstance(message, str) else bytes(message)
+        rc = C.c_int()
+        err = _abi.Error.new()
+        reply = self._shim.take_string(self._shim.worker_serve(self._w, data, len(data), C.byref(rc), C.byref(err)))
+        if reply is None:
+            _native.check(rc.value or 5, err)
+        return reply
+
+    def apply(self, message: Union[str, bytes]) -> dict:
+        """Serve one request and return the parsed reply; raise its WsyncError when refused."""
+        r = json.loads(self.handle(message))
+        if not r.get("ok"):
+            raise error_for(int(r.get("code", 16)), "engine:" + str(r.get("method")), str(r.get("message")))
+        return r
+
+    def drain(self) -> None:
+        """Wait for every copy enqueued on the engine's stream."""
+        err = _abi.Error.new()
+        _native.check(self._shim.worker_drain(self._w, C.byref(err)), err)
+
+    def release(self) -> None:
+        """Drain and close every mapping (then the trainer may retire its staging)."""
+        err = _abi.Error.new()
+        _native.check(self._shim.worker_release(self._w, C.byref(err)), err)
+
+    def close(self) -> None:
+        if self._w is not None:
+            self._shim.worker_close(self._w)
+            self._w = None
+
+    def __enter__(self) -> "EngineWorker":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,222 @@
+"""The trainer side: a :class:`Producer` takes torch tensors by HF name, plans buckets in the
+engine's order (the C planner), stages each bucket into retained staging buffers (one per engine
+TP rank), publishes the plugin's manifests, encodes them into the engine's request messages (the
+C shims) and waits for *consumed* before a buffer is reused.
+
+Streams: stage and publish run on the torch stream given, else torch's current stream of the
+tensors' device, never another (the ABI's stream rule), so staging reads what the trainer's
+queued kernels wrote.
+"""
+
+from __future__ import annotations
+
+import ctypes as C
+import json
+from typing import Any, Callable, List, Optional, Sequence, Union
+
+import torch
+
+from . import _abi, _native, _torch
+from .checkpoint import checkpoint_tensors
+from .errors import InvalidArgument, error_for
+
+#: Delivers one request message to every engine rank and returns their reply texts (one each).
+Send = Callable[[str], Sequence[str]]
+
+
+def check_replies(replies: Union[str, Sequence[str]]) -> List[dict]:
+    """Parse engine replies; raise the WsyncError of the first that failed."""
+    out = []
+    for text in [replies] if isinstance(replies, (str, bytes)) else replies:
+        r = json.loads(text)
+        if not r.get("ok"):
+            raise error_for(int(r.get("code", 16)), "engine:" + str(r.get("method")), str(r.get("message")))
+        out.append(r)
+    return out
+
+
+class Producer:
+    """Retained staging buffers of ``bucket_bytes`` each, one per engine TP rank (on
+    ``devices[r]``, default: ``device`` for all), speaking to ``engine`` ("sglang", "vllm",
+    "lmdeploy")."""
+
+    def __init__(
+        self,
+        engine: str = "sglang",
+        *,
+        bucket_bytes: int = 1 << 30,
+        tp_size: int = 1,
+        device: Union[str, torch.device, None] = None,
+        devices: Optional[Sequence[Union[str, torch.device]]] = None,
+        plugin: Optional[str] = None,
+        digests: bool = True,
+        timeout_ms: int = 0,
+        packed: bool = True,
+    ) -> None:
+        self.engine = engine
+        self.bucket_bytes = int(bucket_bytes)
+        self.plugin = _native.load_plugin(plugin)
+        self._shim = _native.shim()
+        self._ops = self.plugin.producer
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        self.devices = [torch.device(d) for d in devices] if devices else [dev] * tp_size
+        self.packed = packed
+        self._staging: List[int] = []
+        self._published = [0] * len(self.devices)
+        self._waited = [0] * len(self.devices)
+        self._sent_buffer = [False] * len(self.devices)
+        self._keep: list = []
+        self._first = True
+        for d in self.devices:
+            cfg = _abi.StagingConfig(
+                struct_size=C.sizeof(_abi.StagingConfig),
+                bytes=self.bucket_bytes,
+                device_ordinal=(d.index or 0) if d.type == "cuda" else 0,
+                flags=0 if digests else _abi.STAGING_NO_DIGESTS,
+                timeout_ms=timeout_ms,
+            )
+            s = C.c_void_p()
+            err = _abi.Error.new()
+            _native.check(self._ops.create(C.byref(cfg), C.byref(s), C.byref(err)), err)
+            self._staging.append(s.value)
+
+    # ----------------------------------------------------------------- planning
+
+    def plan(self, named: _torch.NamedTensors) -> List[List[str]]:
+        """Bucket plan: lists of names in the engine's order, each list fitting one bucket."""
+        pairs = _torch.items(named)
+        names = [n for n, _ in pairs]
+        nbytes = (C.c_uint64 * max(len(pairs), 1))(*[t.numel() * t.element_size() for _, t in pairs])
+        order = (C.c_size_t * max(len(pairs), 1))()
+        first = (C.c_size_t * (len(pairs) + 1))()
+        nb = C.c_size_t()
+        err = _abi.Error.new()
+        arr = _native.c_strings(names)
+        rc = self._shim.plan(self.engine.encode(), arr, nbytes, len(pairs), self.bucket_bytes,
+                             order, first, C.byref(nb), C.byref(err))
+        _native.check(rc, err)
+        return [[names[order[i]] for i in range(first[b], first[b + 1])] for b in range(nb.value)]
+
+    # ------------------------------------------------------------------ buckets
+
+    def wait(self, stream: Optional[Any] = None) -> None:
+        """Wait until every engine rank has consumed the last published bucket (call after
+        their acks). Raises Timeout or PeerGone when an engine stalls or dies."""
+        for r, s in enumerate(self._staging):
+            g = self._published[r]
+            if g > self._waited[r]:
+                err = _abi.Error.new()
+                st = _torch.stream_handle(self.devices[r], stream)
+                _native.check(self._ops.wait_consumed(s, st, g, C.byref(err)), err)
+                self._waited[r] = g
+        self._keep = []
+
+    def stage_bucket(
+        self,
+        tensors: _torch.NamedTensors,
+        *,
+        finished: bool = False,
+        weight_version: Optional[str] = None,
+        stream: Optional[Any] = None,
+    ) -> List[str]:
+        """Stage one bucket into every rank's buffer, publish, and return the request messages
+        (JSON text, in send order) that carry it to the engine. Waits for the previous bucket's
+        *consumed* first (its acks must have come back)."""
+        pairs = _torch.items(tensors)
+        if not pairs:
+            raise InvalidArgument(1, "stage_bucket", "an empty bucket")
+        self.wait(stream)
+        arr = (_abi.StageTensor * len(pairs))()
+        keep = []
+        for i, (name, t) in enumerate(pairs):
+            if t.device != self.devices[0] and len(set(self.devices)) == 1:
+                raise InvalidArgument(1, "stage_bucket", f"tensor {name} is on {t.device}, the staging on {self.devices[0]}")
+            src = t.detach()
+            if not src.is_contiguous():
+                src = src.contiguous()
+            keep.append(src)
+            ndim, shape = _torch.shape_of(name, src)
+            arr[i] = _abi.StageTensor(
+                struct_size=C.sizeof(_abi.StageTensor),
+                name=name.encode(),
+                dtype=_torch.dtype_code(name, src),
+                ndim=ndim,
+                shape=shape,
+                src=src.data_ptr() or None,
+            )
+        manifests = []
+        for r, s in enumerate(self._staging):
+            st = _torch.stream_handle(self.devices[r], stream)
+            err = _abi.Error.new()
+            _native.check(self._ops.stage(s, st, arr, len(pairs), C.byref(err)), err)
+            text = C.c_char_p()
+            gen = C.c_uint64()
+            _native.check(
+                self._ops.publish(s, st, int(finished), C.byref(text), C.byref(gen), C.byref(err)), err
+            )
+            self._published[r] = gen.value
+            manifests.append(text.value.decode())
+        self._keep = keep  # the sources stay alive until the engine consumed them
+        with_buffer = not all(self._sent_buffer)
+        msgs = self.encode(manifests, first=self._first, finished=finished,
+                           weight_version=weight_version, with_buffer=with_buffer)
+        self._sent_buffer = [True] * len(self._staging)
+        self._first = finished
+        return msgs
+
+    def encode(self, manifests: Sequence[str], *, first: bool, finished: bool,
+               weight_version: Optional[str] = None, with_buffer: bool = True) -> List[str]:
+        """The engine's request messages for published manifests (one per rank)."""
+        err = _abi.Error.new()
+        arr = _native.c_strings(list(manifests))
+        p = self._shim.encode_bucket(
+            self.engine.encode(), arr, len(manifests), int(first), int(finished),
+            weight_version.encode() if weight_version else None, int(self.packed),
+            int(with_buffer), C.byref(err),
+        )
+        text = self._shim.take_string(p)
+        if text is None:
+            _native.check(err.code or 16, err)
+        return [json.dumps(m, separators=(",", ":")) for m in json.loads(text)]
+
+    def sync(
+        self,
+        named: _torch.NamedTensors,
+        send: Send,
+        *,
+        weight_version: Optional[str] = None,
+        stream: Optional[Any] = None,
+    ) -> int:
+        """One whole weight sync: plan, then per bucket stage, deliver every message through
+        ``send`` (to all engine ranks), check the replies, and wait for *consumed*. Returns the
+        number of buckets. Tensors go under their HF checkpoint names (checkpoint_tensors)."""
+        pairs = list(checkpoint_tensors(named))
+        by_name = dict(pairs)
+        plan = self.plan(pairs)
+        for b, names in enumerate(plan):
+            msgs = self.stage_bucket([(n, by_name[n]) for n in names], finished=b == len(plan) - 1,
+                                     weight_version=weight_version, stream=stream)
+            for m in msgs:
+                check_replies(send(m))
+        self.wait(stream)
+        return len(plan)
+
+    def close(self) -> None:
+        """Retire every staging buffer (the engines must have released their mappings first:
+        EngineWorker.release). Raises Busy while an engine still maps one."""
+        while self._staging:
+            err = _abi.Error.new()
+            _native.check(self._ops.retire(self._staging[-1], C.byref(err)), err)
+            self._staging.pop()
+
+    def __enter__(self) -> "Producer":
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:  # keep the first error; the buffers go with the process
+            try:
+                self.close()
+            except Exception:
+                pass

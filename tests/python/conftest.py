@@ -1,0 +1,110 @@
+"""Fixtures: engine ranks in child processes (each holding its torch parameters and an
+EngineWorker), fed over pipes, and the GPU skip with its visible reason."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import sys
+from typing import List
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    why = "no CUDA device on this machine (torch.cuda.is_available() is False)"
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=why))
+
+
+def _engine_main(conn, engine: str, layout: str, rank: int, tp: int, device: str, verify: bool) -> None:
+    import models
+
+    import wsync
+
+    model = models.tiny_model(layout)
+    ref = models.engine_layout(dict(model.state_dict()), engine, rank, tp)
+    params = models.zeros_like_layout(ref, device)
+    ptrs = {k: v.data_ptr() for k, v in params.items()}
+    w = wsync.EngineWorker(params, engine=engine, config=model.config, tp_rank=rank, tp_size=tp, verify=verify)
+    conn.send(("ready", w.backend))
+    while True:
+        op, arg = conn.recv()
+        if op == "msg":
+            conn.send(w.handle(arg))
+        elif op == "state":
+            w.drain()
+            if device != "cpu":
+                torch.cuda.synchronize()
+            same = all(params[k].data_ptr() == p for k, p in ptrs.items())
+            conn.send(({k: v.detach().to("cpu", copy=True) for k, v in params.items()}, same))
+        elif op == "release":
+            w.release()
+            conn.send("released")
+        else:
+            w.close()
+            conn.send("bye")
+            return
+
+
+class EngineRanks:
+    """tp engine ranks of `engine`, each in its own process."""
+
+    def __init__(self, engine: str, layout: str, tp: int, device: str = "cpu", verify: bool = False):
+        ctx = mp.get_context("spawn")
+        self.conns = []
+        self.procs = []
+        for r in range(tp):
+            a, b = ctx.Pipe()
+            dev = device if device == "cpu" else f"cuda:{r if torch.cuda.device_count() > r else 0}"
+            p = ctx.Process(target=_engine_main, args=(b, engine, layout, r, tp, dev, verify), daemon=True)
+            p.start()
+            self.conns.append(a)
+            self.procs.append(p)
+        self.backends = [c.recv()[1] for c in self.conns]
+
+    def send(self, msg: str) -> List[str]:
+        for c in self.conns:
+            c.send(("msg", msg))
+        return [c.recv() for c in self.conns]
+
+    def state(self):
+        for c in self.conns:
+            c.send(("state", None))
+        return [c.recv() for c in self.conns]
+
+    def release(self) -> None:
+        for c in self.conns:
+            c.send(("release", None))
+            c.recv()
+
+    def close(self) -> None:
+        for c in self.conns:
+            c.send(("close", None))
+            c.recv()
+        for p in self.procs:
+            p.join(30)
+
+
+@pytest.fixture
+def engine_ranks():
+    made = []
+
+    def make(*args, **kw):
+        e = EngineRanks(*args, **kw)
+        made.append(e)
+        return e
+
+    yield make
+    for e in made:
+        try:
+            e.close()
+        except Exception:
+            for p in e.procs:
+                p.kill()
