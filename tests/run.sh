@@ -19,6 +19,12 @@ if [ -n "$skipped" ]; then
     echo "$skipped"
 fi
 
+# Python (docs/PYTHON.md): the package built by `pip install .` into a virtual environment, ruff,
+# then pytest (tests labelled gpu skip with their reason on machines without a GPU).
+wsync_python_env
+(cd "$WSYNC_ROOT" && "$WSYNC_PY" -m ruff check python tests/python)
+(cd "$WSYNC_ROOT" && "$WSYNC_PY" -m pytest -q -rs tests/python)
+
 # Reliability (docs/RELIABILITY.md): the same suites under ASan+UBSan with leak checking, then
 # every parser fuzzed for a bounded time. WSYNC_SKIP_ASAN=1 / WSYNC_SKIP_FUZZ=1 skip a step
 # (visibly) for quick local runs; WSYNC_FUZZ_SECONDS sets the time per fuzz target (default 30).

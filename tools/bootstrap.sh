@@ -89,3 +89,18 @@ wsync_fuzz_all() {
     echo "wsync fuzz: $total executions in total"
     return $failed
 }
+
+# wsync_python_env: a virtual environment in $WSYNC_VENV (default .venv/) with the test
+# dependencies (torch 2.13.0, CPU build on these machines; transformers, safetensors, peft,
+# pytest, ruff) and the package itself built from this tree by `pip install .`.
+wsync_python_env() {
+    local venv="${WSYNC_VENV:-$WSYNC_ROOT/.venv}"
+    wsync_install_missing python3-venv
+    [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null
+    "$venv/bin/python" -c 'import torch, transformers, safetensors, peft, pytest' 2>/dev/null ||
+        "$venv/bin/python" -m pip install -q torch==2.13.0 transformers safetensors peft pytest ruff
+    "$venv/bin/python" -m pip install -q ruff >/dev/null
+    "$venv/bin/python" -m pip install -q "$WSYNC_ROOT"
+    WSYNC_PY="$venv/bin/python"
+}

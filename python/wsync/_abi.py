@@ -46,7 +46,7 @@ class Error(C.Structure):
     ]
 
     @classmethod
-    def new(cls) -> "Error":
+    def new(cls) -> Error:
         e = cls()
         e.struct_size = C.sizeof(cls)
         return e

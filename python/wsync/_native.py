@@ -127,7 +127,7 @@ def check(rc: int, err: _abi.Error) -> None:
 class LoadedPlugin:
     """A loaded plugin: its tables and the file they came from."""
 
-    table: "C._Pointer[_abi.Plugin]"
+    table: C._Pointer[_abi.Plugin]
     path: str
 
     @property
@@ -164,7 +164,7 @@ def load_plugin(path: Optional[str] = None) -> LoadedPlugin:
         return lp
 
 
-def c_strings(items: Sequence[str]) -> "C.Array[C.c_char_p]":
+def c_strings(items: Sequence[str]) -> C.Array[C.c_char_p]:
     """A C array of NUL-terminated strings (the caller keeps it alive for the call)."""
     arr = (C.c_char_p * max(len(items), 1))()
     for i, s in enumerate(items):

@@ -176,7 +176,7 @@ class EngineWorker:
             self._shim.worker_close(self._w)
             self._w = None
 
-    def __enter__(self) -> "EngineWorker":
+    def __enter__(self) -> EngineWorker:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -209,7 +209,7 @@ class Producer:
             _native.check(self._ops.retire(self._staging[-1], C.byref(err)), err)
             self._staging.pop()
 
-    def __enter__(self) -> "Producer":
+    def __enter__(self) -> Producer:
         return self
 
     def __exit__(self, exc_type: object, *rest: object) -> None:

@@ -25,7 +25,6 @@ def pytest_collection_modifyitems(config, items):
 
 def _engine_main(conn, engine: str, layout: str, rank: int, tp: int, device: str, verify: bool) -> None:
     import models
-
     import wsync
 
     model = models.tiny_model(layout)

@@ -8,21 +8,21 @@ from __future__ import annotations
 import models
 import pytest
 import torch
-
 import wsync
 
 
-def _run(engine_ranks, engine: str, layout: str, tp: int) -> None:
-    model = models.tiny_model(layout)
-    ranks = engine_ranks(engine, layout, tp)
-    assert all(b.startswith("host ") for b in ranks.backends), ranks.backends
-    with wsync.Producer(engine, tp_size=tp, bucket_bytes=96 << 10) as prod:
+def _run(engine_ranks, engine: str, layout: str, tp: int, device: str = "cpu") -> None:
+    model = models.tiny_model(layout).to(device)
+    ranks = engine_ranks(engine, layout, tp, device=device)
+    backend = "host " if device == "cpu" else "cuda "
+    assert all(b.startswith(backend) for b in ranks.backends), ranks.backends
+    with wsync.Producer(engine, tp_size=tp, bucket_bytes=96 << 10, device=device) as prod:
         for k in range(3):
             sd = models.step(model, k)
             n = prod.sync(sd, ranks.send, weight_version=f"step-{k}")
             assert n > 1  # several buckets through the retained buffers
             for r, (got, same_ptrs) in enumerate(ranks.state()):
-                want = models.engine_layout(sd, engine, r, tp)
+                want = models.engine_layout({k: v.cpu() for k, v in sd.items()}, engine, r, tp)
                 assert set(got) == set(want)
                 bad = [name for name in want if not torch.equal(got[name], want[name])]
                 assert not bad, f"sync {k}, rank {r}: {len(bad)} parameters differ, e.g. {bad[:3]}"

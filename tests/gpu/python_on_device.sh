@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The Python layer on the GPU in one go: build the plugins and libwsync_shim.so, the stream-0 C
+# test on this code (and, with $OLD_PATCH, on the code before the stream fix, where it must
+# fail), the pytest suite (gpu tests included), the Python benchmark. Logs under $OUT.
+#   usage: tests/gpu/python_on_device.sh   env: OLD_PATCH (a patch that restores the old plugin)
+set -u -o pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${OUT:-$ROOT/device-out}
+mkdir -p "$OUT"
+if [ -d "$ROOT/.deps/root" ]; then
+  D=$ROOT/.deps/root
+  export PATH=$D/usr/bin:$PATH LD_LIBRARY_PATH=$D/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+  export PKG_CONFIG_SYSROOT_DIR=$D PKG_CONFIG_LIBDIR=$D/usr/lib/x86_64-linux-gnu/pkgconfig
+fi
+export PATH=/usr/local/cuda/bin:$PATH
+nvidia-smi -L | tee "$OUT/machine.log"; python3 -c 'import torch; print("torch", torch.__version__)' | tee -a "$OUT/machine.log"
+B=$ROOT/build-py
+cmake -S "$ROOT" -B "$B" -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 &&
+  cmake --build "$B" -j16 --target wsync_cuda wsync_host wsync_shim torture_gpu_stream0 torture_gpu_torn \
+    torture_gpu_sync torture_cuda_init >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+status=0
+(cd "$B" && ctest -R "torture_gpu_stream0|torture_gpu_torn|torture_gpu_sync|torture_cuda_init" --output-on-failure) 2>&1 | tee "$OUT/ctest.log" | tail -15 || status=1
+if [ -n "${OLD_PATCH:-}" ]; then
+  rm -rf /tmp/old && cp -r "$ROOT" /tmp/old && (cd /tmp/old && patch -R -p1 -s <"$OLD_PATCH") &&
+  cmake -S /tmp/old -B /tmp/old/b -DCMAKE_BUILD_TYPE=Release >/dev/null 2>&1 &&
+  cmake --build /tmp/old/b -j16 --target wsync_cuda torture_gpu_stream0 >/dev/null 2>&1 &&
+  (echo "=== the stream-0 test on the plugin before the fix (must FAIL):"; /tmp/old/b/tests/torture_gpu_stream0 2>&1 | tail -6) | tee "$OUT/stream0-old.log"
+fi
+export WSYNC_PLUGIN_DIR=$B/lib PYTHONPATH=$ROOT/python PYTHONUNBUFFERED=1
+(cd "$ROOT" && timeout 400 python3 -m pytest -q -rs tests/python 2>&1) | tee "$OUT/pytest.log" | tail -25 || status=1
+(cd "$ROOT" && timeout 300 python3 tools/bench_python/bench_python.py --iters 5 2>&1) | tee "$OUT/bench-python.log" | tail -12
+exit $status

@@ -1,0 +1,123 @@
+"""Bad inputs through Python raise a clear exception naming the offending value, and every
+engine parameter stays exactly as it was (torch.equal before and after). Host plugin; trainer
+and engine in one process (the host plugin's shared memory and futexes work within one too)."""
+
+from __future__ import annotations
+
+import os
+
+import models
+import pytest
+import torch
+import wsync
+from wsync import errors
+
+ENGINE = "sglang"
+
+
+@pytest.fixture
+def setup():
+    model = models.tiny_model("dense")
+    sd = models.step(model, 0)
+    params = models.zeros_like_layout(models.engine_layout(sd, ENGINE, 0, 1))
+    w = wsync.EngineWorker(params, engine=ENGINE, config=model.config)
+    prod = wsync.Producer(ENGINE, bucket_bytes=1 << 20)
+    prod.sync(sd, lambda m: [w.handle(m)])  # a good first sync
+    before = {k: v.clone() for k, v in params.items()}
+    yield model, sd, params, w, prod, before
+    w.release()
+    prod.close()
+    w.close()
+
+
+def unchanged(params, before):
+    w_drained = [name for name in before if not torch.equal(params[name], before[name])]
+    assert not w_drained, f"parameters changed by a refused request: {w_drained[:3]}"
+
+
+def refused(w, msg, exc, needle):
+    with pytest.raises(exc) as e:
+        w.apply(msg)
+    assert needle in str(e.value), str(e.value)
+    w.drain()
+
+
+def test_wrong_dtype(setup):
+    model, sd, params, w, prod, before = setup
+    name = "model.layers.0.self_attn.q_proj.weight"
+    (msg,) = prod.stage_bucket([(name, sd[name].float())], finished=True)
+    refused(w, msg, errors.LayoutMismatch, name)
+    unchanged(params, before)
+
+
+def test_wrong_shape(setup):
+    model, sd, params, w, prod, before = setup
+    name = "model.layers.1.mlp.down_proj.weight"
+    (msg,) = prod.stage_bucket([(name, sd[name][:, :-1].contiguous())], finished=True)
+    refused(w, msg, errors.LayoutMismatch, name)
+    unchanged(params, before)
+
+
+def test_unknown_name(setup):
+    model, sd, params, w, prod, before = setup
+    good = "model.norm.weight"
+    (msg,) = prod.stage_bucket([(good, sd[good] + 1), ("model.layers.0.mlp.no_such.weight", sd[good])],
+                               finished=True)
+    refused(w, msg, errors.NotFound, "model.layers.0.mlp.no_such.weight")
+    unchanged(params, before)  # the good tensor of the same bucket was not written either
+
+
+def test_truncated_manifest(setup):
+    model, sd, params, w, prod, before = setup
+    name = "model.norm.weight"
+    (msg,) = prod.stage_bucket([(name, sd[name] + 1)], finished=True)
+    refused(w, msg[: len(msg) // 2], errors.BadManifest, "not JSON")
+    unchanged(params, before)
+
+
+def test_stale_generation(setup):
+    model, sd, params, w, prod, before = setup
+    name = "model.norm.weight"
+    (msg1,) = prod.stage_bucket([(name, sd[name] + 1)], finished=True)
+    w.apply(msg1)
+    w.drain()
+    prod.wait()
+    after_first = {k: v.clone() for k, v in params.items()}
+    refused(w, msg1, errors.StaleGeneration, "generation")  # replayed
+    unchanged(params, after_first)
+
+
+def test_missing_plugin():
+    model = models.tiny_model("dense")
+    params = {"model.norm.weight": torch.zeros(64, dtype=torch.bfloat16)}
+    with pytest.raises(errors.PluginUnavailable) as e:
+        wsync.EngineWorker(params, engine=ENGINE, config=model.config, plugin="/nonexistent/libwsync_x.so")
+    assert "/nonexistent/libwsync_x.so" in str(e.value)
+    assert torch.equal(params["model.norm.weight"], torch.zeros(64, dtype=torch.bfloat16))
+
+
+def test_incompatible_plugin():
+    """A library without wsync_plugin_init (the shim library itself) is refused by name."""
+    model = models.tiny_model("dense")
+    lib = os.path.join(os.path.dirname(wsync._native.shim().path), "libwsync_shim.so")
+    params = {"model.norm.weight": torch.ones(64, dtype=torch.bfloat16)}
+    with pytest.raises(errors.PluginUnavailable) as e:
+        wsync.EngineWorker(params, engine=ENGINE, config=model.config, plugin=lib)
+    assert "wsync_plugin_init" in str(e.value)
+    assert torch.equal(params["model.norm.weight"], torch.ones(64, dtype=torch.bfloat16))
+
+
+def test_unknown_engine():
+    prod = wsync.Producer("tgi", bucket_bytes=1 << 16)
+    with pytest.raises(errors.NotFound) as e:
+        prod.plan({"model.norm.weight": torch.zeros(4)})
+    assert '"tgi"' in str(e.value)
+    prod.close()
+
+
+def test_unsupported_dtype():
+    prod = wsync.Producer(ENGINE, bucket_bytes=1 << 16)
+    with pytest.raises(errors.InvalidArgument) as e:
+        prod.stage_bucket([("model.norm.weight", torch.zeros(4, dtype=torch.complex64))])
+    assert "complex64" in str(e.value)
+    prod.close()
