@@ -1,6 +1,7 @@
 /* See wsync_shim_api.h. Each entry point forwards to the shims' own code. */
 #include "wsync_shim_api.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +17,105 @@ struct wsync_shim_worker {
     const wsync_shim_t *shim;
     wsync_driver_t *driver;
     wsync_shim_ctx_t ctx;
+    const wsync_engine_ops_t *engine; /* the engine's own ops */
+    wsync_engine_ops_t ops;           /* what the driver calls: the table, then the engine's */
+    wsync_shim_param_t *params;       /* sorted by name; names owned */
+    size_t n_params;
 };
+
+static int param_cmp(const void *a, const void *b)
+{
+    return strcmp(((const wsync_shim_param_t *)a)->name, ((const wsync_shim_param_t *)b)->name);
+}
+
+static int table_param(void *user, const char *name, wsync_param_info_t *out)
+{
+    const wsync_shim_worker_t *w = user;
+    wsync_shim_param_t key = {.name = name};
+    const wsync_shim_param_t *p = bsearch(&key, w->params, w->n_params, sizeof(key), param_cmp);
+    if (p == NULL)
+        return w->engine->param != NULL ? w->engine->param(w->engine->user, name, out) : -1;
+    *out = p->info;
+    return 0;
+}
+
+/* The engine's callbacks, called with the engine's own user pointer. */
+static void fwd_tp(void *u, uint32_t *r, uint32_t *s)
+{
+    const wsync_shim_worker_t *w = u;
+    w->engine->tp(w->engine->user, r, s);
+}
+static void fwd_dims(void *u, wsync_model_dims_t *d)
+{
+    const wsync_shim_worker_t *w = u;
+    w->engine->dims(w->engine->user, d);
+}
+static wsync_stream_t fwd_stream(void *u)
+{
+    const wsync_shim_worker_t *w = u;
+    return w->engine->stream(w->engine->user);
+}
+static void fwd_flush(void *u)
+{
+    const wsync_shim_worker_t *w = u;
+    w->engine->flush_cache(w->engine->user);
+}
+static void fwd_post_load(void *u)
+{
+    const wsync_shim_worker_t *w = u;
+    w->engine->post_load(w->engine->user);
+}
+
+static void params_free(wsync_shim_worker_t *w)
+{
+    for (size_t i = 0; i < w->n_params; i++)
+        free((char *)w->params[i].name);
+    free(w->params);
+}
+
+/* Copy and sort the parameter table; route the driver's look-ups through it. */
+static wsync_result_t params_take(wsync_shim_worker_t *w, const wsync_shim_worker_config_t *cfg,
+                                  wsync_error_t *err)
+{
+    const wsync_engine_ops_t *e = cfg->ops;
+    w->engine = e;
+    if (cfg->n_params == 0) {
+        if (e->param == NULL)
+            return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                                   "worker_open needs ops->param or a parameter table");
+        w->ops = *e;
+        return WSYNC_OK;
+    }
+    if (cfg->params == NULL || e->tp == NULL || e->dims == NULL)
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                               "worker_open: a table of %zu parameters at NULL, or no tp/dims",
+                               cfg->n_params);
+    w->params = calloc(cfg->n_params, sizeof(*w->params));
+    if (w->params == NULL)
+        return WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu parameters",
+                               cfg->n_params);
+    for (size_t i = 0; i < cfg->n_params; i++, w->n_params++) {
+        w->params[i] = cfg->params[i];
+        if (cfg->params[i].name == NULL ||
+            (w->params[i].name = strdup(cfg->params[i].name)) == NULL)
+            return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                                   "parameter %zu of the table has no name (or no memory)", i);
+    }
+    qsort(w->params, w->n_params, sizeof(*w->params), param_cmp);
+    for (size_t i = 1; i < w->n_params; i++)
+        if (strcmp(w->params[i - 1].name, w->params[i].name) == 0)
+            return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                                   "parameter %s appears twice in the table", w->params[i].name);
+    w->ops = (wsync_engine_ops_t){.struct_size = sizeof(w->ops),
+                                  .user = w,
+                                  .param = table_param,
+                                  .tp = fwd_tp,
+                                  .dims = fwd_dims,
+                                  .stream = e->stream ? fwd_stream : NULL,
+                                  .flush_cache = e->flush_cache ? fwd_flush : NULL,
+                                  .post_load = e->post_load ? fwd_post_load : NULL};
+    return WSYNC_OK;
+}
 
 WSYNC_SHIM_API uint32_t wsync_shim_api_version(void)
 {
@@ -37,18 +136,27 @@ WSYNC_SHIM_API wsync_result_t wsync_shim_worker_open(const wsync_shim_worker_con
                                                      wsync_shim_worker_t **out, wsync_error_t *err)
 {
     if (cfg == NULL || out == NULL || cfg->ops == NULL ||
-        cfg->struct_size < sizeof(wsync_shim_worker_config_t))
+        cfg->struct_size < offsetof(wsync_shim_worker_config_t, params))
         return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                                "worker_open needs a config (struct_size %zu) with ops, and out",
                                sizeof(wsync_shim_worker_config_t));
+    wsync_shim_worker_config_t c = {0};
+    memcpy(&c, cfg, cfg->struct_size < sizeof(c) ? cfg->struct_size : sizeof(c));
+    cfg = &c;
     const wsync_shim_t *s = find_shim(cfg->engine, err);
     if (s == NULL)
         return WSYNC_ERR_NOT_FOUND;
     wsync_shim_worker_t *w = calloc(1, sizeof(*w));
     if (w == NULL)
         return WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for a shim worker");
+    wsync_result_t rc = params_take(w, cfg, err);
+    if (rc != WSYNC_OK) {
+        params_free(w);
+        free(w);
+        return rc;
+    }
     wsync_driver_config_t dc = {.plugin_path = cfg->plugin_path,
-                                .engine = cfg->ops,
+                                .engine = &w->ops,
                                 .map = s->map,
                                 .log = cfg->log,
                                 .log_user = cfg->log_user,
@@ -56,8 +164,9 @@ WSYNC_SHIM_API wsync_result_t wsync_shim_worker_open(const wsync_shim_worker_con
                                 .device_ordinal = cfg->device_ordinal,
                                 .timeout_ms = cfg->timeout_ms,
                                 .copy_flags = cfg->copy_flags};
-    wsync_result_t rc = wsync_driver_open(&dc, &w->driver, err);
+    rc = wsync_driver_open(&dc, &w->driver, err);
     if (rc != WSYNC_OK) {
+        params_free(w);
         free(w);
         return rc;
     }
@@ -76,6 +185,7 @@ WSYNC_SHIM_API void wsync_shim_worker_close(wsync_shim_worker_t *w)
     wsync_shim_ctx_free(&w->ctx);
     wsync_driver_release(w->driver, NULL);
     wsync_driver_close(w->driver);
+    params_free(w);
     free(w);
 }
 

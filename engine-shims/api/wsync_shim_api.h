@@ -26,6 +26,12 @@ uint32_t wsync_shim_api_version(void);
 
 typedef struct wsync_shim_worker wsync_shim_worker_t;
 
+/* One engine parameter by engine name, for a worker's parameter table. */
+typedef struct wsync_shim_param {
+    const char *name;
+    wsync_param_info_t info;
+} wsync_shim_param_t;
+
 typedef struct wsync_shim_worker_config {
     size_t struct_size;
     const char *engine;            /* "sglang", "vllm", "lmdeploy" */
@@ -37,6 +43,12 @@ typedef struct wsync_shim_worker_config {
     wsync_log_fn_t log;            /* NULL: silent */
     void *log_user;
     wsync_log_level_t log_level;
+    /* Optional: the engine's parameters as a table (copied at open; n_params entries). When
+     * given, the worker answers the mapping's parameter look-ups itself (a binary search, no
+     * call into the engine per tensor) and ops->param may be NULL; the addresses must stay fixed
+     * for the worker's life, as with ops->param. */
+    const wsync_shim_param_t *params;
+    size_t n_params;
 } wsync_shim_worker_config_t;
 
 /* One engine worker (one TP rank): the shim of cfg->engine over a request driver. When no plugin

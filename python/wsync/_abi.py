@@ -173,6 +173,10 @@ class EngineOps(C.Structure):
     ]
 
 
+class ShimParam(C.Structure):
+    _fields_ = [("name", C.c_char_p), ("info", ParamInfo)]
+
+
 class WorkerConfig(C.Structure):
     _fields_ = [
         ("struct_size", C.c_size_t),
@@ -185,4 +189,6 @@ class WorkerConfig(C.Structure):
         ("log", C.c_void_p),
         ("log_user", C.c_void_p),
         ("log_level", C.c_int),
+        ("params", C.POINTER(ShimParam)),
+        ("n_params", C.c_size_t),
     ]

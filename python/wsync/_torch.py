@@ -57,3 +57,11 @@ def device_uuid(device: torch.device) -> str:
     if device.type != "cuda":
         return "cpu"
     return "GPU-" + str(torch.cuda.get_device_properties(device).uuid)
+
+
+def normalize(device: torch.device | str) -> torch.device:
+    """A device with its index (cuda -> cuda:<current>), as tensors report theirs."""
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return d

@@ -97,6 +97,14 @@ class EngineWorker:
             timeout_ms=timeout_ms,
             copy_flags=_abi.COPY_VERIFY if verify else 0,
         )
+        # The parameter table: the C worker answers the mapping's look-ups without a Python
+        # call per tensor (the callback stays for names outside it).
+        table = (_abi.ShimParam * len(self.params))()
+        for i, name in enumerate(self.params):
+            table[i].name = name.encode()
+            self._param(0, table[i].name, C.pointer(table[i].info))
+        cfg.params = table
+        cfg.n_params = len(self.params)
         self._cfg = cfg
         w = C.c_void_p()
         err = _abi.Error.new()
@@ -108,6 +116,13 @@ class EngineWorker:
             self._shim.worker_close(self._w)
             self._w = None
             raise PluginUnavailable(4, "EngineWorker", f"no usable wsync plugin ({self.backend})")
+        if self.backend.startswith("cuda ") != (self.device.type == "cuda"):
+            self._shim.worker_close(self._w)
+            self._w = None
+            raise InvalidArgument(
+                1, "EngineWorker", f"parameters on {self.device} but the plugin is {self.backend}: "
+                "pass plugin= (libwsync_host.so for CPU memory, libwsync_cuda.so for CUDA)"
+            )
 
     # ----------------------------------------------------------------- callbacks
 

@@ -58,8 +58,8 @@ class Producer:
         self.plugin = _native.load_plugin(plugin)
         self._shim = _native.shim()
         self._ops = self.plugin.producer
-        dev = torch.device(device) if device is not None else torch.device("cpu")
-        self.devices = [torch.device(d) for d in devices] if devices else [dev] * tp_size
+        dev = _torch.normalize(device) if device is not None else torch.device("cpu")
+        self.devices = [_torch.normalize(d) for d in devices] if devices else [dev] * tp_size
         self.packed = packed
         self._staging: List[int] = []
         self._published = [0] * len(self.devices)
@@ -129,6 +129,11 @@ class Producer:
         arr = (_abi.StageTensor * len(pairs))()
         keep = []
         for i, (name, t) in enumerate(pairs):
+            if (t.device.type == "cuda") != (self.plugin.name == "cuda"):
+                raise InvalidArgument(
+                    1, "stage_bucket", f"tensor {name} is on {t.device}, the {self.plugin.name} plugin "
+                    f"({self.plugin.path}) stages {'CUDA' if self.plugin.name == 'cuda' else 'CPU'} memory"
+                )
             if t.device != self.devices[0] and len(set(self.devices)) == 1:
                 raise InvalidArgument(1, "stage_bucket", f"tensor {name} is on {t.device}, the staging on {self.devices[0]}")
             src = t.detach()

@@ -18,6 +18,7 @@ B=$ROOT/build-py
 cmake -S "$ROOT" -B "$B" -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 &&
   cmake --build "$B" -j16 --target wsync_cuda wsync_host wsync_shim torture_gpu_stream0 torture_gpu_torn \
     torture_gpu_sync torture_cuda_init >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+echo "built: $SECONDS s"
 status=0
 (cd "$B" && ctest -R "torture_gpu_stream0|torture_gpu_torn|torture_gpu_sync|torture_cuda_init" --output-on-failure) 2>&1 | tee "$OUT/ctest.log" | tail -15 || status=1
 if [ -n "${OLD_PATCH:-}" ]; then
@@ -27,6 +28,10 @@ if [ -n "${OLD_PATCH:-}" ]; then
   (echo "=== the stream-0 test on the plugin before the fix (must FAIL):"; /tmp/old/b/tests/torture_gpu_stream0 2>&1 | tail -6) | tee "$OUT/stream0-old.log"
 fi
 export WSYNC_PLUGIN_DIR=$B/lib PYTHONPATH=$ROOT/python PYTHONUNBUFFERED=1
-(cd "$ROOT" && timeout 400 python3 -m pytest -q -rs tests/python 2>&1) | tee "$OUT/pytest.log" | tail -25 || status=1
-(cd "$ROOT" && timeout 300 python3 tools/bench_python/bench_python.py --iters 5 2>&1) | tee "$OUT/bench-python.log" | tail -12
+for t in ${PYTESTS:-test_gpu_stream0 test_gpu_torch_handles test_gpu_busy_stream_1000_buckets test_gpu_sync}; do
+  (cd "$ROOT" && timeout -s INT ${PYT:-70} python3 -m pytest -q -rs -x --tb=short -o faulthandler_timeout=${FHT:-60} \
+    tests/python/test_gpu.py -k $t 2>&1) >"$OUT/pytest-$t.log"; echo "$t: rc $?"; tail -3 "$OUT/pytest-$t.log"
+done
+[ "${HOST_TESTS:-1}" = 1 ] && { (cd "$ROOT" && timeout 150 python3 -m pytest -q -rfEs --tb=line -m "not gpu" tests/python 2>&1) | tee "$OUT/pytest.log" | tail -8 || status=1; }
+(cd "$ROOT" && timeout 200 python3 tools/bench_python/bench_python.py --iters 5 2>&1) | tee "$OUT/bench-python.log" | tail -12
 exit $status

@@ -14,6 +14,14 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 
 
+def plugin_for(device: str) -> str:
+    """The plugin file for tensors on `device` (the default would pick CUDA on a GPU machine)."""
+    import wsync
+
+    name = "libwsync_host.so" if device == "cpu" else "libwsync_cuda.so"
+    return os.path.join(os.path.dirname(str(wsync._native.shim().path)), name)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
@@ -23,7 +31,26 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=why))
 
 
-def _engine_main(conn, engine: str, layout: str, rank: int, tp: int, device: str, verify: bool) -> None:
+def _engine_main(conn, *args) -> None:
+    try:
+        _engine_serve(conn, *args)
+    except BaseException:
+        import traceback
+
+        conn.send(("child-error", traceback.format_exc()))
+        raise
+
+
+def _recv(conn, proc, timeout: float = 120.0):
+    if not conn.poll(timeout):
+        raise AssertionError(f"engine {proc.pid} sent nothing in {timeout} s (exit {proc.exitcode})")
+    m = conn.recv()
+    if isinstance(m, tuple) and m and m[0] == "child-error":
+        raise AssertionError("engine failed:\n" + m[1])
+    return m
+
+
+def _engine_serve(conn, engine: str, layout: str, rank: int, tp: int, device: str, verify: bool) -> None:
     import models
     import wsync
 
@@ -31,7 +58,9 @@ def _engine_main(conn, engine: str, layout: str, rank: int, tp: int, device: str
     ref = models.engine_layout(dict(model.state_dict()), engine, rank, tp)
     params = models.zeros_like_layout(ref, device)
     ptrs = {k: v.data_ptr() for k, v in params.items()}
-    w = wsync.EngineWorker(params, engine=engine, config=model.config, tp_rank=rank, tp_size=tp, verify=verify)
+    w = wsync.EngineWorker(
+        params, engine=engine, config=model.config, tp_rank=rank, tp_size=tp, verify=verify, plugin=plugin_for(device)
+    )
     conn.send(("ready", w.backend))
     while True:
         op, arg = conn.recv()
@@ -66,27 +95,29 @@ class EngineRanks:
             p.start()
             self.conns.append(a)
             self.procs.append(p)
-        self.backends = [c.recv()[1] for c in self.conns]
+        self.backends = [_recv(c, p)[1] for c, p in zip(self.conns, self.procs)]
 
     def send(self, msg: str) -> List[str]:
         for c in self.conns:
             c.send(("msg", msg))
-        return [c.recv() for c in self.conns]
+        return [_recv(c, p) for c, p in zip(self.conns, self.procs)]
 
     def state(self):
         for c in self.conns:
             c.send(("state", None))
-        return [c.recv() for c in self.conns]
+        return [_recv(c, p) for c, p in zip(self.conns, self.procs)]
 
     def release(self) -> None:
         for c in self.conns:
             c.send(("release", None))
-            c.recv()
+        for c, p in zip(self.conns, self.procs):
+            _recv(c, p)
 
     def close(self) -> None:
         for c in self.conns:
             c.send(("close", None))
-            c.recv()
+        for c, p in zip(self.conns, self.procs):
+            _recv(c, p, 30)
         for p in self.procs:
             p.join(30)
 

@@ -10,6 +10,7 @@ import models
 import pytest
 import torch
 import wsync
+from conftest import plugin_for
 from wsync import errors
 
 ENGINE = "sglang"
@@ -20,8 +21,8 @@ def setup():
     model = models.tiny_model("dense")
     sd = models.step(model, 0)
     params = models.zeros_like_layout(models.engine_layout(sd, ENGINE, 0, 1))
-    w = wsync.EngineWorker(params, engine=ENGINE, config=model.config)
-    prod = wsync.Producer(ENGINE, bucket_bytes=1 << 20)
+    w = wsync.EngineWorker(params, engine=ENGINE, config=model.config, plugin=plugin_for("cpu"))
+    prod = wsync.Producer(ENGINE, bucket_bytes=1 << 20, plugin=plugin_for("cpu"))
     prod.sync(sd, lambda m: [w.handle(m)])  # a good first sync
     before = {k: v.clone() for k, v in params.items()}
     yield model, sd, params, w, prod, before
@@ -108,7 +109,7 @@ def test_incompatible_plugin():
 
 
 def test_unknown_engine():
-    prod = wsync.Producer("tgi", bucket_bytes=1 << 16)
+    prod = wsync.Producer("tgi", bucket_bytes=1 << 16, plugin=plugin_for("cpu"))
     with pytest.raises(errors.NotFound) as e:
         prod.plan({"model.norm.weight": torch.zeros(4)})
     assert '"tgi"' in str(e.value)
@@ -116,7 +117,7 @@ def test_unknown_engine():
 
 
 def test_unsupported_dtype():
-    prod = wsync.Producer(ENGINE, bucket_bytes=1 << 16)
+    prod = wsync.Producer(ENGINE, bucket_bytes=1 << 16, plugin=plugin_for("cpu"))
     with pytest.raises(errors.InvalidArgument) as e:
         prod.stage_bucket([("model.norm.weight", torch.zeros(4, dtype=torch.complex64))])
     assert "complex64" in str(e.value)

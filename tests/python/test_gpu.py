@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import os
 
@@ -16,10 +17,37 @@ import models
 import pytest
 import torch
 import wsync
+from conftest import plugin_for
 from test_sync_host import _run
 from wsync.export import TorchExport
 
 pytestmark = pytest.mark.gpu
+
+
+def recv(conn, proc, timeout: float = 60.0):
+    """The child's next message, or a failure naming why (it died, or said nothing)."""
+    if not conn.poll(timeout):
+        raise AssertionError(f"child {proc.pid} sent nothing in {timeout} s (alive: {proc.is_alive()}, exit {proc.exitcode})")
+    m = conn.recv()
+    if isinstance(m, tuple) and m and m[0] == "child-error":
+        raise AssertionError("child failed:\n" + m[1])
+    return m
+
+
+def child(fn):
+    """Run fn(conn, ...) in a child; an exception goes back to the parent as text."""
+
+    @functools.wraps(fn)
+    def run(conn, *args):
+        try:
+            fn(conn, *args)
+        except BaseException:
+            import traceback
+
+            conn.send(("child-error", traceback.format_exc()))
+            raise
+
+    return run
 
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
@@ -28,6 +56,7 @@ def test_gpu_sync(engine_ranks, engine, tp):
     _run(engine_ranks, engine, "moe", tp, device="cuda")
 
 
+@child
 def _exporter(conn, expandable: bool) -> None:
     os.environ["TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC"] = "1"
     torch.cuda.memory._set_allocator_settings(f"expandable_segments:{expandable}")
@@ -50,7 +79,7 @@ def test_gpu_torch_handles(expandable):
     a, b = ctx.Pipe()
     p = ctx.Process(target=_exporter, args=(b, expandable), daemon=True)
     p.start()
-    msg, sd = a.recv()
+    msg, sd = recv(a, p)
     import json
 
     kind_bytes = json.loads(msg)["serialized_named_tensors"][0]
@@ -58,7 +87,7 @@ def test_gpu_torch_handles(expandable):
     model = models.tiny_model("dense")
     want = models.engine_layout(sd, "sglang", 0, 1)
     params = {k: torch.zeros_like(v, device="cuda") for k, v in want.items()}
-    with wsync.EngineWorker(params, engine="sglang", config=model.config) as w:
+    with wsync.EngineWorker(params, engine="sglang", config=model.config, plugin=plugin_for("cuda")) as w:
         w.apply(msg)
         w.drain()
         bad = [k for k in want if not torch.equal(params[k].cpu(), want[k])]
@@ -68,9 +97,10 @@ def test_gpu_torch_handles(expandable):
     p.join(30)
 
 
+@child
 def _trainer(conn, n_buckets: int, numel: int) -> None:
     t = torch.empty(numel, dtype=torch.float32, device="cuda")
-    with wsync.Producer("sglang", bucket_bytes=numel * 4 + 4096, device="cuda") as prod:
+    with wsync.Producer("sglang", bucket_bytes=numel * 4 + 4096, device="cuda", plugin=plugin_for("cuda")) as prod:
         for k in range(n_buckets):
             t.fill_(float(k))  # queued on torch's current stream: stage runs after it
             (msg,) = prod.stage_bucket([("model.norm.weight", t)], finished=True)
@@ -84,7 +114,7 @@ def _trainer(conn, n_buckets: int, numel: int) -> None:
 def _engine_for(numel: int):
     cfg = {"hidden_size": numel, "num_attention_heads": 1, "vocab_size": 8}
     param = torch.zeros(numel, dtype=torch.float32, device="cuda")
-    return param, wsync.EngineWorker({"model.norm.weight": param}, engine="sglang", config=cfg)
+    return param, wsync.EngineWorker({"model.norm.weight": param}, engine="sglang", config=cfg, plugin=plugin_for("cuda"))
 
 
 def test_gpu_stream0():
@@ -98,14 +128,14 @@ def test_gpu_stream0():
     param, w = _engine_for(numel)
     assert torch.cuda.current_stream().cuda_stream == 0
     for k in range(3):
-        msg = a.recv()
+        msg = recv(a, p)
         torch.cuda._sleep(200_000_000)  # ~0.1 s of the default stream
         param.fill_(-1.0)  # the engine's own earlier work on its stream
         w.apply(msg)
         torch.cuda.synchronize()
         assert torch.equal(param, torch.full_like(param, float(k))), f"bucket {k}: the copy ran before the poison"
         a.send("ok")
-    assert a.recv() == "end"
+    assert recv(a, p) == "end"
     w.release()
     a.send("bye")
     p.join(30)
@@ -125,13 +155,13 @@ def test_gpu_busy_stream_1000_buckets():
     torn = torch.zeros((), dtype=torch.int64, device="cuda")
     with torch.cuda.stream(s):
         for k in range(n):
-            msg = a.recv()
+            msg = recv(a, p)
             torch.cuda._sleep(200_000)  # the engine's stream is busy when the request lands
             w.handle(msg)  # copies enqueued behind the sleep; no drain before the reply
             torn += (param != float(k)).any().to(torch.int64)
             a.send("ok")
     torch.cuda.synchronize()
-    assert a.recv() == "end"
+    assert recv(a, p) == "end"
     assert int(torn) == 0, f"{int(torn)} of {n} buckets torn"
     w.release()
     a.send("bye")

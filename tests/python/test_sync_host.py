@@ -9,6 +9,7 @@ import models
 import pytest
 import torch
 import wsync
+from conftest import plugin_for
 
 
 def _run(engine_ranks, engine: str, layout: str, tp: int, device: str = "cpu") -> None:
@@ -16,7 +17,7 @@ def _run(engine_ranks, engine: str, layout: str, tp: int, device: str = "cpu") -
     ranks = engine_ranks(engine, layout, tp, device=device)
     backend = "host " if device == "cpu" else "cuda "
     assert all(b.startswith(backend) for b in ranks.backends), ranks.backends
-    with wsync.Producer(engine, tp_size=tp, bucket_bytes=96 << 10, device=device) as prod:
+    with wsync.Producer(engine, tp_size=tp, bucket_bytes=96 << 10, device=device, plugin=plugin_for(device)) as prod:
         for k in range(3):
             sd = models.step(model, k)
             n = prod.sync(sd, ranks.send, weight_version=f"step-{k}")

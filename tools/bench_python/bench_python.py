@@ -62,6 +62,14 @@ CFG = {"hidden_size": H, "num_attention_heads": NH, "num_key_value_heads": KV, "
        "intermediate_size": FF, "vocab_size": V}
 
 
+def plugin():
+    import os
+
+    import wsync
+
+    return os.path.join(str(wsync._native.lib_dir()), "libwsync_cuda.so")
+
+
 def trainer(conn, iters):
     import wsync
     from wsync.export import TorchExport
@@ -74,15 +82,16 @@ def trainer(conn, iters):
         k = torch.Size(s).numel()
         views.append((n, flat[at: at + k].view(s)))
         at += k
-    msg = TorchExport("sglang").messages(views)[0]
+    exp = TorchExport("sglang")
+    msgs = [exp.messages(views)[0] for _ in range(iters + 1)]  # one generation per copy
     from torch.multiprocessing.reductions import reduce_tensor
-    conn.send(("foreign", msg, reduce_tensor(flat), total))
+    conn.send(("foreign", msgs, reduce_tensor(flat), total))
     conn.recv()
     # staged sync: separate trainer tensors, as a trainer's parameters
     params = {n: torch.randn(s, device="cuda").to(torch.bfloat16) for n, s in shapes.items()}
     torch.cuda.synchronize()
     times = []
-    with wsync.Producer("sglang", bucket_bytes=1 << 30, device="cuda", digests=False) as prod:
+    with wsync.Producer("sglang", bucket_bytes=2 << 30, device="cuda", digests=False, plugin=plugin()) as prod:
         def send(m):
             conn.send(("msg", m))
             return [conn.recv()]
@@ -119,11 +128,12 @@ def main():
     p = ctx.Process(target=trainer, args=(b, iters), daemon=True)
     p.start()
     eng = {n: torch.zeros(s, dtype=torch.bfloat16, device="cuda") for n, s in engine_shapes().items()}
-    w = wsync.EngineWorker(eng, engine="sglang", config=CFG)
-    _, msg, red, total = a.recv()
+    w = wsync.EngineWorker(eng, engine="sglang", config=CFG, plugin=plugin())
+    _, msgs, red, total = a.recv()
+    it = iter(msgs)
     src = red[0](*red[1])  # torch's own import of the trainer's storage
     flat_dst = torch.empty_like(src)
-    wsync_ms = event_ms(lambda: (w.apply(msg), w.drain()), iters)  # one request, one batched copy
+    wsync_ms = event_ms(lambda: (w.apply(next(it)), w.drain()), iters)  # one request, one batched copy
     flat_ms = event_ms(lambda: flat_dst.copy_(src), iters)
     pairs, at = [], 0
     for n, s in hf_shapes().items():
@@ -145,14 +155,14 @@ def main():
           f"{loop_ms / wsync_ms:.2f}x faster than the copy_ loop")
     a.send("go")
     while True:
-        op, m, _, _ = a.recv()
+        op, m = a.recv()[:2]
         if op == "msg":
             a.send(w.handle(m))
         elif op == "release":
             w.release()
             a.send("ok")
         else:
-            print(f"staged sync (Python Producer -> EngineWorker, 1 GiB buckets, no digests): median "
+            print(f"staged sync (Python Producer -> EngineWorker, 2 GiB buckets, no digests): median "
                   f"{statistics.median(m):.2f} ms over {len(m)} syncs ({', '.join(f'{x:.1f}' for x in m)})")
             a.send("bye")
             break
