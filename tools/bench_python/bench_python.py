@@ -120,7 +120,9 @@ def event_ms(fn, iters):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=5)
-    iters = ap.parse_args().iters
+    ap.add_argument("--foreign-only", action="store_true", help="skip the staged sync")
+    args = ap.parse_args()
+    iters = args.iters
     import wsync
 
     ctx = mp.get_context("spawn")
@@ -153,6 +155,9 @@ def main():
     print(f"  wsync EngineWorker (Python)        {wsync_ms:8.2f} ms  {gb / wsync_ms * 1e3:7.0f} GB/s")
     print(f"  ratio wsync / flat copy: {flat_ms / wsync_ms:.3f} of the limit; "
           f"{loop_ms / wsync_ms:.2f}x faster than the copy_ loop")
+    if args.foreign_only:
+        p.kill()
+        return
     a.send("go")
     while True:
         op, m = a.recv()[:2]

@@ -1,0 +1,40 @@
+"""LMDeploy: its ``update_params`` request.
+
+LMDeploy's ``UpdateParamsRequest`` (lmdeploy/serve/openai/protocol.py as read:
+``serialized_named_tensors: Union[str, List[str], Dict]``, ``finished: bool = False``) reaches every
+worker's model agent. :func:`update_params` serves a wsync request carried in it: the C LMDeploy
+shim's ``update_params`` message (flattened buckets of a persistent staging buffer, *consumed* on
+the copy stream, the post-load hook on ``finished``), as JSON text in
+``serialized_named_tensors``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Dict, Optional
+
+import torch
+
+from ..errors import InvalidArgument
+from . import worker_for
+
+
+def request(message: str) -> Dict[str, Any]:
+    """Trainer side: the UpdateParamsRequest fields carrying one wsync message."""
+    m = json.loads(message)
+    return {"serialized_named_tensors": message, "finished": bool(m.get("finished", False))}
+
+
+def update_params(model: torch.nn.Module, req: Any, *, tp_rank: int = 0, tp_size: int = 1,
+                  plugin: Optional[str] = None, post_load: Optional[Callable[[], None]] = None) -> str:
+    """Serve one UpdateParamsRequest (an object with the fields, or a dict) into `model`;
+    returns the reply JSON; raises the request's WsyncError when it is refused."""
+    get = req.get if isinstance(req, dict) else (lambda k, d=None: getattr(req, k, d))
+    text = get("serialized_named_tensors")
+    if not isinstance(text, str):
+        raise InvalidArgument(1, "update_params", "serialized_named_tensors must be the wsync request text")
+    w = worker_for(model, "lmdeploy", tp_rank=tp_rank, tp_size=tp_size, plugin=plugin, on_post_load=post_load)
+    r = w.apply(text)
+    if get("finished", False):
+        w.drain()
+    return json.dumps(r)

@@ -1,0 +1,53 @@
+"""SGLang: ``load_weights`` is a ``custom_weight_loader``.
+
+As read in SGLang main (``ModelRunner.update_weights_from_tensor``): with
+``--custom-weight-loader wsync.integrations.sglang.load_weights`` and
+``update_weights_from_tensor(named_tensors, load_format="wsync.integrations.sglang.load_weights")``
+SGLang calls ``load_weights(model, named_tensors)`` on every TP rank with the tensors moved to
+its device. The trainer puts one wsync request (the C SGLang shim's
+``update_weights_from_tensor`` message, one FlattenedTensorBucket per rank naming the trainer's
+staging buffer) into a single uint8 tensor named :data:`REQUEST_NAME` (:func:`request_tensors`);
+no weight bytes travel through SGLang's serializer.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from ..errors import InvalidArgument
+from . import worker_for
+
+REQUEST_NAME = "wsync.request"
+LOAD_FORMAT = "wsync.integrations.sglang.load_weights"
+
+
+def request_tensors(message: str) -> List[Tuple[str, torch.Tensor]]:
+    """Trainer side: `named_tensors` for ``update_weights_from_tensor`` carrying one message."""
+    data = bytearray(message.encode())
+    return [(REQUEST_NAME, torch.frombuffer(data, dtype=torch.uint8).clone())]
+
+
+def load_weights(model: torch.nn.Module, named_tensors: Sequence[Tuple[str, torch.Tensor]],
+                 *, plugin: Optional[str] = None) -> None:
+    """SGLang's custom loader: serve the wsync request in `named_tensors` into `model`'s own
+    parameters (in place); raises the request's WsyncError when it is refused."""
+    reqs = [t for n, t in named_tensors if n == REQUEST_NAME]
+    if len(reqs) != 1 or len(named_tensors) != 1:
+        names = [n for n, _ in named_tensors][:3]
+        raise InvalidArgument(1, "load_weights", f"expected one tensor named {REQUEST_NAME}, got {names}")
+    msg = bytes(reqs[0].cpu().numpy().tobytes()).decode()
+    rank, size = _tp()
+    w = worker_for(model, "sglang", tp_rank=rank, tp_size=size, plugin=plugin)
+    w.apply(msg)
+    w.drain()  # SGLang frees the request's tensors when this returns
+
+
+def _tp() -> Tuple[int, int]:
+    try:
+        from sglang.srt.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+        return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+    except Exception:
+        return 0, 1
