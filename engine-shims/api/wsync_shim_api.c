@@ -66,6 +66,33 @@ static void fwd_post_load(void *u)
     w->engine->post_load(w->engine->user);
 }
 
+static wsync_result_t fwd_native_copy(void *u, const wsync_buffer_desc_t *b, uint64_t g,
+                                      const wsync_copy_op_t *ops, size_t n, wsync_error_t *err)
+{
+    const wsync_shim_worker_t *w = u;
+    return w->engine->native_copy(w->engine->user, b, g, ops, n, err);
+}
+static wsync_adapter_slot_t *fwd_lora_slot(void *u, const char *name, int assign)
+{
+    const wsync_shim_worker_t *w = u;
+    return w->engine->lora_slot(w->engine->user, name, assign);
+}
+static void fwd_lora_loaded(void *u, const char *name, wsync_adapter_slot_t *slot)
+{
+    const wsync_shim_worker_t *w = u;
+    w->engine->lora_loaded(w->engine->user, name, slot);
+}
+static void fwd_lora_unloaded(void *u, const char *name)
+{
+    const wsync_shim_worker_t *w = u;
+    w->engine->lora_unloaded(w->engine->user, name);
+}
+static void fwd_reset_prefix(void *u, const char *name)
+{
+    const wsync_shim_worker_t *w = u;
+    w->engine->reset_prefix_cache(w->engine->user, name);
+}
+
 static void params_free(wsync_shim_worker_t *w)
 {
     for (size_t i = 0; i < w->n_params; i++)
@@ -106,14 +133,20 @@ static wsync_result_t params_take(wsync_shim_worker_t *w, const wsync_shim_worke
         if (strcmp(w->params[i - 1].name, w->params[i].name) == 0)
             return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                                    "parameter %s appears twice in the table", w->params[i].name);
-    w->ops = (wsync_engine_ops_t){.struct_size = sizeof(w->ops),
-                                  .user = w,
-                                  .param = table_param,
-                                  .tp = fwd_tp,
-                                  .dims = fwd_dims,
-                                  .stream = e->stream ? fwd_stream : NULL,
-                                  .flush_cache = e->flush_cache ? fwd_flush : NULL,
-                                  .post_load = e->post_load ? fwd_post_load : NULL};
+    w->ops =
+        (wsync_engine_ops_t){.struct_size = sizeof(w->ops),
+                             .user = w,
+                             .param = table_param,
+                             .tp = fwd_tp,
+                             .dims = fwd_dims,
+                             .stream = e->stream ? fwd_stream : NULL,
+                             .flush_cache = e->flush_cache ? fwd_flush : NULL,
+                             .post_load = e->post_load ? fwd_post_load : NULL,
+                             .native_copy = e->native_copy ? fwd_native_copy : NULL,
+                             .lora_slot = e->lora_slot ? fwd_lora_slot : NULL,
+                             .lora_loaded = e->lora_loaded ? fwd_lora_loaded : NULL,
+                             .lora_unloaded = e->lora_unloaded ? fwd_lora_unloaded : NULL,
+                             .reset_prefix_cache = e->reset_prefix_cache ? fwd_reset_prefix : NULL};
     return WSYNC_OK;
 }
 

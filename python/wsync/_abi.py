@@ -148,6 +148,41 @@ class ModelDims(C.Structure):
     ]
 
 
+class AdapterPart(C.Structure):
+    _fields_ = [("hf_module", C.c_char_p), ("out_offset", C.c_int64), ("out_features", C.c_int64)]
+
+
+class AdapterTarget(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_size_t),
+        ("module", C.c_char_p),
+        ("dtype", C.c_int),
+        ("in_features", C.c_int64),
+        ("out_features", C.c_int64),
+        ("lora_a", C.c_void_p * 2),
+        ("lora_b", C.c_void_p * 2),
+        ("scaling", C.c_float * 2),
+        ("rank", C.c_uint32 * 2),
+        ("n_parts", C.c_size_t),
+        ("parts", C.POINTER(AdapterPart)),
+    ]
+
+
+class AdapterSlot(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_size_t),
+        ("adapter_name", C.c_char_p),
+        ("max_rank", C.c_uint32),
+        ("n_targets", C.c_size_t),
+        ("targets", C.POINTER(AdapterTarget)),
+        ("active", C.POINTER(C.c_int)),
+    ]
+
+
+LoraSlotFn = C.CFUNCTYPE(C.c_void_p, C.c_void_p, C.c_char_p, C.c_int)
+LoraLoadedFn = C.CFUNCTYPE(None, C.c_void_p, C.c_char_p, C.c_void_p)
+LoraNameFn = C.CFUNCTYPE(None, C.c_void_p, C.c_char_p)
+
 ParamFn = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_char_p, C.POINTER(ParamInfo))
 TpFn = C.CFUNCTYPE(None, C.c_void_p, C.POINTER(C.c_uint32), C.POINTER(C.c_uint32))
 DimsFn = C.CFUNCTYPE(None, C.c_void_p, C.POINTER(ModelDims))
@@ -166,10 +201,10 @@ class EngineOps(C.Structure):
         ("flush_cache", HookFn),
         ("post_load", HookFn),
         ("native_copy", C.c_void_p),
-        ("lora_slot", C.c_void_p),
-        ("lora_loaded", C.c_void_p),
-        ("lora_unloaded", C.c_void_p),
-        ("reset_prefix_cache", C.c_void_p),
+        ("lora_slot", LoraSlotFn),
+        ("lora_loaded", LoraLoadedFn),
+        ("lora_unloaded", LoraNameFn),
+        ("reset_prefix_cache", LoraNameFn),
     ]
 
 

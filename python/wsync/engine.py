@@ -43,7 +43,8 @@ class EngineWorker:
     engine name, this rank's ``tp_rank`` of ``tp_size``, the model ``config`` the fused layouts
     depend on. ``plugin`` as for C engines (None: ``WSYNC_PLUGIN`` or the default). ``verify``
     checks every wsync64 digest inside the copy. ``on_flush`` / ``on_post_load`` are the
-    engine's cache-flush and post-load hooks."""
+    engine's cache-flush and post-load hooks; ``lora`` (a :class:`wsync.lora.LoraSlots`) the
+    adapter slots that LoRA requests hot-load into."""
 
     def __init__(
         self,
@@ -59,6 +60,7 @@ class EngineWorker:
         stream: Optional[Any] = None,
         on_flush: Optional[Callable[[], None]] = None,
         on_post_load: Optional[Callable[[], None]] = None,
+        lora: Optional[Any] = None,
     ) -> None:
         named = params.named_parameters() if isinstance(params, torch.nn.Module) else params
         self.params = dict(_torch.items(named))
@@ -87,6 +89,12 @@ class EngineWorker:
             flush_cache=self._cb(_abi.HookFn, lambda _u: on_flush and on_flush()),
             post_load=self._cb(_abi.HookFn, lambda _u: on_post_load and on_post_load()),
         )
+        self.lora = lora  # a wsync.lora.LoraSlots: adapter requests load into it
+        if lora is not None:
+            ops.lora_slot = self._cb(_abi.LoraSlotFn, lora._slot)
+            ops.lora_loaded = self._cb(_abi.LoraLoadedFn, lora._loaded)
+            ops.lora_unloaded = self._cb(_abi.LoraNameFn, lora._unloaded)
+            ops.reset_prefix_cache = self._cb(_abi.LoraNameFn, lora._reset)
         self._ops = ops
         cfg = _abi.WorkerConfig(
             struct_size=C.sizeof(_abi.WorkerConfig),
