@@ -3,8 +3,9 @@
  * long spin and stages with stream NULL: the stage must read the new bytes. The engine poisons its
  * destination on the legacy stream behind a long spin and copies with stream NULL: the copy must
  * land after the poison, so every destination byte is the producer's. Generation 2 does the same
- * on the per-thread default stream handle (cudaStreamPerThread). A plugin that runs NULL-stream
- * work on a private stream fails both halves. */
+ * on stream NULL again (the first calls allocate, which synchronizes the device and hides a
+ * private stream), generation 3 on the per-thread default stream handle (cudaStreamPerThread).
+ * A plugin that runs NULL-stream work on a private stream fails generation 2. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,9 +21,19 @@
 #define S0_SEED(g) (1000u + (g))
 #define S0_POISON 77u
 
+#define S0_GENERATIONS 3
+
+/* Generations 1 and 2 on stream NULL (the first call of each side allocates, and an allocation
+ * synchronizes the whole device, which would hide a private stream: generation 2 is the one
+ * that shows it), generation 3 on the per-thread default stream handle. */
 static cudaStream_t s0_stream(uint64_t gen)
 {
-    return gen == 1 ? (cudaStream_t)0 : cudaStreamPerThread;
+    return gen < S0_GENERATIONS ? (cudaStream_t)0 : cudaStreamPerThread;
+}
+
+static const char *s0_name(uint64_t gen)
+{
+    return gen < S0_GENERATIONS ? "stream NULL" : "cudaStreamPerThread";
 }
 
 static int producer(int fd, void *arg)
@@ -42,7 +53,7 @@ static int producer(int fd, void *arg)
                               .ndim = 1,
                               .shape = {S0_BYTES},
                               .src = src};
-    for (uint64_t g = 1; g <= 2; g++) {
+    for (uint64_t g = 1; g <= S0_GENERATIONS; g++) {
         cudaStream_t st = s0_stream(g);
         /* The trainer's write of the new weights, still queued when stage is called. */
         WG_CK(wh_spin(S0_SPIN_NS, st));
@@ -50,7 +61,7 @@ static int producer(int fd, void *arg)
         WG_OK(p->producer->stage(s, st, &t, 1, err));
         const char *json;
         uint64_t gen;
-        WG_OK(p->producer->publish(s, st, g == 2, &json, &gen, err));
+        WG_OK(p->producer->publish(s, st, g == S0_GENERATIONS, &json, &gen, err));
         WG_CHECK(gen == g, "published generation %llu, expected %llu", (unsigned long long)gen,
                  (unsigned long long)g);
         WG_CHECK(wh_send_str(fd, json) == 0, "send");
@@ -72,7 +83,7 @@ static int consumer(int fd, void *arg)
     WG_CK(cudaMalloc(&dst, S0_BYTES));
     WG_CK(cudaMalloc((void **)&bad_dev, sizeof(*bad_dev)));
     wsync_handle_t *h = NULL;
-    for (uint64_t g = 1; g <= 2; g++) {
+    for (uint64_t g = 1; g <= S0_GENERATIONS; g++) {
         cudaStream_t st = s0_stream(g);
         char *json;
         size_t len;
@@ -90,8 +101,8 @@ static int consumer(int fd, void *arg)
         /* The engine's own work on its stream, queued before the copy: the copy goes after it. */
         WG_CK(wh_spin(S0_SPIN_NS, st));
         WG_CK(wh_fill(dst, S0_BYTES, S0_POISON, st));
-        WG_OK(p->consumer->copy_weights(c, h, g == 1 ? NULL : (wsync_stream_t)st, m->generation,
-                                        &op, 1, 0, err));
+        WG_OK(p->consumer->copy_weights(c, h, g < S0_GENERATIONS ? NULL : (wsync_stream_t)st,
+                                        m->generation, &op, 1, 0, err));
         WG_OK(p->consumer->record_consumed(c, h, 1, err));
         WG_CK(cudaDeviceSynchronize());
         WG_CK(cudaMemset(bad_dev, 0, sizeof(*bad_dev)));
@@ -100,10 +111,9 @@ static int consumer(int fd, void *arg)
         WG_CHECK(bad == 0,
                  "generation %llu (%s): %llu of %u words are not the producer's (a stage that "
                  "ran before the trainer's write, or a copy that ran before the engine's poison)",
-                 (unsigned long long)g, g == 1 ? "stream NULL" : "cudaStreamPerThread", bad,
-                 S0_BYTES / 8);
+                 (unsigned long long)g, s0_name(g), bad, S0_BYTES / 8);
         printf("stream0: generation %llu (%s): 0 of %u words wrong\n", (unsigned long long)g,
-               g == 1 ? "stream NULL" : "cudaStreamPerThread", S0_BYTES / 8);
+               s0_name(g), S0_BYTES / 8);
         p->consumer->manifest_free(c, m);
         wh_free(json);
         WG_CHECK(wh_send_str(fd, "ack") == 0, "send");
