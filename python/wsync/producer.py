@@ -35,9 +35,21 @@ def check_replies(replies: Union[str, Sequence[str]]) -> List[dict]:
     return out
 
 
+class _Buffers:
+    """One set of staging buffers (one per engine rank) and what was published through it."""
+
+    def __init__(self) -> None:
+        self.staging: List[int] = []
+        self.published: List[int] = []
+        self.waited: List[int] = []
+        self.sent = False  # the engines have seen these buffers (LMDeploy's flattened tensor)
+        self.keep: list = []  # the sources of the last bucket, alive until consumed
+
+
 class Producer:
-    """Retained staging buffers of ``bucket_bytes`` each, one per engine TP rank (on
-    ``devices[r]``, default: ``device`` for all), speaking to ``engine`` ("sglang", "vllm",
+    """Retained staging buffers of ``bucket_bytes`` each: ``buffers`` sets (default 2: the engine
+    copies bucket k while the trainer stages bucket k+1), one buffer per engine TP rank in each
+    (on ``devices[r]``, default: ``device`` for all), speaking to ``engine`` ("sglang", "vllm",
     "lmdeploy")."""
 
     def __init__(
@@ -52,7 +64,10 @@ class Producer:
         digests: bool = True,
         timeout_ms: int = 0,
         packed: bool = True,
+        buffers: int = 2,
     ) -> None:
+        if buffers < 1:
+            raise InvalidArgument(1, "Producer", f"buffers={buffers}: at least 1")
         self.engine = engine
         self.bucket_bytes = int(bucket_bytes)
         self.plugin = _native.load_plugin(plugin)
@@ -61,24 +76,30 @@ class Producer:
         dev = _torch.normalize(device) if device is not None else torch.device("cpu")
         self.devices = [_torch.normalize(d) for d in devices] if devices else [dev] * tp_size
         self.packed = packed
-        self._staging: List[int] = []
-        self._published = [0] * len(self.devices)
-        self._waited = [0] * len(self.devices)
-        self._sent_buffer = [False] * len(self.devices)
-        self._keep: list = []
+        self._sets: List[_Buffers] = []
+        self._turn = 0
         self._first = True
-        for d in self.devices:
-            cfg = _abi.StagingConfig(
-                struct_size=C.sizeof(_abi.StagingConfig),
-                bytes=self.bucket_bytes,
-                device_ordinal=(d.index or 0) if d.type == "cuda" else 0,
-                flags=0 if digests else _abi.STAGING_NO_DIGESTS,
-                timeout_ms=timeout_ms,
-            )
-            s = C.c_void_p()
-            err = _abi.Error.new()
-            _native.check(self._ops.create(C.byref(cfg), C.byref(s), C.byref(err)), err)
-            self._staging.append(s.value)
+        try:
+            for _ in range(buffers):
+                b = _Buffers()
+                self._sets.append(b)
+                for d in self.devices:
+                    cfg = _abi.StagingConfig(
+                        struct_size=C.sizeof(_abi.StagingConfig),
+                        bytes=self.bucket_bytes,
+                        device_ordinal=(d.index or 0) if d.type == "cuda" else 0,
+                        flags=0 if digests else _abi.STAGING_NO_DIGESTS,
+                        timeout_ms=timeout_ms,
+                    )
+                    st = C.c_void_p()
+                    err = _abi.Error.new()
+                    _native.check(self._ops.create(C.byref(cfg), C.byref(st), C.byref(err)), err)
+                    b.staging.append(st.value)
+                    b.published.append(0)
+                    b.waited.append(0)
+        except BaseException:
+            self.close()
+            raise
 
     # ----------------------------------------------------------------- planning
 
@@ -99,17 +120,21 @@ class Producer:
 
     # ------------------------------------------------------------------ buckets
 
-    def wait(self, stream: Optional[Any] = None) -> None:
-        """Wait until every engine rank has consumed the last published bucket (call after
-        their acks). Raises Timeout or PeerGone when an engine stalls or dies."""
-        for r, s in enumerate(self._staging):
-            g = self._published[r]
-            if g > self._waited[r]:
+    def _wait_set(self, b: _Buffers, stream: Optional[Any]) -> None:
+        for r, st in enumerate(b.staging):
+            g = b.published[r]
+            if g > b.waited[r]:
                 err = _abi.Error.new()
-                st = _torch.stream_handle(self.devices[r], stream)
-                _native.check(self._ops.wait_consumed(s, st, g, C.byref(err)), err)
-                self._waited[r] = g
-        self._keep = []
+                sh = _torch.stream_handle(self.devices[r], stream)
+                _native.check(self._ops.wait_consumed(st, sh, g, C.byref(err)), err)
+                b.waited[r] = g
+        b.keep = []
+
+    def wait(self, stream: Optional[Any] = None) -> None:
+        """Wait until every engine rank has consumed every published bucket (call after their
+        acks). Raises Timeout or PeerGone when an engine stalls or dies."""
+        for b in self._sets:
+            self._wait_set(b, stream)
 
     def stage_bucket(
         self,
@@ -119,13 +144,14 @@ class Producer:
         weight_version: Optional[str] = None,
         stream: Optional[Any] = None,
     ) -> List[str]:
-        """Stage one bucket into every rank's buffer, publish, and return the request messages
-        (JSON text, in send order) that carry it to the engine. Waits for the previous bucket's
-        *consumed* first (its acks must have come back)."""
+        """Stage one bucket into every rank's buffer of the next set, publish, and return the
+        request messages (JSON text, in send order) that carry it to the engine. Waits first for
+        *consumed* of the bucket that set carried before (its acks must have come back)."""
         pairs = _torch.items(tensors)
         if not pairs:
             raise InvalidArgument(1, "stage_bucket", "an empty bucket")
-        self.wait(stream)
+        b = self._sets[self._turn]
+        self._wait_set(b, stream)
         arr = (_abi.StageTensor * len(pairs))()
         keep = []
         for i, (name, t) in enumerate(pairs):
@@ -150,23 +176,24 @@ class Producer:
                 src=src.data_ptr() or None,
             )
         manifests = []
-        for r, s in enumerate(self._staging):
-            st = _torch.stream_handle(self.devices[r], stream)
+        for r, st in enumerate(b.staging):
+            sh = _torch.stream_handle(self.devices[r], stream)
             err = _abi.Error.new()
-            _native.check(self._ops.stage(s, st, arr, len(pairs), C.byref(err)), err)
+            _native.check(self._ops.stage(st, sh, arr, len(pairs), C.byref(err)), err)
             text = C.c_char_p()
             gen = C.c_uint64()
-            _native.check(
-                self._ops.publish(s, st, int(finished), C.byref(text), C.byref(gen), C.byref(err)), err
-            )
-            self._published[r] = gen.value
+            _native.check(self._ops.publish(st, sh, int(finished), C.byref(text), C.byref(gen), C.byref(err)), err)
+            b.published[r] = gen.value
             manifests.append(text.value.decode())
-        self._keep = keep  # the sources stay alive until the engine consumed them
-        with_buffer = not all(self._sent_buffer)
+        b.keep = keep  # the sources stay alive until the engine consumed them
+        # LMDeploy's update_params names its persistent buffer only with a bucket that carries
+        # it: with several buffer sets every bucket names its own.
+        with_buffer = not b.sent or len(self._sets) > 1
         msgs = self.encode(manifests, first=self._first, finished=finished,
                            weight_version=weight_version, with_buffer=with_buffer)
-        self._sent_buffer = [True] * len(self._staging)
+        b.sent = True
         self._first = finished
+        self._turn = (self._turn + 1) % len(self._sets)
         return msgs
 
     def encode(self, manifests: Sequence[str], *, first: bool, finished: bool,
@@ -209,10 +236,11 @@ class Producer:
     def close(self) -> None:
         """Retire every staging buffer (the engines must have released their mappings first:
         EngineWorker.release). Raises Busy while an engine still maps one."""
-        while self._staging:
-            err = _abi.Error.new()
-            _native.check(self._ops.retire(self._staging[-1], C.byref(err)), err)
-            self._staging.pop()
+        for b in self._sets:
+            while b.staging:
+                err = _abi.Error.new()
+                _native.check(self._ops.retire(b.staging[-1], C.byref(err)), err)
+                b.staging.pop()
 
     def __enter__(self) -> Producer:
         return self
