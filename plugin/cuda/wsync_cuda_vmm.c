@@ -105,6 +105,17 @@ static void prop_init(CUmemAllocationProp *p, int device)
     p->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
 }
 
+/* Read/write access for `device` over [p, p + size). */
+static CUresult set_rw_access(CUdeviceptr p, size_t size, int device)
+{
+    CUmemAccessDesc a;
+    memset(&a, 0, sizeof(a));
+    a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    a.location.id = device;
+    a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return api.set_access(p, size, &a, 1);
+}
+
 /* Reserve, map and enable read/write access for `device`; on success v->ptr is set. */
 static wsync_result_t map_here(wsync_cuda_vmm_t *v, CUmemGenericAllocationHandle h, int device,
                                size_t align, wsync_error_t *err)
@@ -115,12 +126,7 @@ static wsync_result_t map_here(wsync_cuda_vmm_t *v, CUmemGenericAllocationHandle
     CU_TRY(api.reserve(&p, v->size, align, 0, 0), "cuMemAddressReserve");
     CU_TRY(api.map(p, v->size, 0, h, 0), "cuMemMap");
     mapped = 1;
-    CUmemAccessDesc a;
-    memset(&a, 0, sizeof(a));
-    a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    a.location.id = device;
-    a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    CU_TRY(api.set_access(p, v->size, &a, 1), "cuMemSetAccess");
+    CU_TRY(set_rw_access(p, v->size, device), "cuMemSetAccess");
     v->ptr = p;
     return WSYNC_OK;
 fail:
@@ -321,12 +327,7 @@ wsync_result_t wsync_cuda_vmm_import_torch(const uint8_t *handle, uint32_t len, 
     for (; mapped < seg.n; mapped++)
         CU_TRY(api.map(p + mapped * seg.segment_size, seg.segment_size, 0, mh[mapped], 0),
                "cuMemMap(torch segment)");
-    CUmemAccessDesc a;
-    memset(&a, 0, sizeof(a));
-    a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    a.location.id = device;
-    a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    CU_TRY(api.set_access(p, out->size, &a, 1), "cuMemSetAccess");
+    CU_TRY(set_rw_access(p, out->size, device), "cuMemSetAccess");
     for (uint32_t i = 0; i < seg.n; i++)
         api.release(mh[i]); /* the mappings keep the allocations alive until unmapped */
     close(pidfd);

@@ -41,12 +41,13 @@ def _engine_main(conn, *args) -> None:
         raise
 
 
-def _recv(conn, proc, timeout: float = 120.0):
+def recv(conn, proc, timeout: float = 120.0):
+    """A child's next message, or a failure naming why (it died, failed, or said nothing)."""
     if not conn.poll(timeout):
-        raise AssertionError(f"engine {proc.pid} sent nothing in {timeout} s (exit {proc.exitcode})")
+        raise AssertionError(f"child {proc.pid} sent nothing in {timeout} s (alive: {proc.is_alive()}, exit {proc.exitcode})")
     m = conn.recv()
     if isinstance(m, tuple) and m and m[0] == "child-error":
-        raise AssertionError("engine failed:\n" + m[1])
+        raise AssertionError("child failed:\n" + m[1])
     return m
 
 
@@ -95,29 +96,29 @@ class EngineRanks:
             p.start()
             self.conns.append(a)
             self.procs.append(p)
-        self.backends = [_recv(c, p)[1] for c, p in zip(self.conns, self.procs)]
+        self.backends = [recv(c, p)[1] for c, p in zip(self.conns, self.procs)]
 
     def send(self, msg: str) -> List[str]:
         for c in self.conns:
             c.send(("msg", msg))
-        return [_recv(c, p) for c, p in zip(self.conns, self.procs)]
+        return [recv(c, p) for c, p in zip(self.conns, self.procs)]
 
     def state(self):
         for c in self.conns:
             c.send(("state", None))
-        return [_recv(c, p) for c, p in zip(self.conns, self.procs)]
+        return [recv(c, p) for c, p in zip(self.conns, self.procs)]
 
     def release(self) -> None:
         for c in self.conns:
             c.send(("release", None))
         for c, p in zip(self.conns, self.procs):
-            _recv(c, p)
+            recv(c, p)
 
     def close(self) -> None:
         for c in self.conns:
             c.send(("close", None))
         for c, p in zip(self.conns, self.procs):
-            _recv(c, p, 30)
+            recv(c, p, 30)
         for p in self.procs:
             p.join(30)
 

@@ -17,21 +17,11 @@ import models
 import pytest
 import torch
 import wsync
-from conftest import plugin_for
+from conftest import plugin_for, recv
 from test_sync_host import _run
 from wsync.export import TorchExport
 
 pytestmark = pytest.mark.gpu
-
-
-def recv(conn, proc, timeout: float = 60.0):
-    """The child's next message, or a failure naming why (it died, or said nothing)."""
-    if not conn.poll(timeout):
-        raise AssertionError(f"child {proc.pid} sent nothing in {timeout} s (alive: {proc.is_alive()}, exit {proc.exitcode})")
-    m = conn.recv()
-    if isinstance(m, tuple) and m and m[0] == "child-error":
-        raise AssertionError("child failed:\n" + m[1])
-    return m
 
 
 def child(fn):
