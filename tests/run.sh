@@ -24,6 +24,7 @@ fi
 wsync_python_env
 (cd "$WSYNC_ROOT" && "$WSYNC_PY" -m ruff check python tests/python)
 (cd "$WSYNC_ROOT" && "$WSYNC_PY" -m pytest -q -rs tests/python)
+(cd "$WSYNC_ROOT" && "$WSYNC_PY" -m pytest -q -s tests/python/test_integrations.py -k vllm_weight | grep "^vllm:" || true)
 
 # Reliability (docs/RELIABILITY.md): the same suites under ASan+UBSan with leak checking, then
 # every parser fuzzed for a bounded time. WSYNC_SKIP_ASAN=1 / WSYNC_SKIP_FUZZ=1 skip a step

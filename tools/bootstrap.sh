@@ -101,6 +101,13 @@ wsync_python_env() {
     "$venv/bin/python" -c 'import torch, transformers, safetensors, peft, pytest' 2>/dev/null ||
         "$venv/bin/python" -m pip install -q torch==2.13.0 transformers safetensors peft pytest ruff
     "$venv/bin/python" -m pip install -q ruff >/dev/null
+    # vLLM's own weight-transfer classes for the integration test: the wheel without its CUDA
+    # dependencies, plus what its weight-transfer modules import. Optional: without it the
+    # test says so and runs against its stand-in.
+    "$venv/bin/python" -c 'import vllm.distributed.weight_transfer.factory' 2>/dev/null ||
+        { "$venv/bin/python" -m pip install -q --no-deps vllm==0.33.0 &&
+          "$venv/bin/python" -m pip install -q psutil pyzmq cbor2 aiohttp openai openai_harmony regex requests; } ||
+        echo "wsync: vllm==0.33.0 could not be installed: the vLLM integration test uses its stand-in"
     "$venv/bin/python" -m pip install -q "$WSYNC_ROOT"
     WSYNC_PY="$venv/bin/python"
 }

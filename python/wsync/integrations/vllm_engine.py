@@ -48,6 +48,13 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
     def start_weight_update(self) -> None:
         self._worker.apply(message("start_weight_update", is_checkpoint_format=True))
 
+    def update_weights(self, update_info: Dict[str, Any]) -> None:
+        """vLLM's base class ends an update with a device-wide synchronize; wsync's copies are
+        ordered on the engine's stream and *consumed* follows them, so a drain of that stream is
+        all the next step needs (and the trainer's wait_consumed covers the buffer's reuse)."""
+        self.receive_weights(self.parse_update_info(update_info))
+        self._worker.drain()
+
     def receive_weights(self, update_info: WsyncUpdateInfo, *_: Any) -> None:
         info = {k: v for k, v in asdict(update_info).items() if v is not None and k != "extra"}
         self._worker.apply(message("update_weights", update_info=info))
