@@ -1,7 +1,7 @@
-/* wsync demo --lora: an adapter-only sync (DESIGN.md §1.3, §6). The base weights stay frozen in
- * the engine; only a rank-R adapter moves. The trainer keeps ONE retained FIXED_LAYOUT staging
+/* wsync demo --lora: an adapter-only sync (docs/DESIGN.md §1.3, §6). The base weights stay frozen
+ * in the engine; only a rank-R adapter moves. The trainer keeps ONE retained FIXED_LAYOUT staging
  * holding the adapter tensors under their PEFT names and refreshes it in place each sync (after
- * wait_consumed of the previous generation, DESIGN.md §1.2); the engine hot-loads it into its
+ * wait_consumed of the previous generation, docs/DESIGN.md §1.2); the engine hot-loads it into its
  * adapter slot (shadow copy, then switch) and reads the active copy back to check it against the
  * content that version must have.
  *

@@ -1,4 +1,4 @@
-/* LoRA requests the three shims share (DESIGN.md §6): loading an adapter by name from a PEFT
+/* LoRA requests the three shims share (docs/DESIGN.md §6): loading an adapter by name from a PEFT
  * directory or from the tensors of a producer buffer (a FlattenedTensorBucket plus the
  * adapter_config.json), and unloading it. Each shim parses its own engine's message and calls
  * these; they end in the driver (wsync_driver_load_adapter), where the plugin loads the slot's

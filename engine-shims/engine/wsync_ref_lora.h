@@ -1,4 +1,4 @@
-/* The reference engine's LoRA slots (DESIGN.md §6): for the dense layout at TP size 1, a few
+/* The reference engine's LoRA slots (docs/DESIGN.md §6): for the dense layout at TP size 1, a few
  * slots, each with one target per linear module of every layer in ENGINE layout: packed
  * qkv_proj (parts q/k/v_proj) and gate_up_proj (parts gate/up_proj), o_proj, down_proj; bf16,
  * max rank WSYNC_REF_LORA_MAX_RANK, two copies (the plugin loads the shadow, then switches

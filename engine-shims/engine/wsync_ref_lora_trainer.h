@@ -2,7 +2,7 @@
  * synthetic adapter of tools/wsync_lora.h, version k per sync, delivered in the engine's own LoRA
  * request format to one reference engine (TP size 1). SGLang takes the tensors themselves: one
  * retained FIXED_LAYOUT staging, refreshed in place after wait_consumed of the previous
- * generation (DESIGN.md §1.2). vLLM and LMDeploy load from a path: a PEFT directory (bf16)
+ * generation (docs/DESIGN.md §1.2). vLLM and LMDeploy load from a path: a PEFT directory (bf16)
  * rewritten per sync. Either way no base weight moves. Not thread safe. */
 #ifndef WSYNC_REF_LORA_TRAINER_H
 #define WSYNC_REF_LORA_TRAINER_H

@@ -1,4 +1,4 @@
-/* wsync64: order-independent, index-keyed 64-bit digest (DESIGN.md §2). Not cryptographic.
+/* wsync64: order-independent, index-keyed 64-bit digest (docs/DESIGN.md §2). Not cryptographic.
  * Word j = the j-th little-endian 8-byte word of the tensor, tail zero-padded;
  * digest = mix(sum_j mix(w_j ^ (j * 0x9E3779B97F4A7C15)) ^ nbytes), mix = splitmix64 finalizer.
  * The CUDA kernel computes the same function; tests/unit/common keeps the shared vectors. */

@@ -1,4 +1,4 @@
-/* Manifest schema v1: parse with complete validation (DESIGN.md §2), and emit.
+/* Manifest schema v1: parse with complete validation (docs/DESIGN.md §2), and emit.
  *
  * Parsing is one pass over the tensors array: every field is checked, names are deduplicated
  * with an open-addressing table over the jansson strings, then all names are copied into one

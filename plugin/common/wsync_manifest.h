@@ -1,4 +1,4 @@
-/* Manifest schema v1 (DESIGN.md §2): parse with complete validation, and emit. */
+/* Manifest schema v1 (docs/DESIGN.md §2): parse with complete validation, and emit. */
 #ifndef WSYNC_COMMON_MANIFEST_H
 #define WSYNC_COMMON_MANIFEST_H
 

@@ -1,4 +1,4 @@
-/* Manifest emit (DESIGN.md §2). The head (schema, generation, buffer, digests) is built with
+/* Manifest emit (docs/DESIGN.md §2). The head (schema, generation, buffer, digests) is built with
  * jansson; the tensors array, which is most of the text and is written on every publish, is
  * written directly, byte for byte as jansson's compact dump writes it: 300 tensors in tens of
  * microseconds instead of half a millisecond (docs/PERFORMANCE.md). */
@@ -269,8 +269,8 @@ wsync_result_t wsync_manifest_emit(const wsync_manifest_t *m, char **out, wsync_
     if ((r = wsync_check_emit(m, err)) != WSYNC_OK)
         return r;
 
-    /* Canonical form (parse caches rely on it, DESIGN.md §2): "tensors" is the last member, and
-     * when every tensor has a digest they travel in the top-level "digests" blob, so the text
+    /* Canonical form (parse caches rely on it, docs/DESIGN.md §2): "tensors" is the last member,
+     * and when every tensor has a digest they travel in the top-level "digests" blob, so the text
      * of the tensors array stays byte-identical from one generation of a bucket to the next. */
     int blob = m->n_tensors > 0;
     for (size_t i = 0; blob && i < m->n_tensors; i++)

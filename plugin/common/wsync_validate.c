@@ -1,5 +1,5 @@
-/* Edge validation of copy ops and generations (DESIGN.md §2: validate completely before any byte
- * is written). Pure functions; thread safe. */
+/* Edge validation of copy ops and generations (docs/DESIGN.md §2: validate completely before any
+ * byte is written). Pure functions; thread safe. */
 #include "wsync_validate.h"
 
 #include "wsync_cache.h"

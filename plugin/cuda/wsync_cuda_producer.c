@@ -258,7 +258,8 @@ static wsync_result_t staging_stage(struct wsync_staging *s, wsync_stream_t stre
 {
     if (s == NULL || (t == NULL && n > 0) || n > UINT32_MAX)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "stage needs a staging and tensors");
-    /* The seed fix (DESIGN.md §1.2): never overwrite storage a consumer may still read. */
+    /* The exporter-storage rule (docs/DESIGN.md §1.2): never overwrite storage a consumer may still
+     * read. */
     if (s->waited < s->generation)
         return WSYNC_FAIL(err, WSYNC_ERR_BUSY,
                           "generation %llu of %s published but not yet consumed (waited for "

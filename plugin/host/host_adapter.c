@@ -1,5 +1,5 @@
-/* LoRA hot-load on the host backend (DESIGN.md §6). The adapter layer (adapters/) validates the
- * adapter against the slot and plans every byte; this file orders the load after the engine's
+/* LoRA hot-load on the host backend (docs/DESIGN.md §6). The adapter layer (adapters/) validates
+ * the adapter against the slot and plans every byte; this file orders the load after the engine's
  * earlier work and the producer's *ready*, and signals *consumed* for an IPC source once the
  * shadow copy is written and switched. */
 #include "host_internal.h"

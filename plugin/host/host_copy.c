@@ -79,10 +79,10 @@ out:
 }
 
 #ifdef WSYNC_FIXTURE_EARLY_CONSUMED
-/* TEST FIXTURE ONLY (libwsync_host_broken.so): the seed-003 bug. *consumed* fires from the
- * calling thread at once, before the stream has finished (or even started) the copies, so a
- * producer that reuses its staging buffer overwrites it mid-copy. Conformance suites load this
- * build to prove that their torn-weight test can fail. */
+/* TEST FIXTURE ONLY (libwsync_host_broken.so): the early-consumed failure (docs/DESIGN.md §1.1).
+ * *consumed* fires from the calling thread at once, before the stream has finished (or even
+ * started) the copies, so a producer that reuses its staging buffer overwrites it mid-copy.
+ * Conformance suites load this build to prove that their torn-weight test can fail. */
 static void wsync_host_record_early(struct wsync_handle *h, uint64_t generation)
 {
     wsync_control_signal_consumed(h->control, generation);

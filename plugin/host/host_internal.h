@@ -1,4 +1,4 @@
-/* The host backend's objects and members (DESIGN.md §4): staging in POSIX shared memory,
+/* The host backend's objects and members (docs/DESIGN.md §4): staging in POSIX shared memory,
  * ready/consumed as generations in the control block at the head of the segment, streams as
  * in-order queues served by worker threads (host_stream.h).
  *

@@ -104,8 +104,9 @@ wsync_result_t wsync_host_stage(struct wsync_staging *s, wsync_stream_t stream,
     if ((r = wsync_layout_build(tensors, n, s->capacity, &next, err)) != WSYNC_OK)
         return r;
     pthread_mutex_lock(&s->lock);
-    /* Seed bug 2 (DESIGN.md §1.2): reused storage may still be read by the consumer of the last
-     * published generation until its *consumed* fires. Refuse rather than overwrite it. */
+    /* The exporter-storage failure (docs/DESIGN.md §1.2): reused storage may still be read by the
+     * consumer of the last published generation until its *consumed* fires. Refuse rather than
+     * overwrite it. */
     uint64_t consumed = atomic_load(&s->control->consumed_generation);
     if (consumed < s->generation) {
         r = WSYNC_FAIL(err, WSYNC_ERR_BUSY,

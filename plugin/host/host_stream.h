@@ -1,5 +1,5 @@
 /* Host streams: in-order work queues, each served by its own worker thread, so the host backend
- * has real asynchrony and the stream-ordering rules of DESIGN.md §2 hold as they do on a GPU.
+ * has real asynchrony and the stream-ordering rules of docs/DESIGN.md §2 hold as they do on a GPU.
  *
  * Tasks run one at a time, in enqueue order. Enqueueing is thread safe and never blocks on the
  * work itself. Each task gets a sequence number; wsync_host_stream_wait(s, seq) blocks until that

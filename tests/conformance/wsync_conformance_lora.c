@@ -1,9 +1,9 @@
-/* The conformance suite's LoRA case (DESIGN.md §6), for the shim and plugin under test: an adapter
- * (tools/wsync_lora.h, all-linear on the dense layout) loaded through the shim's own messages into
- * the reference engine's slots (packed qkv_proj / gate_up_proj), checked bit-exact against
- * wsync_ref_lora.c's independent expectation; a same-name reload (the upsert; vLLM resets the
- * prefix cache); bad adapters refused with a clear error and both copies unchanged; the colocated
- * tensors path (SGLang; host plugin: the producer runs in this process); unload. */
+/* The conformance suite's LoRA case (docs/DESIGN.md §6), for the shim and plugin under test: an
+ * adapter (tools/wsync_lora.h, all-linear on the dense layout) loaded through the shim's own
+ * messages into the reference engine's slots (packed qkv_proj / gate_up_proj), checked bit-exact
+ * against wsync_ref_lora.c's independent expectation; a same-name reload (the upsert; vLLM resets
+ * the prefix cache); bad adapters refused with a clear error and both copies unchanged; the
+ * colocated tensors path (SGLang; host plugin: the producer runs in this process); unload. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,6 +1,6 @@
-/* The seed-003 torn-weight test. The engine's stream is kept busy by a spin kernel when each
- * update arrives; the producer reuses its staging buffer right after wait_consumed. With the
- * real plugin no bucket may be torn over 200 buckets; with the fixture plugin that records
+/* The torn-weight test (docs/DESIGN.md §1.1). The engine's stream is kept busy by a spin kernel
+ * when each update arrives; the producer reuses its staging buffer right after wait_consumed. With
+ * the real plugin no bucket may be torn over 200 buckets; with the fixture plugin that records
  * *consumed* on another stream (libwsync_cuda_broken.so) the same test must find torn buckets. */
 #include <stdlib.h>
 #include <string.h>

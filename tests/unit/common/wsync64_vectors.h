@@ -1,5 +1,5 @@
 /* wsync64 test vectors shared by the host and CUDA digest tests. The expected values come
- * from tests/unit/common/wsync64_vectors.py, a reference written from DESIGN.md section 2
+ * from tests/unit/common/wsync64_vectors.py, a reference written from docs/DESIGN.md § 2
  * independently of plugin/common/wsync_digest.c; regenerate with
  *   python3 tests/unit/common/wsync64_vectors.py > tests/unit/common/wsync64_vectors.h
  *   clang-format -i tests/unit/common/wsync64_vectors.h */

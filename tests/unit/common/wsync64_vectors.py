@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference wsync64 (DESIGN.md section 2), written from the definition and independent of the C
+"""Reference wsync64 (docs/DESIGN.md § 2), written from the definition and independent of the C
 code. Prints the vector table of wsync64_vectors.h: python3 wsync64_vectors.py > wsync64_vectors.h
 """
 
@@ -44,7 +44,7 @@ PATTERNS = ["WSYNC64_PAT_ZERO", "WSYNC64_PAT_ONES", "WSYNC64_PAT_INDEX", "WSYNC6
             "WSYNC64_PAT_LCG"]
 
 HEADER = """/* wsync64 test vectors shared by the host and CUDA digest tests. The expected values come
- * from tests/unit/common/wsync64_vectors.py, a reference written from DESIGN.md section 2
+ * from tests/unit/common/wsync64_vectors.py, a reference written from docs/DESIGN.md § 2
  * independently of plugin/common/wsync_digest.c; regenerate with
  *   python3 tests/unit/common/wsync64_vectors.py > tests/unit/common/wsync64_vectors.h
  *   clang-format -i tests/unit/common/wsync64_vectors.h */

@@ -1,8 +1,8 @@
 /* LoRA hot-load through libwsync_host.so's tables (dlopen, ABI v1 only): FROM_DIR (a PEFT
  * directory written here), FROM_MANIFEST (a retained FIXED_LAYOUT staging refreshed in place, the
- * seed-2 fix of DESIGN.md §1.2), the producer's BUSY refusal before *consumed*, stale manifests,
- * layout changes and unload. Slot contents are checked against a reference built here from the
- * generator, independent of the adapters library's plan. */
+ * exporter-storage rule of docs/DESIGN.md §1.2), the producer's BUSY refusal before *consumed*,
+ * stale manifests, layout changes and unload. Slot contents are checked against a reference built
+ * here from the generator, independent of the adapters library's plan. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,8 +1,9 @@
-/* The staging-reuse stress test (DESIGN.md §1, bug 1). The engine's copy stream is busy — a host
+/* The staging-reuse stress test (docs/DESIGN.md §1.1). The engine's copy stream is busy — a host
  * callback sleeps 2-5 ms right before each update — while the trainer reuses ONE staging buffer
  * and overwrites it the moment wait_consumed returns. With *consumed* recorded in stream order no
  * tensor may ever be torn. The same run against libwsync_host_broken.so (consumed recorded from
- * the calling thread, the seed-003 bug) must find torn tensors: proof that this test can fail. */
+ * the calling thread, the early-consumed failure) must find torn tensors: proof that this test can
+ * fail. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>

@@ -363,8 +363,8 @@ static void test_retire_while_mapped_is_busy(void **state)
     assert_int_equal(P.c->open_handle(f->c, &f->m->buffer, &h, &err), WSYNC_ERR_PEER_GONE);
 }
 
-/* Staging over a published, unconsumed generation is refused (DESIGN.md §1.2): BUSY, naming the
- * generation and what to call. */
+/* Staging over a published, unconsumed generation is refused (docs/DESIGN.md §1.2): BUSY, naming
+ * the generation and what to call. */
 static void stage_t_refused(fixture_t *f)
 {
     wsync_error_t err = {.struct_size = sizeof(err)};
