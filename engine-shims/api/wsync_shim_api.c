@@ -1,6 +1,7 @@
 /* See wsync_shim_api.h. Each entry point forwards to the shims' own code. */
 #include "wsync_shim_api.h"
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -347,25 +348,35 @@ WSYNC_SHIM_API wsync_result_t wsync_shim_plan(const char *engine, const char *co
                                   n_buckets, err);
 }
 
+/* Plugins loaded for producers: kept for the life of the process (their tables stay valid),
+ * one loader per distinct request. */
+#define WSYNC_SHIM_MAX_PLUGINS 8
+static wsync_loader_t plugin_loaders[WSYNC_SHIM_MAX_PLUGINS];
+static size_t plugin_count;
+static pthread_mutex_t plugin_lock = PTHREAD_MUTEX_INITIALIZER;
+
 WSYNC_SHIM_API wsync_result_t wsync_shim_plugin_open(const char *path, const wsync_plugin_t **out,
                                                      char *loaded_path, size_t cap,
                                                      wsync_error_t *err)
 {
     if (out == NULL)
         return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "plugin_open needs out");
-    /* Process lifetime: the loader's dlopen handle is never closed (tables stay valid). */
-    wsync_loader_t *l = calloc(1, sizeof(*l));
-    if (l == NULL)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for a plugin loader");
-    wsync_result_t rc = wsync_loader_open(l, path, NULL, err);
-    if (rc != WSYNC_OK) {
-        free(l);
-        return rc;
+    pthread_mutex_lock(&plugin_lock);
+    wsync_result_t rc = WSYNC_OK;
+    if (plugin_count == WSYNC_SHIM_MAX_PLUGINS)
+        rc = WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY,
+                             "%d plugins are loaded already; load each one once",
+                             WSYNC_SHIM_MAX_PLUGINS);
+    else
+        rc = wsync_loader_open(&plugin_loaders[plugin_count], path, NULL, err);
+    if (rc == WSYNC_OK) {
+        const wsync_loader_t *l = &plugin_loaders[plugin_count++];
+        *out = l->plugin;
+        if (loaded_path != NULL && cap > 0)
+            snprintf(loaded_path, cap, "%s", l->path);
     }
-    *out = l->plugin;
-    if (loaded_path != NULL && cap > 0)
-        snprintf(loaded_path, cap, "%s", l->path);
-    return WSYNC_OK;
+    pthread_mutex_unlock(&plugin_lock);
+    return rc;
 }
 
 WSYNC_SHIM_API void wsync_shim_api_free(void *p)

@@ -105,8 +105,8 @@ wsync_result_t wsync_shim_plan(const char *engine, const char *const *names, con
 /* Load a plugin through the shims' loader (wsync_loader.h: `path`, else $WSYNC_PLUGIN, else the
  * CUDA plugin when it finds a device, else the host plugin, searched in $WSYNC_PLUGIN_DIR first)
  * for a trainer's producer side. The plugin stays loaded for the life of the process; *out is
- * its table, loaded_path (cap bytes) the file that was loaded. Errors name the library, the
- * step and why. */
+ * its table, loaded_path (cap bytes) the file that was loaded. Up to 8 calls per process (load
+ * each plugin once and keep its table). Thread safe. Errors name the library, the step and why. */
 wsync_result_t wsync_shim_plugin_open(const char *path, const wsync_plugin_t **out,
                                       char *loaded_path, size_t cap, wsync_error_t *err);
 
