@@ -17,15 +17,23 @@
 #include "wsync_fuzz.h"
 #include "wsync_manifest.h"
 #include "wsync_manifest_cache.h"
+#include "wsync_torch_handle.h"
 
 static void check_contract(const wsync_manifest_t *m)
 {
     const wsync_buffer_desc_t *b = &m->buffer;
     WSYNC_FUZZ_CHECK(m->generation >= 1);
     WSYNC_FUZZ_CHECK(b->kind == WSYNC_BUFFER_CUDA_IPC || b->kind == WSYNC_BUFFER_HOST_SHM ||
-                     b->kind == WSYNC_BUFFER_CUDA_VMM_FD);
+                     b->kind == WSYNC_BUFFER_CUDA_VMM_FD ||
+                     b->kind == WSYNC_BUFFER_TORCH_EXPANDABLE);
     WSYNC_FUZZ_CHECK(b->handle_len >= 1 && b->handle_len <= WSYNC_HANDLE_MAX);
     WSYNC_FUZZ_CHECK(b->kind != WSYNC_BUFFER_CUDA_IPC || b->handle_len == 64);
+    /* a torch expandable-segment share always decodes: header, 1..25 segments, fds >= 0 */
+    wsync_torch_segments_t seg;
+    WSYNC_FUZZ_CHECK(
+        b->kind != WSYNC_BUFFER_TORCH_EXPANDABLE ||
+        (wsync_torch_segments_decode(b->handle, b->handle_len, &seg, NULL) == WSYNC_OK &&
+         seg.n >= 1 && seg.n <= WSYNC_TORCH_SEGMENTS_MAX));
     WSYNC_FUZZ_CHECK(b->bytes > 0);
     WSYNC_FUZZ_CHECK(memchr(b->device, '\0', sizeof(b->device)) != NULL);
     WSYNC_FUZZ_CHECK(memchr(b->control, '\0', sizeof(b->control)) != NULL);
