@@ -458,15 +458,18 @@ typedef wsync_result_t (*wsync_plugin_init_fn_t)(uint32_t *abi_version, const ws
 
 /* ---------------------------------------------------------- growth helpers */
 
-/* True when the table was built with `member` (struct_size covers it) and it is non-NULL. */
-#define WSYNC_HAS_OP(table, member)                                                                \
+/* True when `table`, a pointer to a table of type `type`, was built with `member` (struct_size
+ * covers it) and it is non-NULL: WSYNC_HAS_OP(wsync_consumer_ops_t, ops, unload_adapter). The
+ * type is named, as in libfabric's FI_CHECK_OP, so the test needs no typeof: standard C and C++
+ * alike. */
+#define WSYNC_HAS_OP(type, table, member)                                                          \
     ((table) != NULL &&                                                                            \
-     (table)->struct_size >= offsetof(__typeof__(*(table)), member) + sizeof((table)->member) &&   \
+     (table)->struct_size >= offsetof(type, member) + sizeof(((const type *)0)->member) &&         \
      (table)->member != NULL)
 
-/* True when a host-filled struct is large enough to hold `member`. */
-#define WSYNC_HAS_FIELD(s, member)                                                                 \
-    ((s) != NULL && (s)->struct_size >= offsetof(__typeof__(*(s)), member) + sizeof((s)->member))
+/* True when a host-filled struct `s` of type `type` is large enough to hold `member`. */
+#define WSYNC_HAS_FIELD(type, s, member)                                                           \
+    ((s) != NULL && (s)->struct_size >= offsetof(type, member) + sizeof(((const type *)0)->member))
 
 static inline const char *wsync_strerror(wsync_result_t r)
 {

@@ -59,15 +59,15 @@ static wsync_result_t wsync_adapter_from_manifest(const wsync_adapter_source_t *
 static wsync_result_t wsync_adapter_source(const wsync_adapter_source_t *src, const void *base,
                                            wsync_adapter_t **out, wsync_error_t *err)
 {
-    if (src == NULL || !WSYNC_HAS_FIELD(src, kind))
+    if (src == NULL || !WSYNC_HAS_FIELD(wsync_adapter_source_t, src, kind))
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "adapter source is NULL or too small");
     switch (src->kind) {
     case WSYNC_ADAPTER_FROM_DIR:
-        if (!WSYNC_HAS_FIELD(src, path) || src->path == NULL)
+        if (!WSYNC_HAS_FIELD(wsync_adapter_source_t, src, path) || src->path == NULL)
             return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "FROM_DIR source has no path");
         return wsync_adapter_from_dir(src->path, out, err);
     case WSYNC_ADAPTER_FROM_MANIFEST:
-        if (!WSYNC_HAS_FIELD(src, adapter_config_json))
+        if (!WSYNC_HAS_FIELD(wsync_adapter_source_t, src, adapter_config_json))
             return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                               "FROM_MANIFEST source struct_size %zu is too small",
                               src->struct_size);

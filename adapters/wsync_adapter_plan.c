@@ -102,7 +102,7 @@ static wsync_result_t wsync_check_target(const wsync_adapter_slot_t *slot, size_
                                          wsync_region_t *regions, wsync_error_t *err)
 {
     const wsync_adapter_target_t *t = &slot->targets[i];
-    if (!WSYNC_HAS_FIELD(t, parts))
+    if (!WSYNC_HAS_FIELD(wsync_adapter_target_t, t, parts))
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "slot targets[%zu]: struct_size %zu is smaller than v1's %zu", i,
                           t->struct_size, sizeof(*t));
@@ -159,7 +159,7 @@ static wsync_result_t wsync_check_regions(const wsync_adapter_slot_t *slot, wsyn
 static wsync_result_t wsync_check_slot(const wsync_adapter_slot_t *slot, int *active,
                                        wsync_error_t *err)
 {
-    if (slot == NULL || !WSYNC_HAS_FIELD(slot, active))
+    if (slot == NULL || !WSYNC_HAS_FIELD(wsync_adapter_slot_t, slot, active))
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "adapter slot is NULL or its struct_size is smaller than v1's");
     const char *name = slot->adapter_name ? slot->adapter_name : "(unnamed)";
@@ -485,8 +485,8 @@ wsync_result_t wsync_adapter_plan_exec_host(const wsync_adapter_plan_t *plan, ws
 wsync_result_t wsync_adapter_commit(wsync_adapter_slot_t *slot, const wsync_adapter_plan_t *plan,
                                     wsync_error_t *err)
 {
-    if (slot == NULL || plan == NULL || !WSYNC_HAS_FIELD(slot, active) || slot->active == NULL ||
-        plan->n_targets != slot->n_targets)
+    if (slot == NULL || plan == NULL || !WSYNC_HAS_FIELD(wsync_adapter_slot_t, slot, active) ||
+        slot->active == NULL || plan->n_targets != slot->n_targets)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "slot/plan NULL or the plan was built for another slot");
     int s = plan->shadow;

@@ -119,7 +119,7 @@ static double wsync_bench_plugin_once(wsync_bench_t *b, wsync_bench_run_t *r, ui
         return wsync_cli_report("bench", "stage", rc, &err), -1;
     if ((rc = b->pops->publish(r->s, r->pstream, 1, &json, &r->gen, &err)) != WSYNC_OK)
         return wsync_cli_report("bench", "publish", rc, &err), -1;
-    if (r->have_pstream && WSYNC_HAS_OP(b->pops, stream_synchronize) &&
+    if (r->have_pstream && WSYNC_HAS_OP(wsync_producer_ops_t, b->pops, stream_synchronize) &&
         (rc = b->pops->stream_synchronize(r->s, r->pstream, &err)) != WSYNC_OK)
         return wsync_cli_report("bench", "producer stream_synchronize", rc, &err), -1;
     if ((rc = b->cops->parse_manifest(b->c, json, strlen(json), &man, &err)) != WSYNC_OK)
@@ -214,7 +214,7 @@ static int wsync_bench_setup_run(wsync_bench_t *b, wsync_bench_run_t *r, const c
     scfg.bytes = r->m.packed_bytes + (1u << 20);
     if ((rc = b->pops->create(&scfg, &r->s, &err)) != WSYNC_OK)
         return wsync_cli_report("bench", "staging create", rc, &err);
-    if (WSYNC_HAS_OP(b->pops, stream_create)) {
+    if (WSYNC_HAS_OP(wsync_producer_ops_t, b->pops, stream_create)) {
         if ((rc = b->pops->stream_create(r->s, &r->pstream, &err)) != WSYNC_OK)
             return wsync_cli_report("bench", "producer stream_create", rc, &err);
         r->have_pstream = 1;
@@ -232,7 +232,7 @@ static void wsync_bench_teardown_run(wsync_bench_t *b, wsync_bench_run_t *r)
         b->pops->stream_destroy(r->s, r->pstream, &err);
     if (r->s != NULL && b->pops->retire(r->s, &err) != WSYNC_OK)
         wsync_cli_report("bench", "retire", err.code, &err);
-    if (WSYNC_HAS_OP(b->cops, mem_free)) {
+    if (WSYNC_HAS_OP(wsync_consumer_ops_t, b->cops, mem_free)) {
         if (r->psrc != NULL)
             b->cops->mem_free(b->c, r->psrc, &err);
         if (r->pdst != NULL)
@@ -380,7 +380,8 @@ int wsync_cmd_bench(int argc, char **argv)
     }
     b.cops = b.l.plugin->consumer;
     b.pops = b.l.plugin->producer;
-    if (!WSYNC_HAS_OP(b.cops, mem_alloc) || !WSYNC_HAS_OP(b.cops, mem_copy)) {
+    if (!WSYNC_HAS_OP(wsync_consumer_ops_t, b.cops, mem_alloc) ||
+        !WSYNC_HAS_OP(wsync_consumer_ops_t, b.cops, mem_copy)) {
         fprintf(stderr, "wsync bench: plugin %s lacks mem_alloc/mem_copy\n", b.l.path);
         wsync_loader_close(&b.l);
         return 1;

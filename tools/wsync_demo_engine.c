@@ -49,7 +49,8 @@ static int wsync_engine_setup(wsync_engine_t *e)
     if (wsync_cli_load(&e->l, e->o->plugin, &e->host) != 0)
         return 1;
     e->cops = e->l.plugin->consumer;
-    if (!WSYNC_HAS_OP(e->cops, mem_alloc) || !WSYNC_HAS_OP(e->cops, mem_copy)) {
+    if (!WSYNC_HAS_OP(wsync_consumer_ops_t, e->cops, mem_alloc) ||
+        !WSYNC_HAS_OP(wsync_consumer_ops_t, e->cops, mem_copy)) {
         fprintf(stderr, "wsync engine: plugin %s lacks mem_alloc/mem_copy, which the demo needs\n",
                 e->l.path);
         return 1;
@@ -64,7 +65,7 @@ static int wsync_engine_setup(wsync_engine_t *e)
     rc = e->cops->mem_alloc(e->c, e->model.packed_bytes, &e->params, &err);
     if (rc != WSYNC_OK)
         return wsync_engine_fail("mem_alloc of the engine parameters", rc, &err);
-    if (WSYNC_HAS_OP(e->cops, stream_create)) {
+    if (WSYNC_HAS_OP(wsync_consumer_ops_t, e->cops, stream_create)) {
         rc = e->cops->stream_create(e->c, &e->stream, &err);
         if (rc != WSYNC_OK)
             return wsync_engine_fail("stream_create", rc, &err);
@@ -320,7 +321,7 @@ static void wsync_engine_teardown(wsync_engine_t *e)
         e->cops->close_handle(e->c, e->h, &err);
     if (e->have_stream)
         e->cops->stream_destroy(e->c, e->stream, &err);
-    if (e->params != NULL && WSYNC_HAS_OP(e->cops, mem_free))
+    if (e->params != NULL && WSYNC_HAS_OP(wsync_consumer_ops_t, e->cops, mem_free))
         e->cops->mem_free(e->c, e->params, &err);
     if (e->c != NULL)
         e->cops->finalize(e->c, &err);

@@ -51,8 +51,9 @@ static int wsync_lora_setup(wsync_lora_side_t *s, const wsync_demo_options_t *o,
         return 1;
     s->cops = s->l.plugin->consumer;
     s->pops = s->l.plugin->producer;
-    if (!WSYNC_HAS_OP(s->cops, mem_alloc) || !WSYNC_HAS_OP(s->cops, mem_copy) ||
-        !WSYNC_HAS_OP(s->cops, hot_load_adapter)) {
+    if (!WSYNC_HAS_OP(wsync_consumer_ops_t, s->cops, mem_alloc) ||
+        !WSYNC_HAS_OP(wsync_consumer_ops_t, s->cops, mem_copy) ||
+        !WSYNC_HAS_OP(wsync_consumer_ops_t, s->cops, hot_load_adapter)) {
         fprintf(stderr, "wsync %s: plugin %s lacks mem_alloc/mem_copy/hot_load_adapter\n", who,
                 s->l.path);
         return 1;
@@ -277,7 +278,7 @@ int wsync_demo_lora_trainer(const wsync_demo_options_t *o)
         rc = wsync_lora_trainer_finish(&t);
     if (t.staging != NULL)
         t.s.pops->retire(t.staging, &err);
-    if (t.params != NULL && WSYNC_HAS_OP(t.s.cops, mem_free))
+    if (t.params != NULL && WSYNC_HAS_OP(wsync_consumer_ops_t, t.s.cops, mem_free))
         t.s.cops->mem_free(t.s.c, t.params, &err);
     free(t.stage);
     free(t.expected);

@@ -79,8 +79,9 @@ static int wsync_trainer_setup(wsync_trainer_t *t)
         return 1;
     t->cops = t->l.plugin->consumer;
     t->pops = t->l.plugin->producer;
-    if (!WSYNC_HAS_OP(t->cops, mem_alloc) || !WSYNC_HAS_OP(t->cops, mem_copy) ||
-        !WSYNC_HAS_OP(t->cops, parse_manifest)) {
+    if (!WSYNC_HAS_OP(wsync_consumer_ops_t, t->cops, mem_alloc) ||
+        !WSYNC_HAS_OP(wsync_consumer_ops_t, t->cops, mem_copy) ||
+        !WSYNC_HAS_OP(wsync_consumer_ops_t, t->cops, parse_manifest)) {
         fprintf(stderr,
                 "wsync trainer: plugin %s lacks mem_alloc/mem_copy/parse_manifest, which "
                 "the demo needs\n",
@@ -119,7 +120,7 @@ static int wsync_trainer_setup(wsync_trainer_t *t)
     rc = t->pops->create(&scfg, &t->staging, &err);
     if (rc != WSYNC_OK)
         return wsync_trainer_fail("staging create", rc, &err);
-    if (WSYNC_HAS_OP(t->pops, stream_create)) {
+    if (WSYNC_HAS_OP(wsync_producer_ops_t, t->pops, stream_create)) {
         rc = t->pops->stream_create(t->staging, &t->stream, &err);
         if (rc != WSYNC_OK)
             return wsync_trainer_fail("producer stream_create", rc, &err);
@@ -142,7 +143,7 @@ static int wsync_trainer_fill(wsync_trainer_t *t, uint64_t version)
 {
     wsync_error_t err = {.struct_size = sizeof(err)};
 
-    if (t->have_stream && WSYNC_HAS_OP(t->pops, stream_synchronize)) {
+    if (t->have_stream && WSYNC_HAS_OP(wsync_producer_ops_t, t->pops, stream_synchronize)) {
         wsync_result_t rc = t->pops->stream_synchronize(t->staging, t->stream, &err);
         if (rc != WSYNC_OK)
             return wsync_trainer_fail("producer stream_synchronize", rc, &err);
@@ -287,7 +288,7 @@ static void wsync_trainer_teardown(wsync_trainer_t *t)
         t->pops->stream_destroy(t->staging, t->stream, &err);
     if (t->staging != NULL)
         t->pops->retire(t->staging, &err);
-    if (t->params != NULL && WSYNC_HAS_OP(t->cops, mem_free))
+    if (t->params != NULL && WSYNC_HAS_OP(wsync_consumer_ops_t, t->cops, mem_free))
         t->cops->mem_free(t->mem, t->params, &err);
     if (t->mem != NULL)
         t->cops->finalize(t->mem, &err);

@@ -4,45 +4,45 @@
 
 #include "wsync_cli.h"
 
-#define WSYNC_INFO_OP(table, member)                                                               \
-    printf("  %-20s %s\n", #member, WSYNC_HAS_OP(table, member) ? "present" : "absent")
+#define WSYNC_INFO_OP(type, table, member)                                                         \
+    printf("  %-20s %s\n", #member, WSYNC_HAS_OP(type, table, member) ? "present" : "absent")
 
 static void wsync_info_consumer(const wsync_consumer_ops_t *c)
 {
     printf("consumer table: struct_size %zu (this tool: %zu), abi_version %u\n", c->struct_size,
            sizeof(*c), c->abi_version);
-    WSYNC_INFO_OP(c, create);
-    WSYNC_INFO_OP(c, parse_manifest);
-    WSYNC_INFO_OP(c, manifest_free);
-    WSYNC_INFO_OP(c, open_handle);
-    WSYNC_INFO_OP(c, close_handle);
-    WSYNC_INFO_OP(c, copy_weights);
-    WSYNC_INFO_OP(c, record_consumed);
-    WSYNC_INFO_OP(c, hot_load_adapter);
-    WSYNC_INFO_OP(c, enqueue_host_fn);
-    WSYNC_INFO_OP(c, finalize);
-    WSYNC_INFO_OP(c, stream_create);
-    WSYNC_INFO_OP(c, stream_destroy);
-    WSYNC_INFO_OP(c, stream_synchronize);
-    WSYNC_INFO_OP(c, unload_adapter);
-    WSYNC_INFO_OP(c, mem_alloc);
-    WSYNC_INFO_OP(c, mem_free);
-    WSYNC_INFO_OP(c, mem_copy);
+    WSYNC_INFO_OP(wsync_consumer_ops_t, c, create);
+    WSYNC_INFO_OP(wsync_consumer_ops_t, c, parse_manifest);
+    WSYNC_INFO_OP(wsync_consumer_ops_t, c, manifest_free);
+    WSYNC_INFO_OP(wsync_consumer_ops_t, c, open_handle);
+    WSYNC_INFO_OP(wsync_consumer_ops_t, c, close_handle);
+    WSYNC_INFO_OP(wsync_consumer_ops_t, c, copy_weights);
+    WSYNC_INFO_OP(wsync_consumer_ops_t, c, record_consumed);
+    WSYNC_INFO_OP(wsync_consumer_ops_t, c, hot_load_adapter);
+    WSYNC_INFO_OP(wsync_consumer_ops_t, c, enqueue_host_fn);
+    WSYNC_INFO_OP(wsync_consumer_ops_t, c, finalize);
+    WSYNC_INFO_OP(wsync_consumer_ops_t, c, stream_create);
+    WSYNC_INFO_OP(wsync_consumer_ops_t, c, stream_destroy);
+    WSYNC_INFO_OP(wsync_consumer_ops_t, c, stream_synchronize);
+    WSYNC_INFO_OP(wsync_consumer_ops_t, c, unload_adapter);
+    WSYNC_INFO_OP(wsync_consumer_ops_t, c, mem_alloc);
+    WSYNC_INFO_OP(wsync_consumer_ops_t, c, mem_free);
+    WSYNC_INFO_OP(wsync_consumer_ops_t, c, mem_copy);
 }
 
 static void wsync_info_producer(const wsync_producer_ops_t *p)
 {
     printf("producer table: struct_size %zu (this tool: %zu), abi_version %u\n", p->struct_size,
            sizeof(*p), p->abi_version);
-    WSYNC_INFO_OP(p, create);
-    WSYNC_INFO_OP(p, stage);
-    WSYNC_INFO_OP(p, publish);
-    WSYNC_INFO_OP(p, wait_consumed);
-    WSYNC_INFO_OP(p, retire);
-    WSYNC_INFO_OP(p, stream_create);
-    WSYNC_INFO_OP(p, stream_destroy);
-    WSYNC_INFO_OP(p, stream_synchronize);
-    WSYNC_INFO_OP(p, read_back);
+    WSYNC_INFO_OP(wsync_producer_ops_t, p, create);
+    WSYNC_INFO_OP(wsync_producer_ops_t, p, stage);
+    WSYNC_INFO_OP(wsync_producer_ops_t, p, publish);
+    WSYNC_INFO_OP(wsync_producer_ops_t, p, wait_consumed);
+    WSYNC_INFO_OP(wsync_producer_ops_t, p, retire);
+    WSYNC_INFO_OP(wsync_producer_ops_t, p, stream_create);
+    WSYNC_INFO_OP(wsync_producer_ops_t, p, stream_destroy);
+    WSYNC_INFO_OP(wsync_producer_ops_t, p, stream_synchronize);
+    WSYNC_INFO_OP(wsync_producer_ops_t, p, read_back);
 }
 
 int wsync_cmd_info(int argc, char **argv)

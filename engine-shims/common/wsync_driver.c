@@ -78,9 +78,11 @@ wsync_result_t wsync_driver_open(const wsync_driver_config_t *cfg, wsync_driver_
         wsync_consumer_config_t cc = {.struct_size = sizeof(cc),
                                       .device_ordinal = cfg->device_ordinal,
                                       .timeout_ms = cfg->timeout_ms};
-        if (!WSYNC_HAS_OP(ops, create) || !WSYNC_HAS_OP(ops, parse_manifest) ||
-            !WSYNC_HAS_OP(ops, open_handle) || !WSYNC_HAS_OP(ops, copy_weights) ||
-            !WSYNC_HAS_OP(ops, record_consumed)) {
+        if (!WSYNC_HAS_OP(wsync_consumer_ops_t, ops, create) ||
+            !WSYNC_HAS_OP(wsync_consumer_ops_t, ops, parse_manifest) ||
+            !WSYNC_HAS_OP(wsync_consumer_ops_t, ops, open_handle) ||
+            !WSYNC_HAS_OP(wsync_consumer_ops_t, ops, copy_weights) ||
+            !WSYNC_HAS_OP(wsync_consumer_ops_t, ops, record_consumed)) {
             wsync_host_fail(&lerr, WSYNC_ERR_INCOMPATIBLE, "open",
                             "%s lacks a consumer member the shims need", d->loader.path);
             wsync_driver_fall_back(d, "consumer table", &lerr);
@@ -116,7 +118,8 @@ struct wsync_consumer *wsync_driver_consumer(const wsync_driver_t *d)
 static wsync_stream_t wsync_driver_stream(const wsync_driver_t *d)
 {
     const wsync_engine_ops_t *e = d->cfg.engine;
-    return WSYNC_HAS_FIELD(e, stream) && e->stream != NULL ? e->stream(e->user) : NULL;
+    return WSYNC_HAS_FIELD(wsync_engine_ops_t, e, stream) && e->stream != NULL ? e->stream(e->user)
+                                                                               : NULL;
 }
 
 static int wsync_driver_same_buffer(const wsync_buffer_desc_t *a, const wsync_buffer_desc_t *b)
@@ -243,7 +246,7 @@ static wsync_result_t wsync_driver_execute(wsync_driver_t *d, const wsync_manife
         return WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "driver: out of memory");
     if (d->ops == NULL) {
         const wsync_engine_ops_t *eng = d->cfg.engine;
-        if (!WSYNC_HAS_FIELD(eng, native_copy) || eng->native_copy == NULL)
+        if (!WSYNC_HAS_FIELD(wsync_engine_ops_t, eng, native_copy) || eng->native_copy == NULL)
             return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
                                    "no plugin (%s) and the engine gave no native loader",
                                    d->native_why);
@@ -314,7 +317,7 @@ wsync_result_t wsync_driver_drain(wsync_driver_t *d, wsync_error_t *err)
 {
     if (d->ops == NULL)
         return WSYNC_OK; /* native copies are blocking */
-    if (!WSYNC_HAS_OP(d->ops, stream_synchronize))
+    if (!WSYNC_HAS_OP(wsync_consumer_ops_t, d->ops, stream_synchronize))
         return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED, "plugin %s has no stream_synchronize",
                                d->loader.path);
     return d->ops->stream_synchronize(d->consumer, wsync_driver_stream(d), err);
@@ -339,10 +342,10 @@ wsync_result_t wsync_driver_release(wsync_driver_t *d, wsync_error_t *err)
 static wsync_result_t wsync_driver_lora_ready(wsync_driver_t *d, wsync_error_t *err)
 {
     const wsync_engine_ops_t *e = d->cfg.engine;
-    if (!WSYNC_HAS_FIELD(e, lora_slot) || e->lora_slot == NULL)
+    if (!WSYNC_HAS_FIELD(wsync_engine_ops_t, e, lora_slot) || e->lora_slot == NULL)
         return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
                                "this engine has no LoRA slots (enable LoRA in the engine)");
-    if (d->ops == NULL || !WSYNC_HAS_OP(d->ops, hot_load_adapter))
+    if (d->ops == NULL || !WSYNC_HAS_OP(wsync_consumer_ops_t, d->ops, hot_load_adapter))
         return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
                                "LoRA hot-load needs a wsync plugin with hot_load_adapter (%s); "
                                "use the engine's own adapter loader",
@@ -419,7 +422,8 @@ wsync_result_t wsync_driver_load_adapter(wsync_driver_t *d, const char *name, co
     } else if (rc == WSYNC_OK) {
         rc = wsync_driver_load_from_manifest(d, &src, slot, manifest, manifest_len, err);
     }
-    if (rc == WSYNC_OK && WSYNC_HAS_FIELD(e, lora_loaded) && e->lora_loaded != NULL)
+    if (rc == WSYNC_OK && WSYNC_HAS_FIELD(wsync_engine_ops_t, e, lora_loaded) &&
+        e->lora_loaded != NULL)
         e->lora_loaded(e->user, name, slot);
     if (rc != WSYNC_OK)
         wsync_driver_log(d, WSYNC_LOG_ERROR, "wsync: adapter \"%s\" refused: %s: %s", name,
@@ -435,7 +439,7 @@ wsync_result_t wsync_driver_unload_adapter(wsync_driver_t *d, const char *name, 
 
     if (rc != WSYNC_OK)
         return rc;
-    if (!WSYNC_HAS_OP(d->ops, unload_adapter))
+    if (!WSYNC_HAS_OP(wsync_consumer_ops_t, d->ops, unload_adapter))
         return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED, "plugin %s has no unload_adapter",
                                d->loader.path);
     slot = name != NULL ? e->lora_slot(e->user, name, 0) : NULL;
@@ -445,7 +449,8 @@ wsync_result_t wsync_driver_unload_adapter(wsync_driver_t *d, const char *name, 
     rc = wsync_driver_drain(d, err);
     if (rc == WSYNC_OK)
         rc = d->ops->unload_adapter(d->consumer, slot, err);
-    if (rc == WSYNC_OK && WSYNC_HAS_FIELD(e, lora_unloaded) && e->lora_unloaded != NULL)
+    if (rc == WSYNC_OK && WSYNC_HAS_FIELD(wsync_engine_ops_t, e, lora_unloaded) &&
+        e->lora_unloaded != NULL)
         e->lora_unloaded(e->user, name);
     return rc;
 }
@@ -453,21 +458,21 @@ wsync_result_t wsync_driver_unload_adapter(wsync_driver_t *d, const char *name, 
 void wsync_driver_reset_prefix_cache(wsync_driver_t *d, const char *name)
 {
     const wsync_engine_ops_t *e = d->cfg.engine;
-    if (WSYNC_HAS_FIELD(e, reset_prefix_cache) && e->reset_prefix_cache != NULL)
+    if (WSYNC_HAS_FIELD(wsync_engine_ops_t, e, reset_prefix_cache) && e->reset_prefix_cache != NULL)
         e->reset_prefix_cache(e->user, name);
 }
 
 void wsync_driver_flush_cache(wsync_driver_t *d)
 {
     const wsync_engine_ops_t *e = d->cfg.engine;
-    if (WSYNC_HAS_FIELD(e, flush_cache) && e->flush_cache != NULL)
+    if (WSYNC_HAS_FIELD(wsync_engine_ops_t, e, flush_cache) && e->flush_cache != NULL)
         e->flush_cache(e->user);
 }
 
 void wsync_driver_post_load(wsync_driver_t *d)
 {
     const wsync_engine_ops_t *e = d->cfg.engine;
-    if (WSYNC_HAS_FIELD(e, post_load) && e->post_load != NULL)
+    if (WSYNC_HAS_FIELD(wsync_engine_ops_t, e, post_load) && e->post_load != NULL)
         e->post_load(e->user);
 }
 

@@ -28,7 +28,7 @@ static void wsync_loader_log(const wsync_host_t *host, wsync_log_level_t level, 
     char msg[WSYNC_ERROR_MESSAGE_LEN + PATH_MAX];
     va_list ap;
 
-    if (host == NULL || !WSYNC_HAS_FIELD(host, log_level) || host->log == NULL ||
+    if (host == NULL || !WSYNC_HAS_FIELD(wsync_host_t, host, log_level) || host->log == NULL ||
         level > host->log_level)
         return;
     va_start(ap, fmt);
@@ -226,7 +226,7 @@ static wsync_result_t wsync_loader_default(wsync_loader_t *l, const wsync_host_t
     wsync_host_t probe_host;
     const wsync_host_t *cuda_host = host;
 
-    if (host != NULL && WSYNC_HAS_FIELD(host, log_level) && host->log != NULL) {
+    if (host != NULL && WSYNC_HAS_FIELD(wsync_host_t, host, log_level) && host->log != NULL) {
         wsync_probe.host = *host;
         wsync_probe.host.struct_size = sizeof(wsync_probe.host);
         probe_host = wsync_probe.host;

@@ -115,7 +115,7 @@ static void wsync_ref_lora_mem_free(void *user, void *ptr)
 {
     wsync_ref_engine_t *e = user;
     const wsync_plugin_t *p = wsync_driver_plugin(e->driver);
-    if (WSYNC_HAS_OP(p->consumer, mem_free))
+    if (WSYNC_HAS_OP(wsync_consumer_ops_t, p->consumer, mem_free))
         p->consumer->mem_free(wsync_driver_consumer(e->driver), ptr, NULL);
 }
 
@@ -232,7 +232,8 @@ int wsync_ref_engine_open(wsync_ref_engine_t *e, const wsync_ref_engine_config_t
         return -1;
     }
     cops = wsync_ref_cops(e);
-    if (cops != NULL && WSYNC_HAS_OP(cops, mem_alloc) && WSYNC_HAS_OP(cops, mem_copy)) {
+    if (cops != NULL && WSYNC_HAS_OP(wsync_consumer_ops_t, cops, mem_alloc) &&
+        WSYNC_HAS_OP(wsync_consumer_ops_t, cops, mem_copy)) {
         void *p = NULL;
         if (cops->mem_alloc(wsync_driver_consumer(e->driver), e->layout.arena_bytes, &p, &err) !=
             WSYNC_OK) {
@@ -268,7 +269,7 @@ int wsync_ref_engine_open(wsync_ref_engine_t *e, const wsync_ref_engine_config_t
             return -1;
         }
     }
-    if (cops != NULL && WSYNC_HAS_OP(cops, stream_create) &&
+    if (cops != NULL && WSYNC_HAS_OP(wsync_consumer_ops_t, cops, stream_create) &&
         cops->stream_create(wsync_driver_consumer(e->driver), &e->stream, &err) == WSYNC_OK)
         e->own_stream = 1;
     wsync_shim_ctx_init(&e->ctx, e->driver, cfg->rank, cfg->size);
@@ -287,7 +288,7 @@ void wsync_ref_engine_close(wsync_ref_engine_t *e)
             cops->stream_destroy(wsync_driver_consumer(e->driver), e->stream, NULL);
         e->stream = NULL; /* the driver's last drain runs on the default stream */
         wsync_ref_lora_free(&e->lora);
-        if (e->arena_plugin && WSYNC_HAS_OP(cops, mem_free))
+        if (e->arena_plugin && WSYNC_HAS_OP(wsync_consumer_ops_t, cops, mem_free))
             cops->mem_free(wsync_driver_consumer(e->driver), e->arena, NULL);
     } else {
         free(e->arena);

@@ -55,7 +55,8 @@ int wsync_ref_trainer_open(wsync_ref_trainer_t *t, const wsync_ref_trainer_confi
         return snprintf(why, len, "trainer plugin: %s", err.message), -1;
     t->cops = t->loader.plugin->consumer;
     t->pops = t->loader.plugin->producer;
-    if (!WSYNC_HAS_OP(t->cops, mem_alloc) || !WSYNC_HAS_OP(t->cops, mem_copy)) {
+    if (!WSYNC_HAS_OP(wsync_consumer_ops_t, t->cops, mem_alloc) ||
+        !WSYNC_HAS_OP(wsync_consumer_ops_t, t->cops, mem_copy)) {
         snprintf(why, len, "plugin %s lacks mem_alloc/mem_copy", t->loader.path);
         goto fail;
     }
@@ -100,7 +101,7 @@ void wsync_ref_trainer_close(wsync_ref_trainer_t *t)
             if (t->pops->retire(t->staging[r], &err) != WSYNC_OK)
                 fprintf(stderr, "wsync trainer: retire of rank %u's staging: %s\n", r, err.message);
         }
-    if (t->params != NULL && WSYNC_HAS_OP(t->cops, mem_free))
+    if (t->params != NULL && WSYNC_HAS_OP(wsync_consumer_ops_t, t->cops, mem_free))
         t->cops->mem_free(t->mem, t->params, NULL);
     if (t->mem != NULL)
         t->cops->finalize(t->mem, NULL);

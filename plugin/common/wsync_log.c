@@ -14,11 +14,12 @@ void wsync_log_set_host(const wsync_host_t *host)
     wsync_log_fn = NULL;
     wsync_log_user = NULL;
     wsync_log_max = WSYNC_LOG_ERROR;
-    if (!WSYNC_HAS_FIELD(host, log) || host->log == NULL)
+    if (!WSYNC_HAS_FIELD(wsync_host_t, host, log) || host->log == NULL)
         return;
-    wsync_log_user = WSYNC_HAS_FIELD(host, log_user) ? host->log_user : NULL;
+    wsync_log_user = WSYNC_HAS_FIELD(wsync_host_t, host, log_user) ? host->log_user : NULL;
     /* An older host without log_level gets errors and warnings. */
-    wsync_log_max = WSYNC_HAS_FIELD(host, log_level) ? host->log_level : WSYNC_LOG_WARN;
+    wsync_log_max =
+        WSYNC_HAS_FIELD(wsync_host_t, host, log_level) ? host->log_level : WSYNC_LOG_WARN;
     wsync_log_fn = host->log;
 }
 

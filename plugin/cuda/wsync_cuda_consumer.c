@@ -10,7 +10,8 @@
 static wsync_result_t consumer_create(const wsync_consumer_config_t *config,
                                       struct wsync_consumer **out, wsync_error_t *err)
 {
-    if (config == NULL || out == NULL || !WSYNC_HAS_FIELD(config, timeout_ms))
+    if (config == NULL || out == NULL ||
+        !WSYNC_HAS_FIELD(wsync_consumer_config_t, config, timeout_ms))
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "create needs a config (struct_size >= %zu) and an out pointer",
                           sizeof(wsync_consumer_config_v1_t));

@@ -79,7 +79,8 @@ static void staging_free(struct wsync_staging *s)
 static wsync_result_t staging_create(const wsync_staging_config_t *config,
                                      struct wsync_staging **out, wsync_error_t *err)
 {
-    if (config == NULL || out == NULL || !WSYNC_HAS_FIELD(config, timeout_ms) || config->bytes == 0)
+    if (config == NULL || out == NULL ||
+        !WSYNC_HAS_FIELD(wsync_staging_config_t, config, timeout_ms) || config->bytes == 0)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "create needs a config (struct_size >= %zu, bytes > 0) and out",
                           sizeof(wsync_staging_config_v1_t));

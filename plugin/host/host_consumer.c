@@ -22,7 +22,7 @@ wsync_result_t wsync_host_consumer_create(const wsync_consumer_config_t *config,
     if (c == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for a consumer");
     c->timeout_ms = WSYNC_HOST_DEFAULT_TIMEOUT_MS;
-    if (WSYNC_HAS_FIELD(config, timeout_ms) && config->timeout_ms != 0)
+    if (WSYNC_HAS_FIELD(wsync_consumer_config_t, config, timeout_ms) && config->timeout_ms != 0)
         c->timeout_ms = config->timeout_ms;
     pthread_mutex_init(&c->lock, NULL);
     c->cache = wsync_cache_create(wsync_host_handle_map, wsync_host_handle_unmap, c);

@@ -42,12 +42,12 @@ wsync_result_t wsync_host_staging_create(const wsync_staging_config_t *config,
     wsync_result_t r;
     size_t size;
 
-    if (out == NULL || config == NULL || !WSYNC_HAS_FIELD(config, bytes))
+    if (out == NULL || config == NULL || !WSYNC_HAS_FIELD(wsync_staging_config_t, config, bytes))
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "config and out must not be NULL and config->struct_size must cover "
                           "bytes");
     *out = NULL;
-    uint32_t flags = WSYNC_HAS_FIELD(config, flags) ? config->flags : 0;
+    uint32_t flags = WSYNC_HAS_FIELD(wsync_staging_config_t, config, flags) ? config->flags : 0;
     const uint32_t known = WSYNC_STAGING_FIXED_LAYOUT | WSYNC_STAGING_NO_DIGESTS;
     if ((flags & ~known) != 0)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
@@ -66,9 +66,10 @@ wsync_result_t wsync_host_staging_create(const wsync_staging_config_t *config,
     pthread_mutex_init(&s->lock, NULL);
     s->capacity = config->bytes;
     s->flags = flags;
-    s->timeout_ms = WSYNC_HAS_FIELD(config, timeout_ms) && config->timeout_ms != 0
-                        ? config->timeout_ms
-                        : WSYNC_HOST_DEFAULT_TIMEOUT_MS;
+    s->timeout_ms =
+        WSYNC_HAS_FIELD(wsync_staging_config_t, config, timeout_ms) && config->timeout_ms != 0
+            ? config->timeout_ms
+            : WSYNC_HOST_DEFAULT_TIMEOUT_MS;
     if ((r = wsync_host_stream_create(&s->default_stream, err)) != WSYNC_OK)
         goto fail;
     if ((r = wsync_shm_create(&s->shm, "staging", size, err)) != WSYNC_OK)

@@ -444,7 +444,7 @@ static void conf_torn(conf_t *c)
     }
     link.engine = &e;
     cops = wsync_driver_plugin(e.driver) ? wsync_driver_plugin(e.driver)->consumer : NULL;
-    if (cops == NULL || !WSYNC_HAS_OP(cops, enqueue_host_fn)) {
+    if (cops == NULL || !WSYNC_HAS_OP(wsync_consumer_ops_t, cops, enqueue_host_fn)) {
         conf_fail(c, "torn: plugin has no enqueue_host_fn (or did not load)");
         goto out;
     }

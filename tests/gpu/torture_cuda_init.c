@@ -33,8 +33,8 @@ static void test_init_or_no_device(void **state)
     } else {
         assert_int_equal(rc, WSYNC_OK);
         assert_string_equal(p->name, "cuda");
-        assert_true(WSYNC_HAS_OP(p->consumer, copy_weights));
-        assert_true(WSYNC_HAS_OP(p->producer, retire));
+        assert_true(WSYNC_HAS_OP(wsync_consumer_ops_t, p->consumer, copy_weights));
+        assert_true(WSYNC_HAS_OP(wsync_producer_ops_t, p->producer, retire));
     }
     assert_int_equal(v, WSYNC_ABI_VERSION_1);
     /* a host asking for version 0 is refused without touching the device */

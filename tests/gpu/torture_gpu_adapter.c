@@ -76,7 +76,8 @@ static int from_dir_child(void)
 {
     const wsync_plugin_t *p = wg_load(WG_PLUGIN, 0);
     wsync_consumer_t *c = wg_consumer(p, 0);
-    WG_CHECK(WSYNC_HAS_OP(p->consumer, unload_adapter), "unload_adapter missing");
+    WG_CHECK(WSYNC_HAS_OP(wsync_consumer_ops_t, p->consumer, unload_adapter),
+             "unload_adapter missing");
     wl_slot_t host, dev, bad;
     reference(&host);
     wl_target_t t[3];

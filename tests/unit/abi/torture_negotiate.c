@@ -109,11 +109,11 @@ static void test_v1_plugin_v1_host(void **state)
     assert_string_equal(log.text, "fixture v1 answers ABI 1");
     /* Members report through err with a where. */
     struct wsync_consumer *c = NULL;
-    assert_true(WSYNC_HAS_OP(p->consumer, create));
+    assert_true(WSYNC_HAS_OP(wsync_consumer_ops_t, p->consumer, create));
     assert_int_equal(p->consumer->create(NULL, &c, &err), WSYNC_ERR_NOT_SUPPORTED);
     assert_string_equal(err.where, "fixture_create");
     assert_string_equal(err.message, "fixture v1 has no consumer");
-    assert_false(WSYNC_HAS_OP(p->consumer, copy_weights));
+    assert_false(WSYNC_HAS_OP(wsync_consumer_ops_t, p->consumer, copy_weights));
     assert_null(p->producer);
     /* The version script hides everything but the init symbol. */
     assert_null(dlsym(f.dl, "wsync_negotiate"));
@@ -135,7 +135,7 @@ static void test_newer_plugin_v1_host(void **state)
     assert_int_equal(p->consumer->abi_version, 1);
     assert_int_equal(p->consumer->struct_size, sizeof(wsync_consumer_v1_t));
     const fixture_consumer_v2_t *c2 = (const fixture_consumer_v2_t *)(const void *)p->consumer;
-    assert_true(WSYNC_HAS_OP(&c2->v1, create));
+    assert_true(WSYNC_HAS_OP(wsync_consumer_v1_t, &c2->v1, create));
     assert_true(c2->v1.struct_size <
                 offsetof(fixture_consumer_v2_t, future_op) + sizeof(c2->future_op));
     dlclose(f.dl);
@@ -272,26 +272,26 @@ static void test_shrunken_struct_size(void **state)
     t.copy_weights = stub_copy;
     t.record_consumed = stub_record;
     t.struct_size = sizeof(t);
-    assert_true(WSYNC_HAS_OP(&t, copy_weights));
-    assert_true(WSYNC_HAS_OP(&t, record_consumed));
-    assert_false(WSYNC_HAS_OP(&t, hot_load_adapter)); /* NULL member */
+    assert_true(WSYNC_HAS_OP(wsync_consumer_v1_t, &t, copy_weights));
+    assert_true(WSYNC_HAS_OP(wsync_consumer_v1_t, &t, record_consumed));
+    assert_false(WSYNC_HAS_OP(wsync_consumer_v1_t, &t, hot_load_adapter)); /* NULL member */
 
     /* A table built before record_consumed existed: ends right before it. */
     t.struct_size = offsetof(wsync_consumer_v1_t, record_consumed);
-    assert_true(WSYNC_HAS_OP(&t, copy_weights));
-    assert_false(WSYNC_HAS_OP(&t, record_consumed));
+    assert_true(WSYNC_HAS_OP(wsync_consumer_v1_t, &t, copy_weights));
+    assert_false(WSYNC_HAS_OP(wsync_consumer_v1_t, &t, record_consumed));
     /* Ending in the middle of a member hides it too. */
     t.struct_size = offsetof(wsync_consumer_v1_t, record_consumed) + sizeof(void *) - 1;
-    assert_false(WSYNC_HAS_OP(&t, record_consumed));
+    assert_false(WSYNC_HAS_OP(wsync_consumer_v1_t, &t, record_consumed));
     t.struct_size = offsetof(wsync_consumer_v1_t, record_consumed) + sizeof(void *);
-    assert_true(WSYNC_HAS_OP(&t, record_consumed));
+    assert_true(WSYNC_HAS_OP(wsync_consumer_v1_t, &t, record_consumed));
     /* Too small even for copy_weights. */
     t.struct_size = offsetof(wsync_consumer_v1_t, copy_weights);
-    assert_false(WSYNC_HAS_OP(&t, copy_weights));
+    assert_false(WSYNC_HAS_OP(wsync_consumer_v1_t, &t, copy_weights));
     t.struct_size = 0;
-    assert_false(WSYNC_HAS_OP(&t, copy_weights));
+    assert_false(WSYNC_HAS_OP(wsync_consumer_v1_t, &t, copy_weights));
     const wsync_consumer_v1_t *none = NULL;
-    assert_false(WSYNC_HAS_OP(none, copy_weights));
+    assert_false(WSYNC_HAS_OP(wsync_consumer_v1_t, none, copy_weights));
 }
 
 static void test_has_field(void **state)
@@ -299,16 +299,16 @@ static void test_has_field(void **state)
     (void)state;
     captured_log_t log = {0};
     wsync_host_t h = host_with(&log, WSYNC_LOG_DEBUG);
-    assert_true(WSYNC_HAS_FIELD(&h, log));
-    assert_true(WSYNC_HAS_FIELD(&h, log_level));
+    assert_true(WSYNC_HAS_FIELD(wsync_host_t, &h, log));
+    assert_true(WSYNC_HAS_FIELD(wsync_host_t, &h, log_level));
     h.struct_size = offsetof(wsync_host_t, log_level);
-    assert_true(WSYNC_HAS_FIELD(&h, log));
-    assert_true(WSYNC_HAS_FIELD(&h, log_user));
-    assert_false(WSYNC_HAS_FIELD(&h, log_level));
+    assert_true(WSYNC_HAS_FIELD(wsync_host_t, &h, log));
+    assert_true(WSYNC_HAS_FIELD(wsync_host_t, &h, log_user));
+    assert_false(WSYNC_HAS_FIELD(wsync_host_t, &h, log_level));
     h.struct_size = offsetof(wsync_host_t, log);
-    assert_false(WSYNC_HAS_FIELD(&h, log));
+    assert_false(WSYNC_HAS_FIELD(wsync_host_t, &h, log));
     const wsync_host_t *none = NULL;
-    assert_false(WSYNC_HAS_FIELD(none, log));
+    assert_false(WSYNC_HAS_FIELD(wsync_host_t, none, log));
 }
 
 /* The plugin's logger reads only the fields the host's struct_size covers. */

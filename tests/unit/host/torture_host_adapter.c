@@ -523,7 +523,7 @@ static void test_unload(void **state)
     write_dir(f, 3, 0);
     assert_int_equal(load_dir(f, &err), WSYNC_OK);
     assert_int_equal(f->targets[1].rank[f->active], R);
-    assert_true(WSYNC_HAS_OP(P.c, unload_adapter));
+    assert_true(WSYNC_HAS_OP(wsync_consumer_ops_t, P.c, unload_adapter));
     assert_int_equal(P.c->unload_adapter(f->c, &f->slot, &err), WSYNC_OK);
     for (int t = 0; t < 2; t++)
         for (int k = 0; k < 2; k++) {

@@ -610,9 +610,9 @@ static void test_misc_members(void **state)
     assert_int_equal(P.c->hot_load_adapter(f->c, NULL, NULL, NULL, &err),
                      WSYNC_ERR_INVALID_ARGUMENT);
     assert_true(strlen(err.message) > 10);
-    assert_true(WSYNC_HAS_OP(P.c, unload_adapter));
-    assert_true(WSYNC_HAS_OP(P.c, mem_copy));
-    assert_true(WSYNC_HAS_OP(P.p, read_back));
+    assert_true(WSYNC_HAS_OP(wsync_consumer_ops_t, P.c, unload_adapter));
+    assert_true(WSYNC_HAS_OP(wsync_consumer_ops_t, P.c, mem_copy));
+    assert_true(WSYNC_HAS_OP(wsync_producer_ops_t, P.p, read_back));
     assert_string_equal(P.plugin->name, "host");
     /* A manifest naming a cuda_ipc buffer is not for this plugin. */
     publish_gen(f, 1);

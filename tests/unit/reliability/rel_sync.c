@@ -30,7 +30,7 @@ void rel_producer_create(rel_producer_t *p, const rel_plugin_t *pl, size_t n, si
     wsync_result_t r = pl->P->create(&cfg, &p->s, &err);
     if (r != WSYNC_OK)
         fail_msg("producer create: %s: %s", wsync_strerror(r), err.message);
-    if (WSYNC_HAS_OP(pl->P, stream_create))
+    if (WSYNC_HAS_OP(wsync_producer_ops_t, pl->P, stream_create))
         assert_int_equal(pl->P->stream_create(p->s, &p->stream, &err), WSYNC_OK);
     p->src = calloc(n, sizeof(*p->src));
     assert_non_null(p->src);
@@ -74,7 +74,7 @@ void rel_producer_destroy(rel_producer_t *p, int retire)
 {
     wsync_error_t err = rel_err();
     /* Without `retire` the caller already retired: the staging (and its streams) are gone. */
-    if (retire && p->stream != NULL && WSYNC_HAS_OP(p->pl->P, stream_destroy))
+    if (retire && p->stream != NULL && WSYNC_HAS_OP(wsync_producer_ops_t, p->pl->P, stream_destroy))
         p->pl->P->stream_destroy(p->s, p->stream, &err);
     if (retire) {
         wsync_result_t r = p->pl->P->retire(p->s, &err);

@@ -51,7 +51,8 @@ static int role_producer(int fd, int argc, char **argv)
         if (strcmp(cmd, "bucket") == 0) {
             wsync_result_t r = rel_producer_bucket(&p, &err);
             /* Reply once *ready* has fired, so the parent knows the bucket is committed. */
-            if (r == WSYNC_OK && p.stream != NULL && WSYNC_HAS_OP(plugin.P, stream_synchronize))
+            if (r == WSYNC_OK && p.stream != NULL &&
+                WSYNC_HAS_OP(wsync_producer_ops_t, plugin.P, stream_synchronize))
                 r = plugin.P->stream_synchronize(p.s, p.stream, &err);
             if (r == WSYNC_OK)
                 rel_send(fd, p.manifest, strlen(p.manifest));

@@ -54,7 +54,7 @@ static void test_load_host(void **state)
     assert_int_equal(l.abi_version, WSYNC_ABI_VERSION);
     assert_non_null(l.plugin->consumer);
     assert_non_null(l.plugin->producer);
-    assert_true(WSYNC_HAS_OP(l.plugin->consumer, copy_weights));
+    assert_true(WSYNC_HAS_OP(wsync_consumer_ops_t, l.plugin->consumer, copy_weights));
     assert_non_null(realpath(HOST_PLUGIN, real));
     assert_string_equal(l.path, real);
     wsync_loader_close(&l);
