@@ -220,7 +220,7 @@ static wsync_result_t wsync_parse_buffer(const json_t *b, wsync_buffer_desc_t *d
             WSYNC_OK)
             return r;
     }
-    if (d->kind == WSYNC_BUFFER_CUDA_IPC && d->handle_len != 64)
+    if (d->kind == WSYNC_BUFFER_CUDA_IPC && d->handle_len != WSYNC_CUDA_IPC_HANDLE_BYTES)
         return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
                           "buffer.handle: a cuda_ipc handle is 64 bytes, got %u (torch's 66-byte "
                           "form is version 2, 'c', then the 64)",
@@ -263,11 +263,13 @@ static wsync_result_t wsync_parse_buffer(const json_t *b, wsync_buffer_desc_t *d
     if ((r = wsync_read_base64(json_object_get(b, "consumed"), &p, 0, d->consumed, &d->consumed_len,
                                &d->has_consumed, err)) != WSYNC_OK)
         return r;
-    if (d->kind == WSYNC_BUFFER_CUDA_IPC && d->has_ready && d->ready_len != 64)
+    if (d->kind == WSYNC_BUFFER_CUDA_IPC && d->has_ready &&
+        d->ready_len != WSYNC_CUDA_IPC_HANDLE_BYTES)
         return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
                           "buffer.ready: a cuda_ipc event handle is 64 bytes, got %u",
                           d->ready_len);
-    if (d->kind == WSYNC_BUFFER_CUDA_IPC && d->has_consumed && d->consumed_len != 64)
+    if (d->kind == WSYNC_BUFFER_CUDA_IPC && d->has_consumed &&
+        d->consumed_len != WSYNC_CUDA_IPC_HANDLE_BYTES)
         return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
                           "buffer.consumed: a cuda_ipc event handle is 64 bytes, got %u",
                           d->consumed_len);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "wsync_error.h"
+#include "wsync_manifest.h"
 
 int wsync_torch_handle_is(const uint8_t *h, uint32_t len)
 {
@@ -78,14 +79,14 @@ wsync_result_t wsync_torch_handle_decode(const uint8_t *in, uint32_t len, const 
                           "got 0x%02x",
                           field, len < 2 ? 0u : in[1]);
     if (in[1] == WSYNC_TORCH_TYPE_CUDA_MALLOC) {
-        if (len != 2 + 64)
+        if (len != 2 + WSYNC_CUDA_IPC_HANDLE_BYTES)
             return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
                               "%s: a torch 'c' handle is 66 bytes (version, type, the 64-byte "
                               "cudaIpcMemHandle_t), got %u",
                               field, len);
         d->kind = WSYNC_BUFFER_CUDA_IPC;
-        memmove(d->handle, in + 2, 64);
-        d->handle_len = 64;
+        memmove(d->handle, in + 2, WSYNC_CUDA_IPC_HANDLE_BYTES);
+        d->handle_len = WSYNC_CUDA_IPC_HANDLE_BYTES;
         return WSYNC_OK;
     }
     wsync_torch_segments_t s;
