@@ -381,11 +381,18 @@ extern "C" cudaError_t wsync_cuda_launch_copy(const wsync_cuda_op_t *ops, uint32
         return cudaSuccess;
     int variant = cfg ? cfg->variant : WSYNC_CUDA_DEFAULT_VARIANT;
     const int flat = cfg != NULL && cfg->flat && !verify;
-    if ((variant == 5 || variant == 6) && !flat)
-        variant = variant == 5 ? 0 : 3; /* the lean kernel handles flat ops only */
-    int bps = (cfg && cfg->blocks_per_sm > 0)                  ? cfg->blocks_per_sm
-              : (variant == 4 || variant == 5 || variant == 6) ? 2
-                                                               : 1;
+    const int lean = variant == WSYNC_CUDA_VARIANT_LEAN_CONTIGUOUS ||
+                     variant == WSYNC_CUDA_VARIANT_LEAN_INTERLEAVED;
+    if (lean && !flat) /* the lean kernel handles flat ops only */
+        variant = variant == WSYNC_CUDA_VARIANT_LEAN_CONTIGUOUS
+                      ? WSYNC_CUDA_VARIANT_CONTIGUOUS
+                      : WSYNC_CUDA_VARIANT_INTERLEAVED_STREAMING;
+    int bps = (cfg && cfg->blocks_per_sm > 0) ? cfg->blocks_per_sm
+              : (variant == WSYNC_CUDA_VARIANT_UNROLLED ||
+                 variant == WSYNC_CUDA_VARIANT_LEAN_CONTIGUOUS ||
+                 variant == WSYNC_CUDA_VARIANT_LEAN_INTERLEAVED)
+                  ? 2
+                  : 1;
     uint64_t grid = (uint64_t)(sm_count > 0 ? sm_count : 1) * (uint64_t)bps;
     if (grid > total_chunks)
         grid = total_chunks;
@@ -398,22 +405,22 @@ extern "C" cudaError_t wsync_cuda_launch_copy(const wsync_cuda_op_t *ops, uint32
     (verify ? wsync_copy_kernel_il<true, S><<<g, b, 0, stream>>>(ops, n_ops, total_chunks, sums)   \
             : wsync_copy_kernel_il<false, S><<<g, b, 0, stream>>>(ops, n_ops, total_chunks, sums))
     switch (variant) {
-    case 1:
+    case WSYNC_CUDA_VARIANT_CONTIGUOUS_STREAMING:
         WSYNC_K_LAUNCH(true, 8, 1);
         break;
-    case 2:
+    case WSYNC_CUDA_VARIANT_INTERLEAVED:
         WSYNC_K_LAUNCH_IL(false);
         break;
-    case 3:
+    case WSYNC_CUDA_VARIANT_INTERLEAVED_STREAMING:
         WSYNC_K_LAUNCH_IL(true);
         break;
-    case 4:
+    case WSYNC_CUDA_VARIANT_UNROLLED:
         WSYNC_K_LAUNCH(false, 4, 2);
         break;
-    case 5:
+    case WSYNC_CUDA_VARIANT_LEAN_CONTIGUOUS:
         wsync_copy_kernel_flat<false, false><<<g, b, 0, stream>>>(ops, n_ops, total_chunks);
         break;
-    case 6:
+    case WSYNC_CUDA_VARIANT_LEAN_INTERLEAVED:
         wsync_copy_kernel_flat<true, true><<<g, b, 0, stream>>>(ops, n_ops, total_chunks);
         break;
     default:

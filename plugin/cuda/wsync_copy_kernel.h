@@ -44,16 +44,28 @@ uint64_t wsync_cuda_plan_op(wsync_cuda_op_t *op, const void *src, void *dst, uin
                             uint64_t dst_pitch, uint64_t rows, uint64_t row_bytes, int digest,
                             uint64_t chunk_begin);
 
-/* Launch tuning. variant 0: contiguous chunk range per block; 1: the same with streaming
- * (evict-first) loads and stores; 2: interleaved chunks (block b takes b, b + grid, ...);
- * 3: interleaved and streaming; 4: contiguous, 4-deep unroll, 2 blocks per SM; 5: the lean
- * flat kernel, contiguous ranges, 2 blocks per SM; 6: lean flat, interleaved, streaming.
- * Variants 5 and 6 need `flat` (every op planned as one 16-byte aligned run, i.e.
- * wsync_cuda_op_is_flat) and no verify; otherwise they fall back to 0 and 3.
- * blocks_per_sm 0 = the variant's default. cfg NULL = WSYNC_CUDA_DEFAULT_VARIANT. */
-#define WSYNC_CUDA_DEFAULT_VARIANT 3 /* consumer: source in another process (IPC mapping) */
-#define WSYNC_CUDA_VMM_VARIANT 0     /* consumer: source a cuda_vmm_fd mapping */
-#define WSYNC_CUDA_STAGE_VARIANT 0   /* producer stage: local source and destination */
+/* Launch tuning: the copy kernel's variants (WSYNC_CUDA_KERNEL_VARIANT takes the numbers).
+ * The lean flat variants need `flat` (every op planned as one 16-byte aligned run, i.e.
+ * wsync_cuda_op_is_flat) and no verify; otherwise they fall back to CONTIGUOUS and
+ * INTERLEAVED_STREAMING. blocks_per_sm 0 = the variant's default. cfg NULL =
+ * WSYNC_CUDA_DEFAULT_VARIANT. */
+typedef enum wsync_cuda_variant {
+    WSYNC_CUDA_VARIANT_CONTIGUOUS = 0,            /* a contiguous chunk range per block */
+    WSYNC_CUDA_VARIANT_CONTIGUOUS_STREAMING = 1,  /* the same, evict-first loads and stores */
+    WSYNC_CUDA_VARIANT_INTERLEAVED = 2,           /* block b takes chunks b, b + grid, ... */
+    WSYNC_CUDA_VARIANT_INTERLEAVED_STREAMING = 3, /* interleaved and streaming */
+    WSYNC_CUDA_VARIANT_UNROLLED = 4,              /* contiguous, 4-deep unroll, 2 blocks per SM */
+    WSYNC_CUDA_VARIANT_LEAN_CONTIGUOUS = 5,       /* the lean flat kernel, contiguous ranges */
+    WSYNC_CUDA_VARIANT_LEAN_INTERLEAVED = 6,      /* lean flat, interleaved, streaming */
+    WSYNC_CUDA_VARIANT_BATCH_MEMCPY = 7,          /* the copy engines' batched memcpy (no kernel) */
+    WSYNC_CUDA_VARIANT_BATCH_OVERLAP = 8          /* the same, overlapping its two halves */
+} wsync_cuda_variant_t;
+/* consumer: source in another process (IPC mapping) */
+#define WSYNC_CUDA_DEFAULT_VARIANT WSYNC_CUDA_VARIANT_INTERLEAVED_STREAMING
+/* consumer: source a cuda_vmm_fd mapping */
+#define WSYNC_CUDA_VMM_VARIANT WSYNC_CUDA_VARIANT_CONTIGUOUS
+/* producer stage: local source and destination */
+#define WSYNC_CUDA_STAGE_VARIANT WSYNC_CUDA_VARIANT_CONTIGUOUS
 typedef struct wsync_cuda_launch_cfg {
     int blocks_per_sm;
     int variant;

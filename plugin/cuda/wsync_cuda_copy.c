@@ -55,8 +55,6 @@ static wsync_result_t stream_use(wsync_cuda_mapping_t *m, cudaStream_t s,
  * ranges for cuda_vmm_fd mappings (they read like local memory), interleaved chunks for legacy
  * IPC mappings. Variant 7: cudaMemcpyBatchAsync, 8: the same asking for the copy engines
  * (cudaMemcpyFlagPreferOverlapWithCompute); both for flat ops without verification only. */
-#define WSYNC_CUDA_VARIANT_BATCH_MEMCPY 7
-#define WSYNC_CUDA_VARIANT_BATCH_OVERLAP 8
 static void launch_cfg(wsync_cuda_launch_cfg_t *cfg, int is_vmm)
 {
     const char *v = getenv("WSYNC_CUDA_KERNEL_VARIANT");

@@ -611,7 +611,7 @@ static int wb_consumer_main(const wb_opts_t *o)
     W.kops = whole_dev;
     W.n_ops = 1;
     W.chunks = whole_chunks;
-    W.cfg.variant = 0;
+    W.cfg.variant = WSYNC_CUDA_VARIANT_CONTIGUOUS;
     W.cfg.flat = 1;
     const double ms_kernel_whole = wb_time_events(&E, o->iters, wb_kernel_copy, &W);
     /* The copy engines and the kernel together: a share f of the payload as one
