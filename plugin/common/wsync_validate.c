@@ -132,3 +132,19 @@ wsync_result_t wsync_validate_adapter_manifest(const wsync_manifest_t *m,
                           (unsigned long long)bytes);
     return wsync_validate_generation(last_generation, m->generation, err);
 }
+
+wsync_result_t wsync_validate_copy_args(const wsync_copy_op_t *ops, size_t n_ops, uint32_t flags,
+                                        wsync_error_t *err)
+{
+    if (n_ops != 0 && ops == NULL)
+        return wsync_fail(err, WSYNC_ERR_INVALID_ARGUMENT, "copy_weights",
+                          "ops is NULL with n_ops %zu", n_ops);
+    if ((flags & ~WSYNC_COPY_VERIFY) != 0)
+        return wsync_fail(err, WSYNC_ERR_INVALID_ARGUMENT, "copy_weights",
+                          "unknown copy flags 0x%x; only WSYNC_COPY_VERIFY (0x1) is defined",
+                          flags & ~WSYNC_COPY_VERIFY);
+    if ((uint64_t)n_ops > UINT32_MAX)
+        return wsync_fail(err, WSYNC_ERR_INVALID_ARGUMENT, "copy_weights",
+                          "%zu ops in one call; at most %u: split the bucket", n_ops, UINT32_MAX);
+    return WSYNC_OK;
+}

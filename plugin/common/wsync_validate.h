@@ -11,6 +11,12 @@
 wsync_result_t wsync_validate_copy_ops(const wsync_copy_op_t *ops, size_t n, uint64_t src_bytes,
                                        wsync_error_t *err);
 
+/* copy_weights' arguments, for every backend: ops non-NULL when n_ops > 0, n_ops at most
+ * UINT32_MAX (one launch indexes ops with 32 bits), no flag but WSYNC_COPY_VERIFY.
+ * INVALID_ARGUMENT naming the offending value. */
+wsync_result_t wsync_validate_copy_args(const wsync_copy_op_t *ops, size_t n_ops, uint32_t flags,
+                                        wsync_error_t *err);
+
 /* generation must be > last (strictly increasing per buffer; a replay is refused). */
 wsync_result_t wsync_validate_generation(uint64_t last, uint64_t generation, wsync_error_t *err);
 

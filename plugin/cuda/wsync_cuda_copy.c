@@ -190,11 +190,8 @@ wsync_result_t wsync_cuda_copy_weights(struct wsync_consumer *c, struct wsync_ha
     wsync_result_t rc = check_handle(c, h, __func__, err);
     if (rc != WSYNC_OK)
         return rc;
-    if ((ops == NULL && n_ops > 0) || (flags & ~WSYNC_COPY_VERIFY) != 0 || n_ops > UINT32_MAX)
-        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                          "copy_weights: ops %p with n_ops %zu, flags 0x%x (only "
-                          "WSYNC_COPY_VERIFY is defined)",
-                          (const void *)ops, n_ops, flags);
+    if ((rc = wsync_validate_copy_args(ops, n_ops, flags, err)) != WSYNC_OK)
+        return rc;
     wsync_cuda_range_push("wsync:copy_weights");
     cudaSetDevice(c->device);
     pthread_mutex_lock(&c->lock);

@@ -42,12 +42,8 @@ wsync_result_t wsync_host_copy_weights(struct wsync_consumer *c, struct wsync_ha
     if (c == NULL || h == NULL || h->consumer != c)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "handle %p is not an open handle of consumer %p", (void *)h, (void *)c);
-    if (n_ops != 0 && ops == NULL)
-        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "ops is NULL with n_ops %zu", n_ops);
-    if ((flags & ~WSYNC_COPY_VERIFY) != 0)
-        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                          "unknown copy flags 0x%x; only WSYNC_COPY_VERIFY (0x1) is defined",
-                          flags & ~WSYNC_COPY_VERIFY);
+    if ((r = wsync_validate_copy_args(ops, n_ops, flags, err)) != WSYNC_OK)
+        return r;
     if ((r = wsync_validate_copy_ops(ops, n_ops, h->bytes, err)) != WSYNC_OK)
         return r;
 

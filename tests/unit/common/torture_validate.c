@@ -135,6 +135,24 @@ static void test_null_dst_and_ops(void **state)
     expect_fail(NULL, 3, 4096, INVAL, "ops is NULL but n_ops is 3");
 }
 
+/* copy_weights' arguments, one check for both backends. */
+static void test_copy_args(void **state)
+{
+    (void)state;
+    wsync_copy_op_t op = op1d(0, 8, 8);
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    assert_int_equal(wsync_validate_copy_args(&op, 1, WSYNC_COPY_VERIFY, &err), WSYNC_OK);
+    assert_int_equal(wsync_validate_copy_args(NULL, 0, 0, &err), WSYNC_OK);
+    assert_int_equal(wsync_validate_copy_args(NULL, 2, 0, &err), INVAL);
+    assert_non_null(strstr(err.message, "ops is NULL with n_ops 2"));
+    wsync_error_t e2 = {.struct_size = sizeof(e2)};
+    assert_int_equal(wsync_validate_copy_args(&op, 1, 0x6, &e2), INVAL);
+    assert_non_null(strstr(e2.message, "unknown copy flags 0x6"));
+    wsync_error_t e3 = {.struct_size = sizeof(e3)};
+    assert_int_equal(wsync_validate_copy_args(&op, (size_t)UINT32_MAX + 1, 0, &e3), INVAL);
+    assert_non_null(strstr(e3.message, "4294967296 ops in one call"));
+}
+
 static void test_overflow(void **state)
 {
     (void)state;
@@ -203,7 +221,7 @@ int main(void)
         cmocka_unit_test(test_source_bounds), cmocka_unit_test(test_destination_bounds),
         cmocka_unit_test(test_pitches),       cmocka_unit_test(test_null_dst_and_ops),
         cmocka_unit_test(test_overflow),      cmocka_unit_test(test_first_error_wins),
-        cmocka_unit_test(test_generation),
+        cmocka_unit_test(test_generation),    cmocka_unit_test(test_copy_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
