@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "wsync_driver.h"
-#include "wsync_host_error.h"
+#include "wsync_error.h"
 #include "wsync_loader.h"
 #include "wsync_shim.h"
 
@@ -109,31 +109,31 @@ static wsync_result_t params_take(wsync_shim_worker_t *w, const wsync_shim_worke
     w->engine = e;
     if (cfg->n_params == 0) {
         if (e->param == NULL)
-            return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                                   "worker_open needs ops->param or a parameter table");
+            return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
+                                "worker_open needs ops->param or a parameter table");
         w->ops = *e;
         return WSYNC_OK;
     }
     if (cfg->params == NULL || e->tp == NULL || e->dims == NULL)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                               "worker_open: a table of %zu parameters at NULL, or no tp/dims",
-                               cfg->n_params);
+        return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
+                            "worker_open: a table of %zu parameters at NULL, or no tp/dims",
+                            cfg->n_params);
     w->params = calloc(cfg->n_params, sizeof(*w->params));
     if (w->params == NULL)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu parameters",
-                               cfg->n_params);
+        return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu parameters",
+                            cfg->n_params);
     for (size_t i = 0; i < cfg->n_params; i++, w->n_params++) {
         w->params[i] = cfg->params[i];
         if (cfg->params[i].name == NULL ||
             (w->params[i].name = strdup(cfg->params[i].name)) == NULL)
-            return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                                   "parameter %zu of the table has no name (or no memory)", i);
+            return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
+                                "parameter %zu of the table has no name (or no memory)", i);
     }
     qsort(w->params, w->n_params, sizeof(*w->params), param_cmp);
     for (size_t i = 1; i < w->n_params; i++)
         if (strcmp(w->params[i - 1].name, w->params[i].name) == 0)
-            return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                                   "parameter %s appears twice in the table", w->params[i].name);
+            return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
+                                "parameter %s appears twice in the table", w->params[i].name);
     w->ops =
         (wsync_engine_ops_t){.struct_size = sizeof(w->ops),
                              .user = w,
@@ -160,9 +160,9 @@ static const wsync_shim_t *find_shim(const char *engine, wsync_error_t *err)
 {
     const wsync_shim_t *s = wsync_shim_find(engine);
     if (s == NULL)
-        WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_FOUND,
-                        "unknown engine \"%.64s\": use sglang, vllm or lmdeploy",
-                        engine ? engine : "(null)");
+        WSYNC_RECORD(err, WSYNC_ERR_NOT_FOUND,
+                     "unknown engine \"%.64s\": use sglang, vllm or lmdeploy",
+                     engine ? engine : "(null)");
     return s;
 }
 
@@ -171,9 +171,9 @@ WSYNC_SHIM_API wsync_result_t wsync_shim_worker_open(const wsync_shim_worker_con
 {
     if (cfg == NULL || out == NULL || cfg->ops == NULL ||
         cfg->struct_size < offsetof(wsync_shim_worker_config_t, params))
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                               "worker_open needs a config (struct_size %zu) with ops, and out",
-                               sizeof(wsync_shim_worker_config_t));
+        return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
+                            "worker_open needs a config (struct_size %zu) with ops, and out",
+                            sizeof(wsync_shim_worker_config_t));
     wsync_shim_worker_config_t c = {0};
     memcpy(&c, cfg, cfg->struct_size < sizeof(c) ? cfg->struct_size : sizeof(c));
     cfg = &c;
@@ -182,7 +182,7 @@ WSYNC_SHIM_API wsync_result_t wsync_shim_worker_open(const wsync_shim_worker_con
         return WSYNC_ERR_NOT_FOUND;
     wsync_shim_worker_t *w = calloc(1, sizeof(*w));
     if (w == NULL)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for a shim worker");
+        return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for a shim worker");
     wsync_result_t rc = params_take(w, cfg, err);
     if (rc != WSYNC_OK) {
         params_free(w);
@@ -242,8 +242,8 @@ WSYNC_SHIM_API char *wsync_shim_worker_serve(wsync_shim_worker_t *w, const char 
                                              wsync_result_t *rc, wsync_error_t *err)
 {
     if (w == NULL || text == NULL) {
-        wsync_result_t r = WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                                           "serve needs a worker and a request text");
+        wsync_result_t r = WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
+                                        "serve needs a worker and a request text");
         if (rc != NULL)
             *rc = r;
         return NULL;
@@ -267,7 +267,7 @@ static char *dump_stolen(json_t *msgs, wsync_error_t *err)
     char *out = json_dumps(msgs, JSON_COMPACT);
     json_decref(msgs);
     if (out == NULL)
-        WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for the message text");
+        WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for the message text");
     return out;
 }
 
@@ -280,7 +280,7 @@ WSYNC_SHIM_API char *wsync_shim_encode_bucket(const char *engine, const char *co
     if (s == NULL)
         return NULL;
     if (manifests == NULL || n_ranks == 0) {
-        WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "encode_bucket needs manifests");
+        WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT, "encode_bucket needs manifests");
         return NULL;
     }
     wsync_shim_encode_t in = {.manifests = manifests,
@@ -305,8 +305,8 @@ WSYNC_SHIM_API char *wsync_shim_encode_lora(const char *engine, const char *name
     if (s == NULL)
         return NULL;
     if (name == NULL || (!unload && path == NULL && (manifests == NULL || n_ranks == 0))) {
-        WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                        "encode_lora needs a name and a path or manifests");
+        WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
+                     "encode_lora needs a name and a path or manifests");
         return NULL;
     }
     wsync_shim_lora_t in = {.name = name,
@@ -342,8 +342,8 @@ WSYNC_SHIM_API wsync_result_t wsync_shim_plan(const char *engine, const char *co
         return WSYNC_ERR_NOT_FOUND;
     if ((n > 0 && (names == NULL || nbytes == NULL || order == NULL)) || bucket_first == NULL ||
         n_buckets == NULL)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                               "plan needs names, nbytes, order, bucket_first and n_buckets");
+        return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
+                            "plan needs names, nbytes, order, bucket_first and n_buckets");
     return wsync_map_plan_buckets(s->map, names, nbytes, n, bucket_bytes, order, bucket_first,
                                   n_buckets, err);
 }
@@ -360,13 +360,13 @@ WSYNC_SHIM_API wsync_result_t wsync_shim_plugin_open(const char *path, const wsy
                                                      wsync_error_t *err)
 {
     if (out == NULL)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "plugin_open needs out");
+        return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT, "plugin_open needs out");
     pthread_mutex_lock(&plugin_lock);
     wsync_result_t rc = WSYNC_OK;
     if (plugin_count == WSYNC_SHIM_MAX_PLUGINS)
-        rc = WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY,
-                             "%d plugins are loaded already; load each one once",
-                             WSYNC_SHIM_MAX_PLUGINS);
+        rc = WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY,
+                          "%d plugins are loaded already; load each one once",
+                          WSYNC_SHIM_MAX_PLUGINS);
     else
         rc = wsync_loader_open(&plugin_loaders[plugin_count], path, NULL, err);
     if (rc == WSYNC_OK) {

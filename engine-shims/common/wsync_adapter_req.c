@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "wsync_host_error.h"
+#include "wsync_error.h"
 #include "wsync_request.h"
 
 /* The manifest a bucket describes, as JSON text (malloc'd). */
@@ -29,22 +29,22 @@ wsync_result_t wsync_adapter_req_load(wsync_shim_ctx_t *ctx, const char *name, c
     wsync_result_t rc = WSYNC_OK;
 
     if (name == NULL || name[0] == '\0')
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "the request names no adapter");
+        return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST, "the request names no adapter");
     if ((path == NULL) == (bucket == NULL))
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                               "adapter \"%s\": give either a path or serialized tensors", name);
+        return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+                            "adapter \"%s\": give either a path or serialized tensors", name);
     if (bucket != NULL) {
         if (json_is_string(config))
             config_text = strdup(json_string_value(config));
         else if (json_is_object(config))
             config_text = json_dumps(config, JSON_COMPACT);
         else
-            return WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                                   "adapter \"%s\" from tensors needs its adapter_config.json "
-                                   "(config_dict)",
-                                   name);
+            return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+                                "adapter \"%s\" from tensors needs its adapter_config.json "
+                                "(config_dict)",
+                                name);
         if (config_text == NULL)
-            return WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "adapter config: out of memory");
+            return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "adapter config: out of memory");
         rc = wsync_adapter_req_manifest(bucket, &manifest, &len, err);
     }
     if (rc == WSYNC_OK)
@@ -76,7 +76,7 @@ json_t *wsync_adapter_req_config(const char *config, wsync_error_t *err)
     json_t *c = config != NULL ? json_loads(config, 0, &jerr) : NULL;
     if (!json_is_object(c)) {
         json_decref(c);
-        WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "adapter_config.json is not a JSON object");
+        WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST, "adapter_config.json is not a JSON object");
         return NULL;
     }
     return c;

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "wsync_host_error.h"
+#include "wsync_error.h"
 #include "wsync_loader.h"
 #include "wsync_manifest.h"
 
@@ -59,12 +59,12 @@ wsync_result_t wsync_driver_open(const wsync_driver_config_t *cfg, wsync_driver_
 
     if (cfg == NULL || out == NULL || cfg->engine == NULL || cfg->map == NULL ||
         cfg->engine->param == NULL || cfg->engine->tp == NULL || cfg->engine->dims == NULL)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                               "driver config needs engine ops with param, tp and dims, and a "
-                               "mapping table");
+        return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
+                            "driver config needs engine ops with param, tp and dims, and a "
+                            "mapping table");
     d = calloc(1, sizeof(*d));
     if (d == NULL)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "driver: out of memory");
+        return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "driver: out of memory");
     d->cfg = *cfg;
     d->host = (wsync_host_t){.struct_size = sizeof(wsync_host_t),
                              .log = cfg->log,
@@ -83,8 +83,8 @@ wsync_result_t wsync_driver_open(const wsync_driver_config_t *cfg, wsync_driver_
             !WSYNC_HAS_OP(wsync_consumer_ops_t, ops, open_handle) ||
             !WSYNC_HAS_OP(wsync_consumer_ops_t, ops, copy_weights) ||
             !WSYNC_HAS_OP(wsync_consumer_ops_t, ops, record_consumed)) {
-            wsync_host_fail(&lerr, WSYNC_ERR_INCOMPATIBLE, "open",
-                            "%s lacks a consumer member the shims need", d->loader.path);
+            wsync_error_record(&lerr, WSYNC_ERR_INCOMPATIBLE, "open",
+                               "%s lacks a consumer member the shims need", d->loader.path);
             wsync_driver_fall_back(d, "consumer table", &lerr);
             wsync_loader_close(&d->loader);
         } else if (ops->create(&cc, &d->consumer, &lerr) != WSYNC_OK) {
@@ -186,18 +186,18 @@ static wsync_result_t wsync_driver_validate(wsync_driver_t *d, const wsync_manif
         for (size_t j = 0; j < i; j++)
             if (wsync_driver_same_buffer(&m[j]->buffer, &m[i]->buffer)) {
                 wsync_driver_buffer_name(&m[i]->buffer, bname, sizeof(bname));
-                return WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                                       "buckets %zu and %zu of one request name the same buffer "
-                                       "%s; send one bucket per buffer per request",
-                                       j, i, bname);
+                return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+                                    "buckets %zu and %zu of one request name the same buffer "
+                                    "%s; send one bucket per buffer per request",
+                                    j, i, bname);
             }
         if (known != NULL && m[i]->generation <= known->last_generation) {
             wsync_driver_buffer_name(&m[i]->buffer, bname, sizeof(bname));
-            return WSYNC_HOST_FAIL(err, WSYNC_ERR_STALE_GENERATION,
-                                   "stale generation %" PRIu64 " for buffer %s: this engine "
-                                   "already consumed generation %" PRIu64
-                                   " from it; publish a newer bucket",
-                                   m[i]->generation, bname, known->last_generation);
+            return WSYNC_RECORD(err, WSYNC_ERR_STALE_GENERATION,
+                                "stale generation %" PRIu64 " for buffer %s: this engine "
+                                "already consumed generation %" PRIu64
+                                " from it; publish a newer bucket",
+                                m[i]->generation, bname, known->last_generation);
         }
         for (size_t t = 0; t < m[i]->n_tensors; t++, k++) {
             wsync_result_t rc =
@@ -207,10 +207,10 @@ static wsync_result_t wsync_driver_validate(wsync_driver_t *d, const wsync_manif
             const wsync_copy_op_t *op = &ops[k];
             uint64_t last = op->src_offset + (op->rows - 1) * op->src_pitch + op->row_bytes;
             if (op->row_bytes > 0 && last > m[i]->buffer.bytes)
-                return WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_BOUNDS,
-                                       "tensor \"%s\" reads up to byte %" PRIu64 " of a %" PRIu64
-                                       "-byte buffer",
-                                       m[i]->tensors[t].name, last, m[i]->buffer.bytes);
+                return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_BOUNDS,
+                                    "tensor \"%s\" reads up to byte %" PRIu64 " of a %" PRIu64
+                                    "-byte buffer",
+                                    m[i]->tensors[t].name, last, m[i]->buffer.bytes);
         }
     }
     return WSYNC_OK;
@@ -243,13 +243,13 @@ static wsync_result_t wsync_driver_execute(wsync_driver_t *d, const wsync_manife
     wsync_result_t rc;
 
     if (e == NULL)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "driver: out of memory");
+        return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "driver: out of memory");
     if (d->ops == NULL) {
         const wsync_engine_ops_t *eng = d->cfg.engine;
         if (!WSYNC_HAS_FIELD(wsync_engine_ops_t, eng, native_copy) || eng->native_copy == NULL)
-            return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
-                                   "no plugin (%s) and the engine gave no native loader",
-                                   d->native_why);
+            return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
+                                "no plugin (%s) and the engine gave no native loader",
+                                d->native_why);
         rc = eng->native_copy(eng->user, &m->buffer, m->generation, ops, m->n_tensors, err);
     } else {
         if (e->handle == NULL) {
@@ -279,10 +279,10 @@ wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifest
     wsync_result_t rc = WSYNC_OK;
 
     if (d == NULL || (n > 0 && (manifests == NULL || lens == NULL)))
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "apply: NULL driver or manifests");
+        return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT, "apply: NULL driver or manifests");
     m = calloc(n ? n : 1, sizeof(*m));
     if (m == NULL)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "apply: out of memory");
+        return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "apply: out of memory");
     for (size_t i = 0; i < n && rc == WSYNC_OK; i++) {
         rc = wsync_driver_parse(d, manifests[i], lens[i], &m[i], err);
         if (rc == WSYNC_OK)
@@ -291,7 +291,7 @@ wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifest
     if (rc == WSYNC_OK) {
         ops = calloc(total ? total : 1, sizeof(*ops));
         if (ops == NULL)
-            rc = WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "apply: %zu ops", total);
+            rc = WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "apply: %zu ops", total);
     }
     if (rc == WSYNC_OK)
         rc = wsync_driver_validate(d, m, n, ops, err);
@@ -318,8 +318,8 @@ wsync_result_t wsync_driver_drain(wsync_driver_t *d, wsync_error_t *err)
     if (d->ops == NULL)
         return WSYNC_OK; /* native copies are blocking */
     if (!WSYNC_HAS_OP(wsync_consumer_ops_t, d->ops, stream_synchronize))
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED, "plugin %s has no stream_synchronize",
-                               d->loader.path);
+        return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED, "plugin %s has no stream_synchronize",
+                            d->loader.path);
     return d->ops->stream_synchronize(d->consumer, wsync_driver_stream(d), err);
 }
 
@@ -343,13 +343,13 @@ static wsync_result_t wsync_driver_lora_ready(wsync_driver_t *d, wsync_error_t *
 {
     const wsync_engine_ops_t *e = d->cfg.engine;
     if (!WSYNC_HAS_FIELD(wsync_engine_ops_t, e, lora_slot) || e->lora_slot == NULL)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
-                               "this engine has no LoRA slots (enable LoRA in the engine)");
+        return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
+                            "this engine has no LoRA slots (enable LoRA in the engine)");
     if (d->ops == NULL || !WSYNC_HAS_OP(wsync_consumer_ops_t, d->ops, hot_load_adapter))
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
-                               "LoRA hot-load needs a wsync plugin with hot_load_adapter (%s); "
-                               "use the engine's own adapter loader",
-                               d->ops == NULL ? d->native_why : d->loader.path);
+        return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
+                            "LoRA hot-load needs a wsync plugin with hot_load_adapter (%s); "
+                            "use the engine's own adapter loader",
+                            d->ops == NULL ? d->native_why : d->loader.path);
     return WSYNC_OK;
 }
 
@@ -369,12 +369,12 @@ static wsync_result_t wsync_driver_load_from_manifest(wsync_driver_t *d,
         b = wsync_driver_find(d, &m->buffer);
         if (b != NULL && m->generation <= b->last_generation) {
             wsync_driver_buffer_name(&m->buffer, bname, sizeof(bname));
-            rc = WSYNC_HOST_FAIL(err, WSYNC_ERR_STALE_GENERATION,
-                                 "stale adapter generation %" PRIu64 " for buffer %s: this "
-                                 "engine already took generation %" PRIu64 " from it",
-                                 m->generation, bname, b->last_generation);
+            rc = WSYNC_RECORD(err, WSYNC_ERR_STALE_GENERATION,
+                              "stale adapter generation %" PRIu64 " for buffer %s: this "
+                              "engine already took generation %" PRIu64 " from it",
+                              m->generation, bname, b->last_generation);
         } else if ((b = wsync_driver_remember(d, &m->buffer)) == NULL) {
-            rc = WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "driver: out of memory");
+            rc = WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "driver: out of memory");
         }
     }
     if (rc == WSYNC_OK && b->handle == NULL)
@@ -404,15 +404,15 @@ wsync_result_t wsync_driver_load_adapter(wsync_driver_t *d, const char *name, co
         return rc;
     if (name == NULL || name[0] == '\0' || (path == NULL) == (manifest == NULL) ||
         (manifest != NULL && config == NULL))
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                               "an adapter load needs a name and either a path or a manifest "
-                               "with its adapter_config.json");
+        return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
+                            "an adapter load needs a name and either a path or a manifest "
+                            "with its adapter_config.json");
     slot = e->lora_slot(e->user, name, 0);
     if (reloaded != NULL)
         *reloaded = slot != NULL;
     if (slot == NULL && (slot = e->lora_slot(e->user, name, 1)) == NULL)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_BUSY,
-                               "no free LoRA slot for adapter \"%s\"; unload one first", name);
+        return WSYNC_RECORD(err, WSYNC_ERR_BUSY,
+                            "no free LoRA slot for adapter \"%s\"; unload one first", name);
     /* The engine's earlier work (requests reading the shadow copy) first. */
     rc = wsync_driver_drain(d, err);
     if (rc == WSYNC_OK && path != NULL) {
@@ -440,12 +440,12 @@ wsync_result_t wsync_driver_unload_adapter(wsync_driver_t *d, const char *name, 
     if (rc != WSYNC_OK)
         return rc;
     if (!WSYNC_HAS_OP(wsync_consumer_ops_t, d->ops, unload_adapter))
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED, "plugin %s has no unload_adapter",
-                               d->loader.path);
+        return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED, "plugin %s has no unload_adapter",
+                            d->loader.path);
     slot = name != NULL ? e->lora_slot(e->user, name, 0) : NULL;
     if (slot == NULL)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_FOUND, "adapter \"%s\" is not loaded",
-                               name ? name : "(null)");
+        return WSYNC_RECORD(err, WSYNC_ERR_NOT_FOUND, "adapter \"%s\" is not loaded",
+                            name ? name : "(null)");
     rc = wsync_driver_drain(d, err);
     if (rc == WSYNC_OK)
         rc = d->ops->unload_adapter(d->consumer, slot, err);

@@ -14,7 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "wsync_host_error.h"
+#include "wsync_error.h"
 
 #define WSYNC_LOADER_CUDA_NAME "libwsync_cuda.so"
 #define WSYNC_LOADER_HOST_NAME "libwsync_host.so"
@@ -92,14 +92,14 @@ static wsync_result_t wsync_loader_dlopen(wsync_loader_t *l, const char *path, w
     }
     why = dlerror();
     if (strchr(path, '/') != NULL && access(path, F_OK) != 0)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_FOUND,
-                               "dlopen %s: no such file (%s); pass an existing plugin path or set "
-                               "WSYNC_PLUGIN",
-                               path, why ? why : strerror(errno));
-    return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_FOUND,
-                           "dlopen %s failed: %s; check the path, WSYNC_PLUGIN_DIR or "
-                           "LD_LIBRARY_PATH",
-                           path, why ? why : "unknown dlerror");
+        return WSYNC_RECORD(err, WSYNC_ERR_NOT_FOUND,
+                            "dlopen %s: no such file (%s); pass an existing plugin path or set "
+                            "WSYNC_PLUGIN",
+                            path, why ? why : strerror(errno));
+    return WSYNC_RECORD(err, WSYNC_ERR_NOT_FOUND,
+                        "dlopen %s failed: %s; check the path, WSYNC_PLUGIN_DIR or "
+                        "LD_LIBRARY_PATH",
+                        path, why ? why : "unknown dlerror");
 }
 
 /* Resolve the symbol, negotiate and check the returned tables. On failure the library stays
@@ -118,47 +118,44 @@ static wsync_result_t wsync_loader_init(wsync_loader_t *l, const wsync_host_t *h
     sym = dlsym(l->dl, WSYNC_PLUGIN_INIT_SYMBOL);
     if (sym == NULL) {
         const char *why = dlerror();
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INCOMPATIBLE,
-                               "%s is not a wsync plugin: symbol %s not found (%s)", l->path,
-                               WSYNC_PLUGIN_INIT_SYMBOL, why ? why : "NULL symbol");
+        return WSYNC_RECORD(err, WSYNC_ERR_INCOMPATIBLE,
+                            "%s is not a wsync plugin: symbol %s not found (%s)", l->path,
+                            WSYNC_PLUGIN_INIT_SYMBOL, why ? why : "NULL symbol");
     }
     memcpy(&init, &sym, sizeof(init));
 
     rc = init(&version, host, &plugin, &perr);
     if (rc == WSYNC_ERR_INCOMPATIBLE)
-        return WSYNC_HOST_FAIL(err, rc,
-                               "%s: no common ABI version: this host speaks %u..%u, the plugin "
-                               "answered %u (%s)",
-                               l->path, WSYNC_ABI_VERSION_MIN, WSYNC_ABI_VERSION, version,
-                               perr.code != WSYNC_OK ? perr.message : "no detail");
+        return WSYNC_RECORD(err, rc,
+                            "%s: no common ABI version: this host speaks %u..%u, the plugin "
+                            "answered %u (%s)",
+                            l->path, WSYNC_ABI_VERSION_MIN, WSYNC_ABI_VERSION, version,
+                            perr.code != WSYNC_OK ? perr.message : "no detail");
     if (rc != WSYNC_OK)
-        return WSYNC_HOST_FAIL(err, rc, "%s: %s failed: %s: %s", l->path, WSYNC_PLUGIN_INIT_SYMBOL,
-                               wsync_strerror(rc),
-                               perr.code != WSYNC_OK ? perr.message : "no detail");
+        return WSYNC_RECORD(err, rc, "%s: %s failed: %s: %s", l->path, WSYNC_PLUGIN_INIT_SYMBOL,
+                            wsync_strerror(rc), perr.code != WSYNC_OK ? perr.message : "no detail");
     if (version < WSYNC_ABI_VERSION_MIN || version > WSYNC_ABI_VERSION)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INCOMPATIBLE,
-                               "%s negotiated ABI version %u, but this host accepts %u..%u; use "
-                               "a plugin built for ABI %u",
-                               l->path, version, WSYNC_ABI_VERSION_MIN, WSYNC_ABI_VERSION,
-                               WSYNC_ABI_VERSION);
+        return WSYNC_RECORD(err, WSYNC_ERR_INCOMPATIBLE,
+                            "%s negotiated ABI version %u, but this host accepts %u..%u; use "
+                            "a plugin built for ABI %u",
+                            l->path, version, WSYNC_ABI_VERSION_MIN, WSYNC_ABI_VERSION,
+                            WSYNC_ABI_VERSION);
     if (plugin == NULL)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INCOMPATIBLE,
-                               "%s: %s returned success but no plugin table", l->path,
-                               WSYNC_PLUGIN_INIT_SYMBOL);
+        return WSYNC_RECORD(err, WSYNC_ERR_INCOMPATIBLE,
+                            "%s: %s returned success but no plugin table", l->path,
+                            WSYNC_PLUGIN_INIT_SYMBOL);
     if (plugin->struct_size < offsetof(wsync_plugin_t, producer) + sizeof(plugin->producer))
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INCOMPATIBLE,
-                               "%s: plugin table struct_size %zu is smaller than the %zu bytes "
-                               "ABI %u requires",
-                               l->path, plugin->struct_size,
-                               offsetof(wsync_plugin_t, producer) + sizeof(plugin->producer),
-                               version);
+        return WSYNC_RECORD(err, WSYNC_ERR_INCOMPATIBLE,
+                            "%s: plugin table struct_size %zu is smaller than the %zu bytes "
+                            "ABI %u requires",
+                            l->path, plugin->struct_size,
+                            offsetof(wsync_plugin_t, producer) + sizeof(plugin->producer), version);
     if (plugin->consumer == NULL || plugin->producer == NULL)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INCOMPATIBLE, "%s: plugin table has a NULL %s table",
-                               l->path, plugin->consumer == NULL ? "consumer" : "producer");
+        return WSYNC_RECORD(err, WSYNC_ERR_INCOMPATIBLE, "%s: plugin table has a NULL %s table",
+                            l->path, plugin->consumer == NULL ? "consumer" : "producer");
     if (plugin->consumer->struct_size == 0 || plugin->producer->struct_size == 0)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INCOMPATIBLE, "%s: %s table has struct_size 0",
-                               l->path,
-                               plugin->consumer->struct_size == 0 ? "consumer" : "producer");
+        return WSYNC_RECORD(err, WSYNC_ERR_INCOMPATIBLE, "%s: %s table has struct_size 0", l->path,
+                            plugin->consumer->struct_size == 0 ? "consumer" : "producer");
     l->plugin = plugin;
     l->abi_version = version;
     return WSYNC_OK;
@@ -256,7 +253,7 @@ wsync_result_t wsync_loader_open(wsync_loader_t *l, const char *path, const wsyn
     wsync_result_t rc;
 
     if (l == NULL)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "loader is NULL");
+        return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT, "loader is NULL");
     memset(l, 0, sizeof(*l));
     env = getenv("WSYNC_PLUGIN");
     if (path == NULL && env != NULL && env[0] != '\0')
@@ -272,7 +269,7 @@ wsync_result_t wsync_loader_open(wsync_loader_t *l, const char *path, const wsyn
     if (rc != WSYNC_OK) {
         memset(l, 0, sizeof(*l));
         wsync_loader_log(host, WSYNC_LOG_WARN, "wsync: plugin not loaded: %s", local.message);
-        wsync_host_fail(err, rc, "wsync_loader_open", "%s", local.message);
+        wsync_error_record(err, rc, "wsync_loader_open", "%s", local.message);
     }
     return rc;
 }

@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "wsync_host_error.h"
+#include "wsync_error.h"
 #include "wsync_mapping.h"
 #include "wsync_pack_order.h"
 
@@ -25,15 +25,15 @@ wsync_result_t wsync_map_order(const wsync_map_table_t *table, const char *const
     if (n == 0)
         return WSYNC_OK;
     if (names == NULL || order == NULL)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                               "wsync_map_order: names %p, order %p for %zu tensors",
-                               (const void *)names, (void *)order, n);
+        return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
+                            "wsync_map_order: names %p, order %p for %zu tensors",
+                            (const void *)names, (void *)order, n);
     wsync_order_key_t *k = calloc(n, sizeof(*k));
     wsync_order_key_t **by = calloc(n, sizeof(*by));
     char(*param)[WSYNC_MAP_NAME_MAX] = calloc(n, sizeof(*param));
     if (k == NULL || by == NULL || param == NULL) {
         free(k), free(by), free(param);
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory to order %zu tensors", n);
+        return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory to order %zu tensors", n);
     }
     for (size_t i = 0; i < n; i++) {
         wsync_map_target_t tg;
@@ -75,11 +75,11 @@ wsync_result_t wsync_map_plan_buckets(const wsync_map_table_t *table, const char
         uint64_t b = nbytes[order[i]];
         uint64_t at = (used + WSYNC_MAP_ALIGN - 1) / WSYNC_MAP_ALIGN * WSYNC_MAP_ALIGN;
         if (b > bucket_bytes)
-            return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                                   "tensor %s (%llu bytes) does not fit a %llu-byte bucket: "
-                                   "raise the bucket size",
-                                   names[order[i]], (unsigned long long)b,
-                                   (unsigned long long)bucket_bytes);
+            return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
+                                "tensor %s (%llu bytes) does not fit a %llu-byte bucket: "
+                                "raise the bucket size",
+                                names[order[i]], (unsigned long long)b,
+                                (unsigned long long)bucket_bytes);
         if (i == 0 || at + b > bucket_bytes) {
             bucket_first[nb++] = i;
             at = 0;

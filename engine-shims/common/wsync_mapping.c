@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "wsync_dtype.h"
-#include "wsync_host_error.h"
+#include "wsync_error.h"
 
 /* Does `name` (from its start) match `pat` exactly? '#' matches [0-9]+ and stores the value. */
 static int wsync_map_match(const char *name, const char *pat, int64_t *expert)
@@ -60,18 +60,18 @@ wsync_result_t wsync_map_resolve(const wsync_map_table_t *table, const char *hf_
                 continue;
             if (snprintf(out->engine_name, sizeof(out->engine_name), "%.*s%s", (int)prefix, hf_name,
                          t->rules[i].engine_suffix) >= (int)sizeof(out->engine_name))
-                return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                                       "tensor \"%s\": engine name longer than %d bytes", hf_name,
-                                       WSYNC_MAP_NAME_MAX - 1);
+                return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
+                                    "tensor \"%s\": engine name longer than %d bytes", hf_name,
+                                    WSYNC_MAP_NAME_MAX - 1);
             out->rule = &t->rules[i];
             out->expert = expert;
             return WSYNC_OK;
         }
     }
-    return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_FOUND,
-                           "unknown tensor \"%s\": no %s mapping rule matches it; send HF "
-                           "checkpoint names the engine's model has",
-                           hf_name, engine);
+    return WSYNC_RECORD(err, WSYNC_ERR_NOT_FOUND,
+                        "unknown tensor \"%s\": no %s mapping rule matches it; send HF "
+                        "checkpoint names the engine's model has",
+                        hf_name, engine);
 }
 
 /* Geometry of one planned copy, in elements, before it becomes bytes. */
@@ -96,7 +96,7 @@ static int64_t wsync_map_elems(const wsync_param_info_t *p)
 #define WSYNC_MAP_REQUIRE(cond, ...)                                                               \
     do {                                                                                           \
         if (!(cond))                                                                               \
-            return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, __VA_ARGS__);                  \
+            return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT, __VA_ARGS__);                     \
     } while (0)
 
 /* Rows of part `part` for this rank: how many, where the rank's range starts in the HF tensor,
@@ -142,8 +142,8 @@ static wsync_result_t wsync_map_column_part(wsync_map_part_t part, const wsync_m
         *dst_row = (part == WSYNC_PART_UP || part == WSYNC_PART_EXPERT_W3) ? *rows : 0;
         return WSYNC_OK;
     default:
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INTERNAL, "%s: part %d is not a column part", pname,
-                               (int)part);
+        return WSYNC_RECORD(err, WSYNC_ERR_INTERNAL, "%s: part %d is not a column part", pname,
+                            (int)part);
     }
 }
 
@@ -160,10 +160,10 @@ static wsync_result_t wsync_map_geometry(const wsync_map_target_t *tg, const wsy
         WSYNC_MAP_REQUIRE(p->ndim == 3, "%s: expert parameter must be 3-D, the engine has %u-D",
                           pname, p->ndim);
         if (tg->expert < 0 || tg->expert >= p->shape[0])
-            return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_FOUND,
-                                   "expert %" PRId64 " does not exist in %s (%" PRId64
-                                   " experts); send expert ids below %" PRId64,
-                                   tg->expert, pname, p->shape[0], p->shape[0]);
+            return WSYNC_RECORD(err, WSYNC_ERR_NOT_FOUND,
+                                "expert %" PRId64 " does not exist in %s (%" PRId64
+                                " experts); send expert ids below %" PRId64,
+                                tg->expert, pname, p->shape[0], p->shape[0]);
         g->dst_base = tg->expert * p->shape[1] * p->shape[2];
     }
 
@@ -236,10 +236,10 @@ static wsync_result_t wsync_map_check_shape(const wsync_tensor_desc_t *t,
         return WSYNC_OK;
     wsync_map_shape_str(t->shape, t->ndim, got_s, sizeof(got_s));
     wsync_map_shape_str(want, ndim, want_s, sizeof(want_s));
-    return WSYNC_HOST_FAIL(err, WSYNC_ERR_LAYOUT_MISMATCH,
-                           "wrong shape for tensor \"%s\": got %s, the engine parameter %s needs "
-                           "%s; send the unsharded HF tensor",
-                           t->name, got_s, tg->engine_name, want_s);
+    return WSYNC_RECORD(err, WSYNC_ERR_LAYOUT_MISMATCH,
+                        "wrong shape for tensor \"%s\": got %s, the engine parameter %s needs "
+                        "%s; send the unsharded HF tensor",
+                        t->name, got_s, tg->engine_name, want_s);
 }
 
 wsync_result_t wsync_map_plan(const wsync_map_table_t *table, const wsync_engine_ops_t *eng,
@@ -258,22 +258,22 @@ wsync_result_t wsync_map_plan(const wsync_map_table_t *table, const wsync_engine
         return rc;
     memset(&p, 0, sizeof(p));
     if (eng->param(eng->user, tg.engine_name, &p) != 0)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_FOUND,
-                               "unknown tensor \"%s\": it maps to engine parameter \"%s\", which "
-                               "this %s engine does not have",
-                               t->name, tg.engine_name, table->engine);
+        return WSYNC_RECORD(err, WSYNC_ERR_NOT_FOUND,
+                            "unknown tensor \"%s\": it maps to engine parameter \"%s\", which "
+                            "this %s engine does not have",
+                            t->name, tg.engine_name, table->engine);
     if (t->dtype != p.dtype)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_LAYOUT_MISMATCH,
-                               "wrong dtype for tensor \"%s\": got %s, the engine parameter %s is "
-                               "%s; convert before sending (the engine does not cast)",
-                               t->name, wsync_dtype_name(t->dtype), tg.engine_name,
-                               wsync_dtype_name(p.dtype));
+        return WSYNC_RECORD(err, WSYNC_ERR_LAYOUT_MISMATCH,
+                            "wrong dtype for tensor \"%s\": got %s, the engine parameter %s is "
+                            "%s; convert before sending (the engine does not cast)",
+                            t->name, wsync_dtype_name(t->dtype), tg.engine_name,
+                            wsync_dtype_name(p.dtype));
     memset(&d, 0, sizeof(d));
     eng->dims(eng->user, &d);
     eng->tp(eng->user, &rank, &size);
     if (size == 0 || rank >= size)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                               "engine reports tp rank %u of size %u", rank, size);
+        return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT, "engine reports tp rank %u of size %u",
+                            rank, size);
     rc = wsync_map_geometry(&tg, &p, &d, rank, size, &g, err);
     if (rc != WSYNC_OK)
         return rc;
@@ -281,17 +281,16 @@ wsync_result_t wsync_map_plan(const wsync_map_table_t *table, const wsync_engine
     if (rc != WSYNC_OK)
         return rc;
     if (g.cols != g.dst_cols && tg.rule->split != WSYNC_TP_ROW)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_LAYOUT_MISMATCH,
-                               "wrong shape for tensor \"%s\": %" PRId64
-                               " columns, engine parameter %s has %" PRId64,
-                               t->name, g.cols, tg.engine_name, g.dst_cols);
+        return WSYNC_RECORD(err, WSYNC_ERR_LAYOUT_MISMATCH,
+                            "wrong shape for tensor \"%s\": %" PRId64
+                            " columns, engine parameter %s has %" PRId64,
+                            t->name, g.cols, tg.engine_name, g.dst_cols);
     if (g.dst_row + g.rows > g.param_rows && tg.rule->split == WSYNC_TP_COLUMN)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_LAYOUT_MISMATCH,
-                               "tensor \"%s\" rows [%" PRId64 ", %" PRId64
-                               ") fall outside engine parameter %s (%" PRId64
-                               " rows); the engine's model dims disagree with its parameters",
-                               t->name, g.dst_row, g.dst_row + g.rows, tg.engine_name,
-                               g.param_rows);
+        return WSYNC_RECORD(err, WSYNC_ERR_LAYOUT_MISMATCH,
+                            "tensor \"%s\" rows [%" PRId64 ", %" PRId64
+                            ") fall outside engine parameter %s (%" PRId64
+                            " rows); the engine's model dims disagree with its parameters",
+                            t->name, g.dst_row, g.dst_row + g.rows, tg.engine_name, g.param_rows);
 
     es = wsync_dtype_size(p.dtype);
     uint64_t param_bytes = (uint64_t)wsync_map_elems(&p) * es;

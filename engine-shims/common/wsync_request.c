@@ -8,7 +8,7 @@
 #include "wsync_base64.h"
 #include "wsync_digest.h"
 #include "wsync_dtype.h"
-#include "wsync_host_error.h"
+#include "wsync_error.h"
 
 json_t *wsync_req_manifest_new(json_t *buffer, uint64_t generation, int finished)
 {
@@ -33,47 +33,46 @@ wsync_result_t wsync_req_add_tensor(json_t *manifest, const char *name, const ch
     json_t *d, *t;
 
     if (dt == WSYNC_DTYPE_INVALID)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                               "tensor \"%s\": unknown dtype \"%s\"; use a PyTorch dtype name",
-                               name, dtype);
+        return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+                            "tensor \"%s\": unknown dtype \"%s\"; use a PyTorch dtype name", name,
+                            dtype);
     if (!json_is_array(shape) || json_array_size(shape) > WSYNC_MAX_DIMS)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                               "tensor \"%s\": shape must be an array of at most %d integers", name,
-                               WSYNC_MAX_DIMS);
+        return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+                            "tensor \"%s\": shape must be an array of at most %d integers", name,
+                            WSYNC_MAX_DIMS);
     json_array_foreach(shape, i, d)
     {
         if (!json_is_integer(d) || json_integer_value(d) < 0 ||
             (json_integer_value(d) > 0 && prod > INT64_MAX / json_integer_value(d)))
-            return WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                                   "tensor \"%s\": shape[%zu] is not a valid dimension", name, i);
+            return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+                                "tensor \"%s\": shape[%zu] is not a valid dimension", name, i);
         prod *= json_integer_value(d);
     }
     if (numel >= 0 && numel != prod)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                               "tensor \"%s\": numel %" PRId64 " but its shape holds %" PRId64
-                               " elements",
-                               name, numel, prod);
+        return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+                            "tensor \"%s\": numel %" PRId64 " but its shape holds %" PRId64
+                            " elements",
+                            name, numel, prod);
     if (end < start || end - start != (uint64_t)prod * wsync_dtype_size(dt))
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                               "tensor \"%s\": byte range [%" PRIu64 ", %" PRIu64
-                               ") does not hold %" PRId64 " x %s (%" PRIu64 " bytes); fix the size",
-                               name, start, end, prod, dtype,
-                               (uint64_t)prod * wsync_dtype_size(dt));
+        return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+                            "tensor \"%s\": byte range [%" PRIu64 ", %" PRIu64
+                            ") does not hold %" PRId64 " x %s (%" PRIu64 " bytes); fix the size",
+                            name, start, end, prod, dtype, (uint64_t)prod * wsync_dtype_size(dt));
     if (start >= bytes && end > start)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_BOUNDS,
-                               "offset past the buffer: tensor \"%s\" starts at byte %" PRIu64
-                               ", but the buffer holds %" PRIu64 " bytes",
-                               name, start, bytes);
+        return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_BOUNDS,
+                            "offset past the buffer: tensor \"%s\" starts at byte %" PRIu64
+                            ", but the buffer holds %" PRIu64 " bytes",
+                            name, start, bytes);
     if (end > bytes)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                               "truncated bucket: tensor \"%s\" ends at byte %" PRIu64
-                               ", but the buffer holds only %" PRIu64
-                               " bytes; the sender cut the bucket short",
-                               name, end, bytes);
+        return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+                            "truncated bucket: tensor \"%s\" ends at byte %" PRIu64
+                            ", but the buffer holds only %" PRIu64
+                            " bytes; the sender cut the bucket short",
+                            name, end, bytes);
     t = json_pack("{s:s, s:s, s:O, s:I, s:I}", "name", name, "dtype", dtype, "shape", shape,
                   "offset", (json_int_t)start, "nbytes", (json_int_t)(end - start));
     if (t == NULL)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "tensor \"%s\": out of memory", name);
+        return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "tensor \"%s\": out of memory", name);
     if (json_is_string(digest))
         json_object_set(t, "digest", digest);
     json_array_append_new(json_object_get(manifest, "tensors"), t);
@@ -102,7 +101,7 @@ wsync_result_t wsync_req_dump(json_t *manifest, char **text, size_t *len, wsync_
 {
     *text = json_dumps(manifest, JSON_COMPACT);
     if (*text == NULL)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "manifest serialization failed");
+        return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "manifest serialization failed");
     *len = strlen(*text);
     return WSYNC_OK;
 }
@@ -145,8 +144,8 @@ json_t *wsync_req_bucket_encode(const char *manifest_json, int with_buffer, wsyn
     size_t i;
 
     if (m == NULL) {
-        WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "manifest is not JSON: %s (line %d)",
-                        jerr.text, jerr.line);
+        WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST, "manifest is not JSON: %s (line %d)", jerr.text,
+                     jerr.line);
         return NULL;
     }
     meta = json_array();
@@ -169,9 +168,9 @@ json_t *wsync_req_bucket_encode(const char *manifest_json, int with_buffer, wsyn
     if (wsync_req_blob_digests(m, meta) != 0) {
         json_decref(meta);
         json_decref(m);
-        WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                        "manifest \"digests\" is not base64 of 8 bytes per tensor; pass what "
-                        "publish returned");
+        WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+                     "manifest \"digests\" is not base64 of 8 bytes per tensor; pass what "
+                     "publish returned");
         return NULL;
     }
     out = json_pack("{s:o, s:O}", "metadata", meta, "generation", json_object_get(m, "generation"));
@@ -180,8 +179,8 @@ json_t *wsync_req_bucket_encode(const char *manifest_json, int with_buffer, wsyn
                             json_pack("{s:O}", "buffer", json_object_get(m, "buffer")));
     json_decref(m);
     if (out == NULL)
-        WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                        "manifest lacks generation or buffer; pass what publish returned");
+        WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+                     "manifest lacks generation or buffer; pass what publish returned");
     return out;
 }
 
@@ -196,16 +195,16 @@ wsync_result_t wsync_req_bucket_decode(json_t *bucket, json_t *buffer, int finis
     if (buffer == NULL)
         buffer = json_object_get(json_object_get(bucket, "flattened_tensor"), "buffer");
     if (!json_is_object(buffer))
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                               "bucket has no flattened_tensor.buffer and no persistent buffer "
-                               "is known; send the flattened tensor with the first bucket");
+        return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+                            "bucket has no flattened_tensor.buffer and no persistent buffer "
+                            "is known; send the flattened tensor with the first bucket");
     if (!json_is_array(meta))
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "bucket has no metadata array");
+        return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST, "bucket has no metadata array");
     if (wsync_req_get_u64(bucket, "generation", &gen, err) != 0)
         return err != NULL ? err->code : WSYNC_ERR_BAD_MANIFEST;
     m = wsync_req_manifest_new(buffer, gen, finished);
     if (m == NULL)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "bucket decode: out of memory");
+        return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "bucket decode: out of memory");
     json_array_foreach(meta, i, e)
     {
         const char *name = wsync_req_get_str(e, "name", err);
@@ -234,9 +233,9 @@ json_t *wsync_req_pick_rank(json_t *list, uint32_t rank, uint32_t size, const ch
         return json_array_get(list, rank);
     if (n == 1)
         return json_array_get(list, 0);
-    WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                    "%s has %zu entries; a tp-%u engine needs one per rank (or one for all)", what,
-                    n, size);
+    WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+                 "%s has %zu entries; a tp-%u engine needs one per rank (or one for all)", what, n,
+                 size);
     return NULL;
 }
 
@@ -244,8 +243,8 @@ int wsync_req_get_u64(json_t *obj, const char *key, uint64_t *out, wsync_error_t
 {
     json_t *v = json_object_get(obj, key);
     if (!json_is_integer(v) || json_integer_value(v) < 0) {
-        WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "field \"%s\" must be a non-negative integer",
-                        key);
+        WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST, "field \"%s\" must be a non-negative integer",
+                     key);
         return -1;
     }
     *out = (uint64_t)json_integer_value(v);
@@ -256,7 +255,7 @@ const char *wsync_req_get_str(json_t *obj, const char *key, wsync_error_t *err)
 {
     const char *s = json_string_value(json_object_get(obj, key));
     if (s == NULL)
-        WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "field \"%s\" must be a string", key);
+        WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST, "field \"%s\" must be a string", key);
     return s;
 }
 

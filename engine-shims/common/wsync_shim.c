@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "wsync_host_error.h"
+#include "wsync_error.h"
 #include "wsync_request.h"
 
 const wsync_shim_t *wsync_shim_find(const char *engine)
@@ -43,11 +43,11 @@ char *wsync_shim_serve(const wsync_shim_t *s, wsync_shim_ctx_t *ctx, const char 
     char *out;
 
     if (req == NULL)
-        rc = WSYNC_HOST_FAIL(e, WSYNC_ERR_BAD_MANIFEST, "%s request is not JSON: %s (line %d)",
-                             s->engine, jerr.text, jerr.line);
+        rc = WSYNC_RECORD(e, WSYNC_ERR_BAD_MANIFEST, "%s request is not JSON: %s (line %d)",
+                          s->engine, jerr.text, jerr.line);
     else if ((method = json_string_value(json_object_get(req, "method"))) == NULL)
-        rc = WSYNC_HOST_FAIL(e, WSYNC_ERR_BAD_MANIFEST, "%s request has no \"method\" string",
-                             s->engine);
+        rc = WSYNC_RECORD(e, WSYNC_ERR_BAD_MANIFEST, "%s request has no \"method\" string",
+                          s->engine);
     else
         rc = s->handle(ctx, method, req, &extra, e);
     reply =
@@ -68,7 +68,7 @@ wsync_result_t wsync_shim_apply(wsync_shim_ctx_t *ctx, json_t **manifests, size_
     char **text = calloc(n ? n : 1, sizeof(*text));
     size_t *lens = calloc(n ? n : 1, sizeof(*lens));
     wsync_result_t rc =
-        text && lens ? WSYNC_OK : WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "apply: OOM");
+        text && lens ? WSYNC_OK : WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "apply: OOM");
 
     for (size_t i = 0; i < n && rc == WSYNC_OK; i++)
         rc = wsync_req_dump(manifests[i], &text[i], &lens[i], err);
@@ -105,10 +105,10 @@ wsync_result_t wsync_shim_flat_bucket(const wsync_shim_ctx_t *ctx, json_t *req, 
     json_t *b;
 
     if ((fmt != NULL || format_required) && (fmt == NULL || strcmp(fmt, "flattened_bucket") != 0))
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
-                               "load_format \"%s\" is not supported by the wsync path; send "
-                               "load_format=\"flattened_bucket\"",
-                               fmt ? fmt : "(none)");
+        return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
+                            "load_format \"%s\" is not supported by the wsync path; send "
+                            "load_format=\"flattened_bucket\"",
+                            fmt ? fmt : "(none)");
     b = wsync_req_pick_rank(json_object_get(req, key), ctx->tp_rank, ctx->tp_size, key, err);
     if (b == NULL)
         return WSYNC_ERR_BAD_MANIFEST;

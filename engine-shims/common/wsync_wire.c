@@ -16,7 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "wsync_host_error.h"
+#include "wsync_error.h"
 
 /* wsync_wire_send has no timeout argument: it fails when the peer takes no bytes for this long. */
 #define WSYNC_WIRE_SEND_STALL_MS 30000
@@ -55,13 +55,13 @@ static wsync_result_t wsync_wire_wait(int fd, short events, int64_t deadline, co
         if (n > 0)
             return WSYNC_OK;
         if (n == 0)
-            return WSYNC_HOST_FAIL(err, WSYNC_ERR_TIMEOUT,
-                                   "%s on fd %d timed out; the peer is alive but silent, raise the "
-                                   "timeout or check the peer",
-                                   what, fd);
+            return WSYNC_RECORD(err, WSYNC_ERR_TIMEOUT,
+                                "%s on fd %d timed out; the peer is alive but silent, raise the "
+                                "timeout or check the peer",
+                                what, fd);
         if (errno != EINTR)
-            return WSYNC_HOST_FAIL(err, WSYNC_ERR_SYSTEM, "poll on fd %d failed: %s", fd,
-                                   strerror(errno));
+            return WSYNC_RECORD(err, WSYNC_ERR_SYSTEM, "poll on fd %d failed: %s", fd,
+                                strerror(errno));
     }
 }
 
@@ -69,14 +69,14 @@ static wsync_result_t wsync_wire_make_addr(const char *path, struct sockaddr_un 
                                            wsync_error_t *err)
 {
     if (path == NULL || path[0] == '\0')
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "socket path is NULL or empty");
+        return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT, "socket path is NULL or empty");
     memset(addr, 0, sizeof(*addr));
     addr->sun_family = AF_UNIX;
     if (strlen(path) >= sizeof(addr->sun_path))
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                               "socket path '%s' is %zu bytes, the limit is %zu; use a shorter "
-                               "directory",
-                               path, strlen(path), sizeof(addr->sun_path) - 1);
+        return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
+                            "socket path '%s' is %zu bytes, the limit is %zu; use a shorter "
+                            "directory",
+                            path, strlen(path), sizeof(addr->sun_path) - 1);
     memcpy(addr->sun_path, path, strlen(path) + 1);
     return WSYNC_OK;
 }
@@ -90,18 +90,18 @@ int wsync_wire_listen(const char *path, wsync_error_t *err)
         return -1;
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) {
-        WSYNC_HOST_FAIL(err, WSYNC_ERR_SYSTEM, "socket(AF_UNIX) failed: %s", strerror(errno));
+        WSYNC_RECORD(err, WSYNC_ERR_SYSTEM, "socket(AF_UNIX) failed: %s", strerror(errno));
         return -1;
     }
     if (bind(fd, (struct sockaddr *)&addr, sizeof(addr)) != 0) {
-        WSYNC_HOST_FAIL(err, WSYNC_ERR_SYSTEM, "bind %s failed: %s; remove a stale socket file",
-                        path, strerror(errno));
+        WSYNC_RECORD(err, WSYNC_ERR_SYSTEM, "bind %s failed: %s; remove a stale socket file", path,
+                     strerror(errno));
         close(fd);
         return -1;
     }
     /* The uid check on accept is the real gate; the mode keeps other users from connecting. */
     if (chmod(path, 0600) != 0 || listen(fd, 8) != 0) {
-        WSYNC_HOST_FAIL(err, WSYNC_ERR_SYSTEM, "chmod/listen %s failed: %s", path, strerror(errno));
+        WSYNC_RECORD(err, WSYNC_ERR_SYSTEM, "chmod/listen %s failed: %s", path, strerror(errno));
         close(fd);
         unlink(path);
         return -1;
@@ -116,12 +116,12 @@ static wsync_result_t wsync_wire_check_peer(int fd, uid_t uid, wsync_error_t *er
     socklen_t len = sizeof(cred);
 
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_SYSTEM, "SO_PEERCRED on fd %d failed: %s", fd,
-                               strerror(errno));
+        return WSYNC_RECORD(err, WSYNC_ERR_SYSTEM, "SO_PEERCRED on fd %d failed: %s", fd,
+                            strerror(errno));
     if (cred.uid != uid)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_PERMISSION,
-                               "refused peer pid %d of uid %u: only uid %u may connect",
-                               (int)cred.pid, (unsigned)cred.uid, (unsigned)uid);
+        return WSYNC_RECORD(err, WSYNC_ERR_PERMISSION,
+                            "refused peer pid %d of uid %u: only uid %u may connect", (int)cred.pid,
+                            (unsigned)cred.uid, (unsigned)uid);
     return WSYNC_OK;
 }
 
@@ -137,8 +137,8 @@ int wsync_wire_accept(int listen_fd, int timeout_ms, wsync_error_t *err)
         if (fd >= 0)
             break;
         if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
-            WSYNC_HOST_FAIL(err, WSYNC_ERR_SYSTEM, "accept on fd %d failed: %s", listen_fd,
-                            strerror(errno));
+            WSYNC_RECORD(err, WSYNC_ERR_SYSTEM, "accept on fd %d failed: %s", listen_fd,
+                         strerror(errno));
             return -1;
         }
     }
@@ -160,7 +160,7 @@ int wsync_wire_connect(const char *path, int timeout_ms, wsync_error_t *err)
     for (;;) {
         int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd < 0) {
-            WSYNC_HOST_FAIL(err, WSYNC_ERR_SYSTEM, "socket(AF_UNIX) failed: %s", strerror(errno));
+            WSYNC_RECORD(err, WSYNC_ERR_SYSTEM, "socket(AF_UNIX) failed: %s", strerror(errno));
             return -1;
         }
         if (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) == 0)
@@ -169,15 +169,15 @@ int wsync_wire_connect(const char *path, int timeout_ms, wsync_error_t *err)
         close(fd);
         /* The listener may not be up yet: retry those until the deadline. */
         if (last != ENOENT && last != ECONNREFUSED && last != EAGAIN && last != EINTR) {
-            WSYNC_HOST_FAIL(err, last == EACCES ? WSYNC_ERR_PERMISSION : WSYNC_ERR_SYSTEM,
-                            "connect %s failed: %s", path, strerror(last));
+            WSYNC_RECORD(err, last == EACCES ? WSYNC_ERR_PERMISSION : WSYNC_ERR_SYSTEM,
+                         "connect %s failed: %s", path, strerror(last));
             return -1;
         }
         if (deadline >= 0 && wsync_wire_left(deadline) == 0) {
-            WSYNC_HOST_FAIL(err, WSYNC_ERR_TIMEOUT,
-                            "connect %s: no listener after %d ms (last error: %s); is the peer "
-                            "running?",
-                            path, timeout_ms, strerror(last));
+            WSYNC_RECORD(err, WSYNC_ERR_TIMEOUT,
+                         "connect %s: no listener after %d ms (last error: %s); is the peer "
+                         "running?",
+                         path, timeout_ms, strerror(last));
             return -1;
         }
         usleep(WSYNC_WIRE_CONNECT_RETRY_MS * 1000);
@@ -205,11 +205,11 @@ static wsync_result_t wsync_wire_write_all(int fd, const void *buf, size_t len, 
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN))
-            return WSYNC_HOST_FAIL(err, WSYNC_ERR_PEER_GONE,
-                                   "send on fd %d: the peer closed the connection (%s)", fd,
-                                   strerror(errno));
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_SYSTEM, "send on fd %d failed: %s", fd,
-                               n < 0 ? strerror(errno) : "wrote 0 bytes");
+            return WSYNC_RECORD(err, WSYNC_ERR_PEER_GONE,
+                                "send on fd %d: the peer closed the connection (%s)", fd,
+                                strerror(errno));
+        return WSYNC_RECORD(err, WSYNC_ERR_SYSTEM, "send on fd %d failed: %s", fd,
+                            n < 0 ? strerror(errno) : "wrote 0 bytes");
     }
     return WSYNC_OK;
 }
@@ -220,12 +220,11 @@ wsync_result_t wsync_wire_send(int fd, const void *buf, size_t len, wsync_error_
     wsync_result_t rc;
 
     if (fd < 0 || (buf == NULL && len > 0))
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "fd %d / buffer %p invalid", fd,
-                               buf);
+        return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT, "fd %d / buffer %p invalid", fd, buf);
     if (len > WSYNC_WIRE_MAX_MESSAGE)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                               "message of %zu bytes exceeds the %u-byte maximum; split it", len,
-                               WSYNC_WIRE_MAX_MESSAGE);
+        return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
+                            "message of %zu bytes exceeds the %u-byte maximum; split it", len,
+                            WSYNC_WIRE_MAX_MESSAGE);
     for (int i = 0; i < 4; i++)
         hdr[i] = (unsigned char)(len >> (8 * i));
     rc = wsync_wire_write_all(fd, hdr, sizeof(hdr), err);
@@ -253,19 +252,18 @@ static wsync_result_t wsync_wire_read_all(int fd, void *buf, size_t len, int64_t
             continue;
         }
         if (n == 0)
-            return WSYNC_HOST_FAIL(err, WSYNC_ERR_PEER_GONE,
-                                   started || got > 0
-                                       ? "recv on fd %d: the peer closed the connection in the "
-                                         "middle of a message"
-                                       : "recv on fd %d: the peer closed the connection",
-                                   fd);
+            return WSYNC_RECORD(err, WSYNC_ERR_PEER_GONE,
+                                started || got > 0
+                                    ? "recv on fd %d: the peer closed the connection in the "
+                                      "middle of a message"
+                                    : "recv on fd %d: the peer closed the connection",
+                                fd);
         if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
             continue;
         if (errno == ECONNRESET)
-            return WSYNC_HOST_FAIL(err, WSYNC_ERR_PEER_GONE,
-                                   "recv on fd %d: connection reset by the peer", fd);
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_SYSTEM, "recv on fd %d failed: %s", fd,
-                               strerror(errno));
+            return WSYNC_RECORD(err, WSYNC_ERR_PEER_GONE,
+                                "recv on fd %d: connection reset by the peer", fd);
+        return WSYNC_RECORD(err, WSYNC_ERR_SYSTEM, "recv on fd %d failed: %s", fd, strerror(errno));
     }
     return WSYNC_OK;
 }
@@ -279,7 +277,7 @@ wsync_result_t wsync_wire_recv(int fd, char **buf, size_t *len, int timeout_ms, 
     char *msg;
 
     if (fd < 0 || buf == NULL || len == NULL)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "fd %d, buf or len invalid", fd);
+        return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT, "fd %d, buf or len invalid", fd);
     *buf = NULL;
     *len = 0;
     rc = wsync_wire_read_all(fd, hdr, sizeof(hdr), deadline, 0, err);
@@ -288,14 +286,14 @@ wsync_result_t wsync_wire_recv(int fd, char **buf, size_t *len, int timeout_ms, 
     for (int i = 0; i < 4; i++)
         n |= (uint32_t)hdr[i] << (8 * i);
     if (n > WSYNC_WIRE_MAX_MESSAGE)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                               "incoming message announces %u bytes, over the %u-byte maximum; "
-                               "the stream is not a wsync wire or is corrupt: close it",
-                               n, WSYNC_WIRE_MAX_MESSAGE);
+        return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+                            "incoming message announces %u bytes, over the %u-byte maximum; "
+                            "the stream is not a wsync wire or is corrupt: close it",
+                            n, WSYNC_WIRE_MAX_MESSAGE);
     msg = malloc((size_t)n + 1);
     if (msg == NULL)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY,
-                               "cannot allocate %u bytes for a message", n + 1);
+        return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "cannot allocate %u bytes for a message",
+                            n + 1);
     rc = wsync_wire_read_all(fd, msg, n, deadline, 1, err);
     if (rc != WSYNC_OK) {
         free(msg);

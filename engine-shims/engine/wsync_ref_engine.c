@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "wsync_control.h"
-#include "wsync_host_error.h"
+#include "wsync_error.h"
 #include "wsync_request.h"
 #include "wsync_shm.h"
 #include "wsync_wire.h"
@@ -144,9 +144,9 @@ static wsync_result_t wsync_ref_native_copy(void *user, const wsync_buffer_desc_
 
     e->native_loads++;
     if (b->kind != WSYNC_BUFFER_HOST_SHM || b->handle_len == 0 || b->handle_len >= sizeof(name))
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
-                               "the reference engine's native loader reads host_shm buffers "
-                               "only; load a wsync plugin for this buffer kind");
+        return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
+                            "the reference engine's native loader reads host_shm buffers "
+                            "only; load a wsync plugin for this buffer kind");
     memcpy(name, b->handle, b->handle_len);
     name[b->handle_len] = '\0';
     memset(&shm, 0, sizeof(shm));
@@ -156,9 +156,9 @@ static wsync_result_t wsync_ref_native_copy(void *user, const wsync_buffer_desc_
     c = shm.addr;
     rc = wsync_control_check(c, err);
     if (rc == WSYNC_OK && c->data_offset + b->base_offset + b->bytes > shm.size)
-        rc = WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_BOUNDS,
-                             "buffer %s: %llu usable bytes do not fit the %zu-byte segment", name,
-                             (unsigned long long)b->bytes, shm.size);
+        rc = WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_BOUNDS,
+                          "buffer %s: %llu usable bytes do not fit the %zu-byte segment", name,
+                          (unsigned long long)b->bytes, shm.size);
     if (rc == WSYNC_OK)
         rc = wsync_control_wait_ready(c, generation, e->cfg.timeout_ms ? e->cfg.timeout_ms : 30000,
                                       b->pid, err);
@@ -395,8 +395,7 @@ static char *wsync_ref_local(wsync_ref_engine_t *e, const char *method, json_t *
         *stop = 1;
         reply = wsync_req_reply_ok(method, NULL);
     } else {
-        *rc =
-            WSYNC_HOST_FAIL(&err, WSYNC_ERR_NOT_SUPPORTED, "unknown engine method \"%s\"", method);
+        *rc = WSYNC_RECORD(&err, WSYNC_ERR_NOT_SUPPORTED, "unknown engine method \"%s\"", method);
         reply = wsync_req_reply_error(method, *rc, &err);
     }
     out = json_dumps(reply, JSON_COMPACT);

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "wsync_host_error.h"
+#include "wsync_error.h"
 
 /* Buckets planned by the shims' planner (wsync_map_plan_buckets: the engine's order, greedy,
  * with the staging's alignment). */
@@ -124,7 +124,7 @@ wsync_result_t wsync_ref_trainer_fill(wsync_ref_trainer_t *t, uint64_t version, 
     wsync_result_t rc = WSYNC_OK;
 
     if (scratch == NULL)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "fill: out of memory");
+        return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "fill: out of memory");
     for (size_t i = 0; i < t->model.n && rc == WSYNC_OK; i++) {
         const wsync_model_tensor_t *m = &t->model.tensors[i];
         wsync_model_fill(m, version, scratch);
@@ -161,7 +161,7 @@ wsync_result_t wsync_ref_trainer_publish(wsync_ref_trainer_t *t, size_t b, json_
             manifests[r] = strdup(json);
         }
         if (rc == WSYNC_OK && manifests[r] == NULL)
-            rc = WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "publish: out of memory");
+            rc = WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "publish: out of memory");
         with_buffer = with_buffer && !t->sent_buffer[r];
     }
     if (rc == WSYNC_OK) {

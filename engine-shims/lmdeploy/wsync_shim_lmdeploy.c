@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "wsync_adapter_req.h"
-#include "wsync_host_error.h"
+#include "wsync_error.h"
 #include "wsync_map_rules.h"
 #include "wsync_request.h"
 #include "wsync_shim.h"
@@ -78,16 +78,16 @@ static wsync_result_t wsync_lmdeploy_load_adapters(wsync_shim_ctx_t *ctx, json_t
     wsync_result_t rc = WSYNC_OK;
 
     if (!json_is_object(adapters) || json_object_size(adapters) == 0)
-        rc = WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                             "load_adapters needs \"adapters\": {name: PEFT directory, ...}");
+        rc = WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+                          "load_adapters needs \"adapters\": {name: PEFT directory, ...}");
     json_object_foreach(adapters, name, path)
     {
         json_t *one = NULL;
         if (rc != WSYNC_OK)
             break;
         if (!json_is_string(path))
-            rc = WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                                 "adapters[\"%s\"] must be a directory path", name);
+            rc = WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+                              "adapters[\"%s\"] must be a directory path", name);
         else
             rc = wsync_adapter_req_load(ctx, name, json_string_value(path), NULL, NULL, 0, &one,
                                         err);
@@ -111,11 +111,11 @@ static wsync_result_t wsync_lmdeploy_encode_lora(const wsync_shim_lora_t *in, js
         *msg =
             json_pack("{s:s, s:{s:s}}", "method", "load_adapters", "adapters", in->name, in->path);
     else
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
-                               "LMDeploy loads adapters from a path; save the adapter with "
-                               "safe_serialization=True and send its directory");
+        return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
+                            "LMDeploy loads adapters from a path; save the adapter with "
+                            "safe_serialization=True and send its directory");
     return *msg != NULL ? WSYNC_OK
-                        : WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "lmdeploy encode: OOM");
+                        : WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "lmdeploy encode: OOM");
 }
 
 static wsync_result_t wsync_lmdeploy_handle(wsync_shim_ctx_t *ctx, const char *method, json_t *req,
@@ -128,10 +128,10 @@ static wsync_result_t wsync_lmdeploy_handle(wsync_shim_ctx_t *ctx, const char *m
     if (strcmp(method, "unload_adapter") == 0)
         return wsync_adapter_req_unload(
             ctx, json_string_value(json_object_get(req, "adapter_name")), extra, err);
-    return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
-                           "lmdeploy shim: unknown method \"%s\"; use update_params, "
-                           "load_adapters or unload_adapter",
-                           method);
+    return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
+                        "lmdeploy shim: unknown method \"%s\"; use update_params, "
+                        "load_adapters or unload_adapter",
+                        method);
 }
 
 static wsync_result_t wsync_lmdeploy_encode(const wsync_shim_encode_t *in, json_t **msgs,
@@ -144,7 +144,7 @@ static wsync_result_t wsync_lmdeploy_encode(const wsync_shim_encode_t *in, json_
         json_pack("[{s:s, s:o, s:s, s:b}]", "method", "update_params", "serialized_named_tensors",
                   buckets, "load_format", "flattened_bucket", "finished", in->finished);
     return *msgs != NULL ? WSYNC_OK
-                         : WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "lmdeploy encode: OOM");
+                         : WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "lmdeploy encode: OOM");
 }
 
 const wsync_shim_t wsync_shim_lmdeploy = {

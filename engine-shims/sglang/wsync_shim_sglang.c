@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "wsync_adapter_req.h"
-#include "wsync_host_error.h"
+#include "wsync_error.h"
 #include "wsync_map_rules.h"
 #include "wsync_request.h"
 #include "wsync_shim.h"
@@ -64,8 +64,8 @@ static wsync_result_t wsync_sglang_lora(wsync_shim_ctx_t *ctx, const char *metho
     if (strcmp(method, "load_lora_adapter") == 0) {
         const char *path = json_string_value(json_object_get(req, "lora_path"));
         if (path == NULL)
-            return WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                                   "load_lora_adapter needs lora_path (a PEFT directory)");
+            return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+                                "load_lora_adapter needs lora_path (a PEFT directory)");
         return wsync_adapter_req_load(ctx, name, path, NULL, NULL, 0, extra, err);
     }
     json_t *bucket;
@@ -90,10 +90,10 @@ static wsync_result_t wsync_sglang_handle(wsync_shim_ctx_t *ctx, const char *met
             json_pack("{s:O?}", "weight_version", json_object_get(ctx->state, "weight_version"));
         return WSYNC_OK;
     }
-    return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
-                           "sglang shim: unknown method \"%s\"; use update_weights_from_tensor, "
-                           "load_lora_adapter[_from_tensors] or unload_lora_adapter",
-                           method);
+    return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
+                        "sglang shim: unknown method \"%s\"; use update_weights_from_tensor, "
+                        "load_lora_adapter[_from_tensors] or unload_lora_adapter",
+                        method);
 }
 
 static wsync_result_t wsync_sglang_encode(const wsync_shim_encode_t *in, json_t **msgs,
@@ -106,7 +106,7 @@ static wsync_result_t wsync_sglang_encode(const wsync_shim_encode_t *in, json_t 
                       "serialized_named_tensors", buckets, "load_format", "flattened_bucket",
                       "flush_cache", in->finished, "weight_version", in->weight_version);
     return *msgs != NULL ? WSYNC_OK
-                         : WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "sglang encode: OOM");
+                         : WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "sglang encode: OOM");
 }
 
 static wsync_result_t wsync_sglang_encode_lora(const wsync_shim_lora_t *in, json_t **msg,
@@ -130,7 +130,7 @@ static wsync_result_t wsync_sglang_encode_lora(const wsync_shim_lora_t *in, json
                          buckets, "load_format", "flattened_bucket");
     }
     return *msg != NULL ? WSYNC_OK
-                        : WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "sglang encode: OOM");
+                        : WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "sglang encode: OOM");
 }
 
 const wsync_shim_t wsync_shim_sglang = {

@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "wsync_adapter_req.h"
-#include "wsync_host_error.h"
+#include "wsync_error.h"
 #include "wsync_map_rules.h"
 #include "wsync_request.h"
 #include "wsync_shim.h"
@@ -39,13 +39,13 @@ static wsync_result_t wsync_vllm_add(json_t *groups, json_t *info, size_t i, jso
     size_t k;
 
     if (name == NULL || dtype == NULL || shape == NULL)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                               "update_info: names, dtype_names and shapes must have an entry "
-                               "for tensor %zu",
-                               i);
+        return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+                            "update_info: names, dtype_names and shapes must have an entry "
+                            "for tensor %zu",
+                            i);
     if (!json_is_object(buffer))
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                               "update_info: tensor \"%s\" has no buffer", name);
+        return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST, "update_info: tensor \"%s\" has no buffer",
+                            name);
     json_array_foreach(groups, k, g) if (json_equal(json_object_get(g, "buffer"), buffer)) m = g;
     if (m == NULL) {
         m = wsync_req_manifest_new(buffer, gen, 0);
@@ -65,13 +65,13 @@ static wsync_result_t wsync_vllm_update(wsync_shim_ctx_t *ctx, json_t *req, json
     size_t n;
 
     if (!json_is_true(json_object_get(ctx->state, "updating")))
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                               "update_weights outside an update; call start_weight_update "
-                               "first");
+        return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
+                            "update_weights outside an update; call start_weight_update "
+                            "first");
     names = json_object_get(info, "names");
     if (!json_is_array(names) || wsync_req_get_u64(info, "generation", &gen, err) != 0)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                               "update_info needs a names array and a generation");
+        return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+                            "update_info needs a names array and a generation");
     n = json_array_size(names);
     groups = json_array();
     if (packed) {
@@ -81,18 +81,17 @@ static wsync_result_t wsync_vllm_update(wsync_shim_ctx_t *ctx, json_t *req, json
         if (pb == NULL)
             rc = WSYNC_ERR_BAD_MANIFEST;
         else if (json_array_size(offsets) != n)
-            rc = WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                                 "update_info: %zu offsets for %zu names", json_array_size(offsets),
-                                 n);
+            rc = WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST, "update_info: %zu offsets for %zu names",
+                              json_array_size(offsets), n);
         for (size_t i = 0; i < n && rc == WSYNC_OK; i++)
             rc = wsync_vllm_add(groups, info, i, json_object_get(pb, "buffer"),
                                 (uint64_t)json_integer_value(json_array_get(offsets, i)), gen, err);
     } else {
         json_t *handles = json_object_get(info, "ipc_handles");
         if (json_array_size(handles) != n)
-            rc = WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                                 "update_info: %zu ipc_handles for %zu names",
-                                 json_array_size(handles), n);
+            rc = WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+                              "update_info: %zu ipc_handles for %zu names",
+                              json_array_size(handles), n);
         for (size_t i = 0; i < n && rc == WSYNC_OK; i++) {
             json_t *h = wsync_req_pick_rank(json_array_get(handles, i), ctx->tp_rank, ctx->tp_size,
                                             "ipc_handles[i]", err);
@@ -108,7 +107,7 @@ static wsync_result_t wsync_vllm_update(wsync_shim_ctx_t *ctx, json_t *req, json
         json_t **m = calloc(ng ? ng : 1, sizeof(*m));
         for (size_t i = 0; m != NULL && i < ng; i++)
             m[i] = json_incref(json_array_get(groups, i));
-        rc = m == NULL ? WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "update_weights: OOM")
+        rc = m == NULL ? WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "update_weights: OOM")
                        : wsync_shim_apply(ctx, m, ng, &gen, err);
         free(m);
     }
@@ -139,27 +138,27 @@ static wsync_result_t wsync_vllm_lora(wsync_shim_ctx_t *ctx, const char *method,
     wsync_result_t rc;
 
     if (!json_is_integer(id) || json_integer_value(id) <= 0)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                               "%s needs a positive integer lora_int_id", method);
+        return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST, "%s needs a positive integer lora_int_id",
+                            method);
     snprintf(key, sizeof(key), "%lld", (long long)json_integer_value(id));
     const char *known = json_string_value(json_object_get(wsync_vllm_loras(ctx), key));
     if (strcmp(method, "remove_lora") == 0) {
         if (known == NULL)
-            return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_FOUND, "no LoRA with lora_int_id %s", key);
+            return WSYNC_RECORD(err, WSYNC_ERR_NOT_FOUND, "no LoRA with lora_int_id %s", key);
         rc = wsync_adapter_req_unload(ctx, known, extra, err);
         if (rc == WSYNC_OK)
             json_object_del(wsync_vllm_loras(ctx), key);
         return rc;
     }
     if (known != NULL && name != NULL && strcmp(known, name) != 0)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                               "lora_int_id %s is adapter \"%s\", not \"%s\"; ids are unique "
-                               "per adapter",
-                               key, known, name);
+        return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
+                            "lora_int_id %s is adapter \"%s\", not \"%s\"; ids are unique "
+                            "per adapter",
+                            key, known, name);
     const char *path = json_string_value(json_object_get(lr, "lora_path"));
     if (path == NULL)
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                               "add_lora needs lora_request.lora_path (a PEFT directory)");
+        return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+                            "add_lora needs lora_request.lora_path (a PEFT directory)");
     rc = wsync_adapter_req_load(ctx, name, path, NULL, NULL, 1, extra, err);
     if (rc == WSYNC_OK)
         json_object_set_new(wsync_vllm_loras(ctx), key, json_string(name));
@@ -178,16 +177,16 @@ static wsync_result_t wsync_vllm_handle(wsync_shim_ctx_t *ctx, const char *metho
         return wsync_vllm_update(ctx, req, extra, err);
     if (strcmp(method, "start_weight_update") == 0) {
         if (updating)
-            return WSYNC_HOST_FAIL(err, WSYNC_ERR_BUSY,
-                                   "start_weight_update while an update is open; call "
-                                   "finish_weight_update first");
+            return WSYNC_RECORD(err, WSYNC_ERR_BUSY,
+                                "start_weight_update while an update is open; call "
+                                "finish_weight_update first");
         json_object_set_new(ctx->state, "updating", json_true());
         return WSYNC_OK;
     }
     if (strcmp(method, "finish_weight_update") == 0) {
         if (!updating)
-            return WSYNC_HOST_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                                   "finish_weight_update without start_weight_update");
+            return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
+                                "finish_weight_update without start_weight_update");
         json_object_set_new(ctx->state, "updating", json_false());
         rc = wsync_driver_drain(ctx->driver, err);
         if (rc != WSYNC_OK)
@@ -196,10 +195,10 @@ static wsync_result_t wsync_vllm_handle(wsync_shim_ctx_t *ctx, const char *metho
         wsync_driver_flush_cache(ctx->driver);
         return WSYNC_OK;
     }
-    return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
-                           "vllm shim: unknown method \"%s\"; use start_weight_update, "
-                           "update_weights, finish_weight_update, add_lora, remove_lora",
-                           method);
+    return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
+                        "vllm shim: unknown method \"%s\"; use start_weight_update, "
+                        "update_weights, finish_weight_update, add_lora, remove_lora",
+                        method);
 }
 
 /* update_info for one bucket; every rank's manifest has the same tensors in the same order. */
@@ -253,8 +252,8 @@ static wsync_result_t wsync_vllm_encode(const wsync_shim_encode_t *in, json_t **
         json_error_t jerr;
         m[r] = json_loads(in->manifests[r], 0, &jerr);
         if (m[r] == NULL)
-            rc = WSYNC_HOST_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "manifest %zu is not JSON: %s", r,
-                                 jerr.text);
+            rc = WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST, "manifest %zu is not JSON: %s", r,
+                              jerr.text);
     }
     if (rc == WSYNC_OK) {
         if (in->first)
@@ -286,11 +285,10 @@ static wsync_result_t wsync_vllm_encode_lora(const wsync_shim_lora_t *in, json_t
             json_pack("{s:s, s:{s:s, s:I, s:s}}", "method", "add_lora", "lora_request", "lora_name",
                       in->name, "lora_int_id", (json_int_t)in->int_id, "lora_path", in->path);
     else
-        return WSYNC_HOST_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
-                               "vLLM's add_lora loads from a directory (lora_path); save the "
-                               "adapter with safe_serialization=True and send its path");
-    return *msg != NULL ? WSYNC_OK
-                        : WSYNC_HOST_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "vllm encode: OOM");
+        return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
+                            "vLLM's add_lora loads from a directory (lora_path); save the "
+                            "adapter with safe_serialization=True and send its path");
+    return *msg != NULL ? WSYNC_OK : WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "vllm encode: OOM");
 }
 
 const wsync_shim_t wsync_shim_vllm = {

@@ -17,22 +17,42 @@ static void wsync_copy_where(char *dst, const char *where)
     dst[n] = '\0';
 }
 
-wsync_result_t wsync_fail(wsync_error_t *err, wsync_result_t code, const char *where,
-                          const char *fmt, ...)
+/* Record into err when it is still OK (first error wins). */
+static void wsync_error_set(wsync_error_t *err, wsync_result_t code, const char *where,
+                            const char *message)
+{
+    if (err == NULL || err->code != WSYNC_OK)
+        return;
+    if (err->struct_size == 0)
+        err->struct_size = sizeof(*err);
+    err->code = code;
+    wsync_copy_where(err->where, where);
+    snprintf(err->message, sizeof(err->message), "%s", message);
+}
+
+wsync_result_t wsync_fail_at(wsync_error_t *err, wsync_result_t code, const char *where,
+                             const char *file, int line, const char *fmt, ...)
 {
     char message[WSYNC_ERROR_MESSAGE_LEN];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(message, sizeof(message), fmt, ap);
     va_end(ap);
-
-    if (err != NULL && err->code == WSYNC_OK) {
-        err->code = code;
-        wsync_copy_where(err->where, where);
-        memcpy(err->message, message, sizeof(message));
-    }
-    wsync_log_emit(WSYNC_LOG_ERROR, where ? where : "?", 0, "%s: %s (%s)", where ? where : "?",
+    wsync_error_set(err, code, where, message);
+    wsync_log_emit(WSYNC_LOG_ERROR, file ? file : "?", line, "%s: %s (%s)", where ? where : "?",
                    message, wsync_strerror(code));
+    return code;
+}
+
+wsync_result_t wsync_error_record(wsync_error_t *err, wsync_result_t code, const char *where,
+                                  const char *fmt, ...)
+{
+    char message[WSYNC_ERROR_MESSAGE_LEN];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(message, sizeof(message), fmt, ap);
+    va_end(ap);
+    wsync_error_set(err, code, where, message);
     return code;
 }
 

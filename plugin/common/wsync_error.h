@@ -5,14 +5,28 @@
 
 #include "wsync_abi.h"
 
+/* `where` in a wsync_error_t is the wsync function that detected the error (its C name, e.g.
+ * "wsync_cuda_copy_weights" or "copy_weights"); the message names the offending value and what
+ * to do. */
+
 /* Record `code` with a printf-style message into err (if non-NULL and still WSYNC_OK) and log it
- * at ERROR level. Returns `code` so callers can write `return wsync_fail(...)`. */
-wsync_result_t wsync_fail(wsync_error_t *err, wsync_result_t code, const char *where,
-                          const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+ * at ERROR level through the host's logger with the caller's file and line. Returns `code` so
+ * callers can write `return wsync_fail(...)`. */
+wsync_result_t wsync_fail_at(wsync_error_t *err, wsync_result_t code, const char *where,
+                             const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+#define wsync_fail(err, code, where, ...)                                                          \
+    wsync_fail_at((err), (code), (where), __FILE__, __LINE__, __VA_ARGS__)
+#define WSYNC_FAIL(err, code, ...)                                                                 \
+    wsync_fail_at((err), (code), __func__, __FILE__, __LINE__, __VA_ARGS__)
+
+/* Record only, no log: for host-side code (loader, shims, wire) that reports through its own
+ * logger or its caller. Same rules: NULL allowed, first error wins, nothing allocated. */
+wsync_result_t wsync_error_record(wsync_error_t *err, wsync_result_t code, const char *where,
+                                  const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+#define WSYNC_RECORD(err, code, ...) wsync_error_record((err), (code), __func__, __VA_ARGS__)
 
 /* Reset err to WSYNC_OK (keeps struct_size). Safe with NULL. */
 void wsync_error_clear(wsync_error_t *err);
-
-#define WSYNC_FAIL(err, code, ...) wsync_fail((err), (code), __func__, __VA_ARGS__)
 
 #endif
