@@ -17,9 +17,9 @@ static void wsync_copy_where(char *dst, const char *where)
     dst[n] = '\0';
 }
 
-/* Record into err when it is still OK (first error wins). */
-static void wsync_error_set(wsync_error_t *err, wsync_result_t code, const char *where,
-                            const char *message)
+/* Record into err when it is still OK (first error wins); nothing is formatted otherwise. */
+static void wsync_error_vset(wsync_error_t *err, wsync_result_t code, const char *where,
+                             const char *fmt, va_list ap)
 {
     if (err == NULL || err->code != WSYNC_OK)
         return;
@@ -27,7 +27,17 @@ static void wsync_error_set(wsync_error_t *err, wsync_result_t code, const char 
         err->struct_size = sizeof(*err);
     err->code = code;
     wsync_copy_where(err->where, where);
-    snprintf(err->message, sizeof(err->message), "%s", message);
+    vsnprintf(err->message, sizeof(err->message), fmt, ap);
+}
+
+wsync_result_t wsync_error_record(wsync_error_t *err, wsync_result_t code, const char *where,
+                                  const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    wsync_error_vset(err, code, where, fmt, ap);
+    va_end(ap);
+    return code;
 }
 
 wsync_result_t wsync_fail_at(wsync_error_t *err, wsync_result_t code, const char *where,
@@ -38,21 +48,9 @@ wsync_result_t wsync_fail_at(wsync_error_t *err, wsync_result_t code, const char
     va_start(ap, fmt);
     vsnprintf(message, sizeof(message), fmt, ap);
     va_end(ap);
-    wsync_error_set(err, code, where, message);
+    wsync_error_record(err, code, where, "%s", message);
     wsync_log_emit(WSYNC_LOG_ERROR, file ? file : "?", line, "%s: %s (%s)", where ? where : "?",
                    message, wsync_strerror(code));
-    return code;
-}
-
-wsync_result_t wsync_error_record(wsync_error_t *err, wsync_result_t code, const char *where,
-                                  const char *fmt, ...)
-{
-    char message[WSYNC_ERROR_MESSAGE_LEN];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(message, sizeof(message), fmt, ap);
-    va_end(ap);
-    wsync_error_set(err, code, where, message);
     return code;
 }
 

@@ -214,10 +214,15 @@ static wsync_result_t wsync_parse_buffer(const json_t *b, wsync_buffer_desc_t *d
                                err)) != WSYNC_OK)
         return r;
     /* torch's 66-byte 'c' form is accepted as a cuda_ipc handle too: it names the same memory */
-    if (torch || (d->kind == WSYNC_BUFFER_CUDA_IPC && d->handle_len == 66 &&
-                  wsync_torch_handle_is(d->handle, d->handle_len))) {
+    if (torch ||
+        (d->kind == WSYNC_BUFFER_CUDA_IPC && d->handle_len == 2 + WSYNC_CUDA_IPC_HANDLE_BYTES &&
+         wsync_torch_handle_is(d->handle, d->handle_len))) {
         if ((r = wsync_torch_handle_decode(d->handle, d->handle_len, "buffer.handle", d, err)) !=
             WSYNC_OK)
+            return r;
+    } else if (d->kind == WSYNC_BUFFER_TORCH_EXPANDABLE) { /* its payload, named directly */
+        wsync_torch_segments_t seg;
+        if ((r = wsync_torch_segments_decode(d->handle, d->handle_len, &seg, err)) != WSYNC_OK)
             return r;
     }
     if (d->kind == WSYNC_BUFFER_CUDA_IPC && d->handle_len != WSYNC_CUDA_IPC_HANDLE_BYTES)
@@ -225,11 +230,6 @@ static wsync_result_t wsync_parse_buffer(const json_t *b, wsync_buffer_desc_t *d
                           "buffer.handle: a cuda_ipc handle is 64 bytes, got %u (torch's 66-byte "
                           "form is version 2, 'c', then the 64)",
                           d->handle_len);
-    if (d->kind == WSYNC_BUFFER_TORCH_EXPANDABLE) {
-        wsync_torch_segments_t seg;
-        if ((r = wsync_torch_segments_decode(d->handle, d->handle_len, &seg, err)) != WSYNC_OK)
-            return r;
-    }
 
     p.field = "bytes";
     if ((r = wsync_read_uint(json_object_get(b, "bytes"), &p, &d->bytes, err)) != WSYNC_OK)
