@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes as C
 from typing import Any, Iterable, Mapping, Optional, Tuple, Union
 
 import torch
@@ -18,10 +19,14 @@ def items(named: NamedTensors) -> list:
     return [(n, t.data if isinstance(t, torch.nn.Parameter) else t) for n, t in pairs]
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch's name of a dtype as the manifest spells it ("bfloat16")."""
+    return str(dtype).removeprefix("torch.")
+
+
 def dtype_code(name: str, t: torch.Tensor) -> int:
     """The ABI's wsync_dtype_t for tensor `name`, or InvalidArgument naming it."""
-    key = str(t.dtype).removeprefix("torch.")
-    code = _abi.DTYPES.get(key)
+    code = _abi.DTYPES.get(dtype_name(t.dtype))
     if code is None:
         raise InvalidArgument(
             1, "dtype", f"tensor {name}: dtype {t.dtype} has no wsync type; "
@@ -33,13 +38,8 @@ def dtype_code(name: str, t: torch.Tensor) -> int:
 def shape_of(name: str, t: torch.Tensor) -> Tuple[int, Any]:
     if t.dim() > _abi.MAX_DIMS:
         raise InvalidArgument(1, "shape", f"tensor {name}: {t.dim()} dims, wsync takes at most {_abi.MAX_DIMS}")
-    arr = (C_INT64 * _abi.MAX_DIMS)(*t.shape)
+    arr = (C.c_int64 * _abi.MAX_DIMS)(*t.shape)
     return t.dim(), arr
-
-
-import ctypes as _C  # noqa: E402
-
-C_INT64 = _C.c_int64
 
 
 def stream_handle(device: torch.device, stream: Optional[Any]) -> Optional[int]:

@@ -11,13 +11,12 @@ stream of the parameters' device when the request arrives.
 from __future__ import annotations
 
 import ctypes as C
-import json
 from typing import Any, Callable, Mapping, Optional, Union
 
 import torch
 
 from . import _abi, _native, _torch
-from .errors import InvalidArgument, PluginUnavailable, error_for
+from .errors import InvalidArgument, PluginUnavailable, check_reply
 
 
 def dims_from_config(config: Any) -> _abi.ModelDims:
@@ -73,16 +72,15 @@ class EngineWorker:
         for name, t in self.params.items():
             if not t.is_contiguous():
                 raise InvalidArgument(1, "EngineWorker", f"parameter {name} is not contiguous: copies are in place")
+            _torch.dtype_code(name, t)  # a dtype wsync has no type for is named here
         self.engine = engine
         self.tp_rank, self.tp_size = int(tp_rank), int(tp_size)
         self.stream = stream
         self._dims = dims_from_config(config)
-        self._hooks = (on_flush, on_post_load)
         self._shim = _native.shim()
         self._keep = []  # callbacks stay alive as long as the worker
         ops = _abi.EngineOps(
             struct_size=C.sizeof(_abi.EngineOps),
-            param=self._cb(_abi.ParamFn, self._param),
             tp=self._cb(_abi.TpFn, self._tp),
             dims=self._cb(_abi.DimsFn, self._dims_cb),
             stream=self._cb(_abi.StreamFn, self._stream_cb),
@@ -105,15 +103,19 @@ class EngineWorker:
             timeout_ms=timeout_ms,
             copy_flags=_abi.COPY_VERIFY if verify else 0,
         )
-        # The parameter table: the C worker answers the mapping's look-ups without a Python
-        # call per tensor (the callback stays for names outside it).
+        # The parameters as a table: the C worker answers every look-up of the mapping itself
+        # (no call into Python per tensor; a name outside the table is unknown to the engine).
         table = (_abi.ShimParam * len(self.params))()
-        for i, name in enumerate(self.params):
+        for i, (name, t) in enumerate(self.params.items()):
             table[i].name = name.encode()
-            self._param(0, table[i].name, C.pointer(table[i].info))
+            info = table[i].info
+            info.ptr = t.data_ptr() or None
+            info.dtype = _torch.dtype_code(name, t)
+            info.ndim = t.dim()
+            for k, n in enumerate(t.shape):
+                info.shape[k] = n
         cfg.params = table
         cfg.n_params = len(self.params)
-        self._cfg = cfg
         w = C.c_void_p()
         err = _abi.Error.new()
         _native.check(self._shim.worker_open(C.byref(cfg), C.byref(w), C.byref(err)), err)
@@ -138,19 +140,6 @@ class EngineWorker:
         f = kind(fn)
         self._keep.append(f)
         return f
-
-    def _param(self, _user: int, name: bytes, out: Any) -> int:
-        t = self.params.get(name.decode())
-        if t is None:
-            return -1
-        info = out.contents
-        info.ptr = t.data_ptr() or None
-        key = str(t.dtype).removeprefix("torch.")
-        info.dtype = _abi.DTYPES.get(key, 0)
-        info.ndim = t.dim()
-        for i, s in enumerate(t.shape):
-            info.shape[i] = s
-        return 0
 
     def _tp(self, _user: int, rank: Any, size: Any) -> None:
         rank[0] = self.tp_rank
@@ -179,10 +168,7 @@ class EngineWorker:
 
     def apply(self, message: Union[str, bytes]) -> dict:
         """Serve one request and return the parsed reply; raise its WsyncError when refused."""
-        r = json.loads(self.handle(message))
-        if not r.get("ok"):
-            raise error_for(int(r.get("code", 16)), "engine:" + str(r.get("method")), str(r.get("message")))
-        return r
+        return check_reply(self.handle(message))
 
     def drain(self) -> None:
         """Wait for every copy enqueued on the engine's stream."""

@@ -115,3 +115,13 @@ _BY_CODE = {
 def error_for(code: int, where: str, message: str) -> WsyncError:
     """The exception for a ``wsync_result_t`` code."""
     return _BY_CODE.get(code, WsyncError)(code, where, message)
+
+
+def check_reply(text: str | bytes) -> dict:
+    """Parse one engine reply; raise its WsyncError when it says ``"ok": false``."""
+    import json
+
+    r = json.loads(text)
+    if not r.get("ok"):
+        raise error_for(int(r.get("code", 16)), "engine:" + str(r.get("method")), str(r.get("message")))
+    return r

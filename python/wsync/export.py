@@ -20,7 +20,7 @@ import torch
 
 from . import _torch
 from .errors import InvalidArgument
-from .producer import Producer
+from .producer import encode_bucket
 
 
 class TorchExport:
@@ -31,12 +31,6 @@ class TorchExport:
         self.engine = engine
         self.tp_size = tp_size
         self._gen: Dict[Tuple[bytes, int], int] = {}
-        self._enc = Producer.__new__(Producer)  # only its encoder (no staging buffers)
-        from . import _native
-
-        self._enc._shim = _native.shim()
-        self._enc.engine = engine
-        self._enc.packed = True
 
     def manifest(self, named: _torch.NamedTensors, *, finished: bool = True) -> str:
         """The manifest (JSON text) naming `named`, all views of one CUDA storage."""
@@ -63,7 +57,7 @@ class TorchExport:
         for name, t in pairs:
             tensors.append({
                 "name": name,
-                "dtype": str(t.dtype).removeprefix("torch."),
+                "dtype": _torch.dtype_name(t.dtype),
                 "shape": list(t.shape),
                 "offset": t.data_ptr() - base,
                 "nbytes": t.numel() * t.element_size(),
@@ -81,4 +75,4 @@ class TorchExport:
                  weight_version: Optional[str] = None) -> List[str]:
         """The engine's request messages carrying `named` (one storage) to every rank."""
         m = self.manifest(named, finished=finished)
-        return self._enc.encode([m], first=first, finished=finished, weight_version=weight_version)
+        return encode_bucket(self.engine, [m], first=first, finished=finished, weight_version=weight_version)

@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from . import _abi
+from . import _abi, _torch
 
 
 @dataclass
@@ -44,7 +44,7 @@ class LoraSlots:
         self.max_rank = max_rank
         self.names: List[str] = [""] * n_slots
         self.on_reset = on_reset_prefix_cache
-        key = str(dtype).removeprefix("torch.")
+        key = _torch.dtype_name(dtype)
         self.a: List[List[torch.Tensor]] = []
         self.b: List[List[torch.Tensor]] = []
         self._slots = []

@@ -18,7 +18,7 @@ import torch
 
 from . import _abi, _native, _torch
 from .checkpoint import checkpoint_tensors
-from .errors import InvalidArgument, error_for
+from .errors import InvalidArgument, check_reply
 
 #: Delivers one request message to every engine rank and returns their reply texts (one each).
 Send = Callable[[str], Sequence[str]]
@@ -26,13 +26,24 @@ Send = Callable[[str], Sequence[str]]
 
 def check_replies(replies: Union[str, Sequence[str]]) -> List[dict]:
     """Parse engine replies; raise the WsyncError of the first that failed."""
-    out = []
-    for text in [replies] if isinstance(replies, (str, bytes)) else replies:
-        r = json.loads(text)
-        if not r.get("ok"):
-            raise error_for(int(r.get("code", 16)), "engine:" + str(r.get("method")), str(r.get("message")))
-        out.append(r)
-    return out
+    return [check_reply(t) for t in ([replies] if isinstance(replies, (str, bytes)) else replies)]
+
+
+def encode_bucket(engine: str, manifests: Sequence[str], *, first: bool, finished: bool,
+                  weight_version: Optional[str] = None, packed: bool = True,
+                  with_buffer: bool = True) -> List[str]:
+    """`engine`'s request messages (JSON text, in send order) for published manifests, one per
+    engine rank (or one for all), by the C shim of that engine."""
+    shim = _native.shim()
+    err = _abi.Error.new()
+    arr = _native.c_strings(list(manifests))
+    p = shim.encode_bucket(engine.encode(), arr, len(manifests), int(first), int(finished),
+                           weight_version.encode() if weight_version else None, int(packed),
+                           int(with_buffer), C.byref(err))
+    text = shim.take_string(p)
+    if text is None:
+        _native.check(err.code or 16, err)
+    return [json.dumps(m, separators=(",", ":")) for m in json.loads(text)]
 
 
 class _Buffers:
@@ -199,17 +210,8 @@ class Producer:
     def encode(self, manifests: Sequence[str], *, first: bool, finished: bool,
                weight_version: Optional[str] = None, with_buffer: bool = True) -> List[str]:
         """The engine's request messages for published manifests (one per rank)."""
-        err = _abi.Error.new()
-        arr = _native.c_strings(list(manifests))
-        p = self._shim.encode_bucket(
-            self.engine.encode(), arr, len(manifests), int(first), int(finished),
-            weight_version.encode() if weight_version else None, int(self.packed),
-            int(with_buffer), C.byref(err),
-        )
-        text = self._shim.take_string(p)
-        if text is None:
-            _native.check(err.code or 16, err)
-        return [json.dumps(m, separators=(",", ":")) for m in json.loads(text)]
+        return encode_bucket(self.engine, manifests, first=first, finished=finished,
+                             weight_version=weight_version, packed=self.packed, with_buffer=with_buffer)
 
     def sync(
         self,

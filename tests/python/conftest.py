@@ -3,6 +3,7 @@ EngineWorker), fed over pipes, and the GPU skip with its visible reason."""
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import os
 import sys
@@ -31,14 +32,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=why))
 
 
-def _engine_main(conn, *args) -> None:
-    try:
-        _engine_serve(conn, *args)
-    except BaseException:
-        import traceback
+def child(fn):
+    """Run fn(conn, ...) in a child process; an exception goes back to the parent as text."""
 
-        conn.send(("child-error", traceback.format_exc()))
-        raise
+    @functools.wraps(fn)
+    def run(conn, *args):
+        try:
+            fn(conn, *args)
+        except BaseException:
+            import traceback
+
+            conn.send(("child-error", traceback.format_exc()))
+            raise
+
+    return run
 
 
 def recv(conn, proc, timeout: float = 120.0):
@@ -51,7 +58,8 @@ def recv(conn, proc, timeout: float = 120.0):
     return m
 
 
-def _engine_serve(conn, engine: str, layout: str, rank: int, tp: int, device: str, verify: bool) -> None:
+@child
+def _engine_main(conn, engine: str, layout: str, rank: int, tp: int, device: str, verify: bool) -> None:
     import models
     import wsync
 

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import functools
 import multiprocessing as mp
 import os
 
@@ -17,27 +16,11 @@ import models
 import pytest
 import torch
 import wsync
-from conftest import plugin_for, recv
+from conftest import child, plugin_for, recv
 from test_sync_host import _run
 from wsync.export import TorchExport
 
 pytestmark = pytest.mark.gpu
-
-
-def child(fn):
-    """Run fn(conn, ...) in a child; an exception goes back to the parent as text."""
-
-    @functools.wraps(fn)
-    def run(conn, *args):
-        try:
-            fn(conn, *args)
-        except BaseException:
-            import traceback
-
-            conn.send(("child-error", traceback.format_exc()))
-            raise
-
-    return run
 
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])

@@ -34,7 +34,4 @@ def update_params(model: torch.nn.Module, req: Any, *, tp_rank: int = 0, tp_size
     if not isinstance(text, str):
         raise InvalidArgument(1, "update_params", "serialized_named_tensors must be the wsync request text")
     w = worker_for(model, "lmdeploy", tp_rank=tp_rank, tp_size=tp_size, plugin=plugin, on_post_load=post_load)
-    r = w.apply(text)
-    if get("finished", False):
-        w.drain()
-    return json.dumps(r)
+    return json.dumps(w.apply(text))  # the shim drains and runs the post-load hook on finished

@@ -40,8 +40,9 @@ def load_weights(model: torch.nn.Module, named_tensors: Sequence[Tuple[str, torc
     msg = bytes(reqs[0].cpu().numpy().tobytes()).decode()
     rank, size = _tp()
     w = worker_for(model, "sglang", tp_rank=rank, tp_size=size, plugin=plugin)
+    # Non-blocking: the weights come from the trainer's staging buffer, whose reuse waits for
+    # *consumed* (recorded after the copies), and the request's flush_cache drains at the end.
     w.apply(msg)
-    w.drain()  # SGLang frees the request's tensors when this returns
 
 
 def _tp() -> Tuple[int, int]:

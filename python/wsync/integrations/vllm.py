@@ -19,7 +19,7 @@ wsync.integrations.vllm.WsyncWorkerExtension`` and ``collective_rpc("wsync_handl
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -57,22 +57,19 @@ def send_weights(
     call vLLM's control plane for each bucket: ``update_weights(update_info)`` (e.g.
     ``lambda info: llm.update_weights(dict(update_info=info))``), with ``start`` /
     ``finish`` around them. Returns the number of buckets."""
-    from ..checkpoint import checkpoint_tensors
+    def deliver(msg: str) -> List[str]:
+        # the shim's start/finish messages go through vLLM's own start/finish calls instead
+        req = json.loads(msg)
+        if req.get("method") == "update_weights":
+            update_weights(req["update_info"])
+        return ['{"ok":true}']
 
-    pairs = list(checkpoint_tensors(weights))
-    by_name = dict(pairs)
-    plan = producer.plan(pairs)
     if start is not None:
         start()
-    for b, names in enumerate(plan):
-        for m in producer.stage_bucket([(n, by_name[n]) for n in names], finished=b == len(plan) - 1):
-            req = json.loads(m)
-            if req.get("method") == "update_weights":
-                update_weights(req["update_info"])
-        producer.wait()
+    n = producer.sync(weights, deliver)
     if finish is not None:
         finish()
-    return len(plan)
+    return n
 
 
 class WsyncWorkerExtension:
