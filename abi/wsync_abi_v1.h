@@ -59,21 +59,23 @@ typedef enum wsync_result {
     WSYNC_ERR_NOT_FOUND = 14,       /* named object (tensor, parameter, adapter) unknown */
     WSYNC_ERR_PEER_GONE = 15,       /* the other process exited or closed the buffer */
     WSYNC_ERR_INTERNAL = 16,        /* a bug in wsync; please report with the message */
-    WSYNC_ERR_PERMISSION = 17       /* another user's object, or a mode other than 0600 */
+    WSYNC_ERR_PERMISSION = 17,      /* another user's object, or a mode other than 0600 */
+    WSYNC_ERR_BAD_REQUEST = 18      /* an engine request (shims): not JSON, no method, a field
+                                       missing or of the wrong type; appended in 0.1.1 */
 } wsync_result_t;
 
 /* --------------------------------------------------------- error and logging */
 
-#define WSYNC_ERROR_MESSAGE_LEN 320
-#define WSYNC_ERROR_WHERE_LEN 64
+#define WSYNC_ERROR_MESSAGE_LEN_V1 320
+#define WSYNC_ERROR_WHERE_LEN_V1 64
 
 /* Caller-owned error details. Zero-initialise (or set code = WSYNC_OK) before the first call;
  * a plugin fills it only when `code` is still WSYNC_OK (first error wins). Never allocates. */
 typedef struct wsync_error_v1 {
     size_t struct_size;
     wsync_result_t code;
-    char where[WSYNC_ERROR_WHERE_LEN];     /* the function that failed, e.g. "copy_weights" */
-    char message[WSYNC_ERROR_MESSAGE_LEN]; /* names the offending value and what to do */
+    char where[WSYNC_ERROR_WHERE_LEN_V1];     /* the function that failed, e.g. "copy_weights" */
+    char message[WSYNC_ERROR_MESSAGE_LEN_V1]; /* names the offending value and what to do */
 } wsync_error_v1_t;
 
 typedef enum wsync_log_level {
@@ -107,9 +109,9 @@ typedef enum wsync_dtype {
     WSYNC_DTYPE_F8_E5M2 = 12
 } wsync_dtype_t;
 
-#define WSYNC_MAX_DIMS 8
-#define WSYNC_HANDLE_MAX 128 /* bytes of an opaque handle (cudaIpcMemHandle_t is 64) */
-#define WSYNC_DEVICE_MAX 64  /* "GPU-<uuid>" or "cpu" */
+#define WSYNC_MAX_DIMS_V1 8
+#define WSYNC_HANDLE_MAX_V1 128 /* bytes of an opaque handle (cudaIpcMemHandle_t is 64) */
+#define WSYNC_DEVICE_MAX_V1 64  /* "GPU-<uuid>" or "cpu" */
 
 typedef enum wsync_buffer_kind {
     WSYNC_BUFFER_INVALID = 0,
@@ -132,7 +134,7 @@ typedef struct wsync_tensor_desc_v1 {
     const char *name;
     wsync_dtype_t dtype;
     uint32_t ndim;
-    int64_t shape[WSYNC_MAX_DIMS];
+    int64_t shape[WSYNC_MAX_DIMS_V1];
     uint64_t offset; /* bytes from the start of the buffer's usable region */
     uint64_t nbytes;
     uint64_t digest; /* wsync64, valid when has_digest */
@@ -145,19 +147,19 @@ typedef struct wsync_tensor_desc_v1 {
 typedef struct wsync_buffer_desc_v1 {
     size_t struct_size;
     wsync_buffer_kind_t kind;
-    uint8_t handle[WSYNC_HANDLE_MAX];
+    uint8_t handle[WSYNC_HANDLE_MAX_V1];
     uint32_t handle_len;
     uint64_t bytes;       /* usable bytes from base_offset */
     uint64_t base_offset; /* start of the usable region inside the mapped allocation */
     int64_t pid;          /* producer pid */
-    char device[WSYNC_DEVICE_MAX];
-    uint8_t ready[WSYNC_HANDLE_MAX]; /* event handle (CUDA) or backend token */
+    char device[WSYNC_DEVICE_MAX_V1];
+    uint8_t ready[WSYNC_HANDLE_MAX_V1]; /* event handle (CUDA) or backend token */
     uint32_t ready_len;
     int has_ready;
-    uint8_t consumed[WSYNC_HANDLE_MAX];
+    uint8_t consumed[WSYNC_HANDLE_MAX_V1];
     uint32_t consumed_len;
     int has_consumed;
-    char control[WSYNC_HANDLE_MAX]; /* optional shm name of the control segment ("" = none) */
+    char control[WSYNC_HANDLE_MAX_V1]; /* optional shm name of the control segment ("" = none) */
 } wsync_buffer_desc_v1_t;
 
 /* A parsed, fully validated manifest. Owned by the plugin; valid until manifest_free. */
@@ -259,7 +261,7 @@ typedef struct wsync_consumer_config_v1 {
     uint32_t timeout_ms; /* bound on any host-side wait (0 = 30000) */
 } wsync_consumer_config_v1_t;
 
-typedef struct wsync_consumer_v1 {
+typedef struct wsync_consumer_ops_v1 {
     size_t struct_size;
     uint32_t abi_version;
 
@@ -344,7 +346,7 @@ typedef struct wsync_consumer_v1 {
     /* Blocking copy between host memory and plugin memory. kind: 0 host→plugin, 1 plugin→host. */
     wsync_result_t (*mem_copy)(struct wsync_consumer *c, void *dst, const void *src, size_t bytes,
                                int kind, wsync_error_v1_t *err);
-} wsync_consumer_v1_t;
+} wsync_consumer_ops_v1_t;
 
 /* --------------------------------------------------------------- producer */
 
@@ -370,11 +372,11 @@ typedef struct wsync_stage_tensor_v1 {
     const char *name;
     wsync_dtype_t dtype;
     uint32_t ndim;
-    int64_t shape[WSYNC_MAX_DIMS];
+    int64_t shape[WSYNC_MAX_DIMS_V1];
     const void *src;
 } wsync_stage_tensor_v1_t;
 
-typedef struct wsync_producer_v1 {
+typedef struct wsync_producer_ops_v1 {
     size_t struct_size;
     uint32_t abi_version;
 
@@ -423,7 +425,7 @@ typedef struct wsync_producer_v1 {
     /* Read the bytes of the current bucket back to host memory (tests, digests). Blocking. */
     wsync_result_t (*read_back)(struct wsync_staging *s, uint64_t offset, void *dst, size_t bytes,
                                 wsync_error_v1_t *err);
-} wsync_producer_v1_t;
+} wsync_producer_ops_v1_t;
 
 /* ----------------------------------------------------------------- plugin */
 
@@ -441,8 +443,8 @@ typedef struct wsync_plugin_v1 {
     uint32_t abi_version;
     const char *name;    /* "host", "cuda" */
     const char *version; /* plugin release, "MAJOR.MINOR.PATCH" */
-    const wsync_consumer_v1_t *consumer;
-    const wsync_producer_v1_t *producer;
+    const wsync_consumer_ops_v1_t *consumer;
+    const wsync_producer_ops_v1_t *producer;
 } wsync_plugin_v1_t;
 
 /* The only exported symbol.
@@ -470,49 +472,6 @@ typedef wsync_result_t (*wsync_plugin_init_fn_t)(uint32_t *abi_version, const ws
 /* True when a host-filled struct `s` of type `type` is large enough to hold `member`. */
 #define WSYNC_HAS_FIELD(type, s, member)                                                           \
     ((s) != NULL && (s)->struct_size >= offsetof(type, member) + sizeof(((const type *)0)->member))
-
-static inline const char *wsync_strerror(wsync_result_t r)
-{
-    switch (r) {
-    case WSYNC_OK:
-        return "success";
-    case WSYNC_ERR_INVALID_ARGUMENT:
-        return "invalid argument";
-    case WSYNC_ERR_INCOMPATIBLE:
-        return "incompatible ABI version";
-    case WSYNC_ERR_NO_DEVICE:
-        return "no usable device";
-    case WSYNC_ERR_NOT_SUPPORTED:
-        return "not supported by this plugin";
-    case WSYNC_ERR_OUT_OF_MEMORY:
-        return "out of memory";
-    case WSYNC_ERR_BAD_MANIFEST:
-        return "malformed manifest";
-    case WSYNC_ERR_OUT_OF_BOUNDS:
-        return "out of bounds";
-    case WSYNC_ERR_STALE_GENERATION:
-        return "stale generation";
-    case WSYNC_ERR_TIMEOUT:
-        return "timed out";
-    case WSYNC_ERR_DIGEST_MISMATCH:
-        return "digest mismatch";
-    case WSYNC_ERR_SYSTEM:
-        return "system call failed";
-    case WSYNC_ERR_BUSY:
-        return "resource busy";
-    case WSYNC_ERR_LAYOUT_MISMATCH:
-        return "layout mismatch";
-    case WSYNC_ERR_NOT_FOUND:
-        return "not found";
-    case WSYNC_ERR_PEER_GONE:
-        return "peer gone";
-    case WSYNC_ERR_INTERNAL:
-        return "internal error";
-    case WSYNC_ERR_PERMISSION:
-        return "permission denied";
-    }
-    return "unknown wsync result";
-}
 
 #ifdef __cplusplus
 }

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "wsync_wire.h"
+#include "wsync_client.h"
 
 static pthread_mutex_t wsync_cli_log_lock = PTHREAD_MUTEX_INITIALIZER;
 

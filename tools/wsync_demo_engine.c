@@ -10,6 +10,7 @@
 #include "wsync_demo.h"
 #include "wsync_digest.h"
 #include "wsync_wire.h"
+#include "wsync_client.h"
 
 typedef struct wsync_engine {
     const wsync_demo_options_t *o;

@@ -29,9 +29,9 @@ wsync_result_t wsync_adapter_req_load(wsync_shim_ctx_t *ctx, const char *name, c
     wsync_result_t rc = WSYNC_OK;
 
     if (name == NULL || name[0] == '\0')
-        return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST, "the request names no adapter");
+        return WSYNC_RECORD(err, WSYNC_ERR_BAD_REQUEST, "the request names no adapter");
     if ((path == NULL) == (bucket == NULL))
-        return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_RECORD(err, WSYNC_ERR_BAD_REQUEST,
                             "adapter \"%s\": give either a path or serialized tensors", name);
     if (bucket != NULL) {
         if (json_is_string(config))
@@ -39,7 +39,7 @@ wsync_result_t wsync_adapter_req_load(wsync_shim_ctx_t *ctx, const char *name, c
         else if (json_is_object(config))
             config_text = json_dumps(config, JSON_COMPACT);
         else
-            return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+            return WSYNC_RECORD(err, WSYNC_ERR_BAD_REQUEST,
                                 "adapter \"%s\" from tensors needs its adapter_config.json "
                                 "(config_dict)",
                                 name);

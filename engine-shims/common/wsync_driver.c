@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "wsync_error.h"
+#include "wsync_client.h"
 #include "wsync_loader.h"
 #include "wsync_manifest.h"
 

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "wsync_error.h"
+#include "wsync_client.h"
 
 #define WSYNC_LOADER_CUDA_NAME "libwsync_cuda.so"
 #define WSYNC_LOADER_HOST_NAME "libwsync_host.so"

@@ -9,6 +9,7 @@
 #include "wsync_digest.h"
 #include "wsync_dtype.h"
 #include "wsync_error.h"
+#include "wsync_client.h"
 
 json_t *wsync_req_manifest_new(json_t *buffer, uint64_t generation, int finished)
 {
@@ -233,7 +234,7 @@ json_t *wsync_req_pick_rank(json_t *list, uint32_t rank, uint32_t size, const ch
         return json_array_get(list, rank);
     if (n == 1)
         return json_array_get(list, 0);
-    WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+    WSYNC_RECORD(err, WSYNC_ERR_BAD_REQUEST,
                  "%s has %zu entries; a tp-%u engine needs one per rank (or one for all)", what, n,
                  size);
     return NULL;
@@ -243,7 +244,7 @@ int wsync_req_get_u64(json_t *obj, const char *key, uint64_t *out, wsync_error_t
 {
     json_t *v = json_object_get(obj, key);
     if (!json_is_integer(v) || json_integer_value(v) < 0) {
-        WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST, "field \"%s\" must be a non-negative integer",
+        WSYNC_RECORD(err, WSYNC_ERR_BAD_REQUEST, "field \"%s\" must be a non-negative integer",
                      key);
         return -1;
     }
@@ -255,7 +256,7 @@ const char *wsync_req_get_str(json_t *obj, const char *key, wsync_error_t *err)
 {
     const char *s = json_string_value(json_object_get(obj, key));
     if (s == NULL)
-        WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST, "field \"%s\" must be a string", key);
+        WSYNC_RECORD(err, WSYNC_ERR_BAD_REQUEST, "field \"%s\" must be a string", key);
     return s;
 }
 

@@ -43,10 +43,10 @@ char *wsync_shim_serve(const wsync_shim_t *s, wsync_shim_ctx_t *ctx, const char 
     char *out;
 
     if (req == NULL)
-        rc = WSYNC_RECORD(e, WSYNC_ERR_BAD_MANIFEST, "%s request is not JSON: %s (line %d)",
+        rc = WSYNC_RECORD(e, WSYNC_ERR_BAD_REQUEST, "%s request is not JSON: %s (line %d)",
                           s->engine, jerr.text, jerr.line);
     else if ((method = json_string_value(json_object_get(req, "method"))) == NULL)
-        rc = WSYNC_RECORD(e, WSYNC_ERR_BAD_MANIFEST, "%s request has no \"method\" string",
+        rc = WSYNC_RECORD(e, WSYNC_ERR_BAD_REQUEST, "%s request has no \"method\" string",
                           s->engine);
     else
         rc = s->handle(ctx, method, req, &extra, e);
@@ -111,7 +111,7 @@ wsync_result_t wsync_shim_flat_bucket(const wsync_shim_ctx_t *ctx, json_t *req, 
                             fmt ? fmt : "(none)");
     b = wsync_req_pick_rank(json_object_get(req, key), ctx->tp_rank, ctx->tp_size, key, err);
     if (b == NULL)
-        return WSYNC_ERR_BAD_MANIFEST;
+        return WSYNC_ERR_BAD_REQUEST;
     *bucket = b;
     return WSYNC_OK;
 }

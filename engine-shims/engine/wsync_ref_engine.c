@@ -9,6 +9,7 @@
 
 #include "wsync_control.h"
 #include "wsync_error.h"
+#include "wsync_client.h"
 #include "wsync_request.h"
 #include "wsync_shm.h"
 #include "wsync_wire.h"

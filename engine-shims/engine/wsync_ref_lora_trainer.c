@@ -1,5 +1,6 @@
 /* Adapter-only trainer; see wsync_ref_lora_trainer.h. */
 #include "wsync_ref_lora_trainer.h"
+#include "wsync_client.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -64,7 +64,7 @@ static wsync_result_t wsync_sglang_lora(wsync_shim_ctx_t *ctx, const char *metho
     if (strcmp(method, "load_lora_adapter") == 0) {
         const char *path = json_string_value(json_object_get(req, "lora_path"));
         if (path == NULL)
-            return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+            return WSYNC_RECORD(err, WSYNC_ERR_BAD_REQUEST,
                                 "load_lora_adapter needs lora_path (a PEFT directory)");
         return wsync_adapter_req_load(ctx, name, path, NULL, NULL, 0, extra, err);
     }

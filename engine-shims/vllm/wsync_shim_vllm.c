@@ -70,7 +70,7 @@ static wsync_result_t wsync_vllm_update(wsync_shim_ctx_t *ctx, json_t *req, json
                             "first");
     names = json_object_get(info, "names");
     if (!json_is_array(names) || wsync_req_get_u64(info, "generation", &gen, err) != 0)
-        return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_RECORD(err, WSYNC_ERR_BAD_REQUEST,
                             "update_info needs a names array and a generation");
     n = json_array_size(names);
     groups = json_array();
@@ -79,9 +79,9 @@ static wsync_result_t wsync_vllm_update(wsync_shim_ctx_t *ctx, json_t *req, json
                                          ctx->tp_size, "packed_buffers", err);
         json_t *offsets = json_object_get(info, "offsets");
         if (pb == NULL)
-            rc = WSYNC_ERR_BAD_MANIFEST;
+            rc = WSYNC_ERR_BAD_REQUEST;
         else if (json_array_size(offsets) != n)
-            rc = WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST, "update_info: %zu offsets for %zu names",
+            rc = WSYNC_RECORD(err, WSYNC_ERR_BAD_REQUEST, "update_info: %zu offsets for %zu names",
                               json_array_size(offsets), n);
         for (size_t i = 0; i < n && rc == WSYNC_OK; i++)
             rc = wsync_vllm_add(groups, info, i, json_object_get(pb, "buffer"),
@@ -96,7 +96,7 @@ static wsync_result_t wsync_vllm_update(wsync_shim_ctx_t *ctx, json_t *req, json
             json_t *h = wsync_req_pick_rank(json_array_get(handles, i), ctx->tp_rank, ctx->tp_size,
                                             "ipc_handles[i]", err);
             rc = h == NULL
-                     ? WSYNC_ERR_BAD_MANIFEST
+                     ? WSYNC_ERR_BAD_REQUEST
                      : wsync_vllm_add(groups, info, i, json_object_get(h, "buffer"),
                                       (uint64_t)json_integer_value(json_object_get(h, "offset")),
                                       gen, err);

@@ -1,5 +1,6 @@
 /* Error reporting: caller-owned wsync_error_t, first error wins, logged at ERROR. */
 #include "wsync_error.h"
+#include "wsync_client.h"
 
 #include <stdarg.h>
 #include <stdio.h>

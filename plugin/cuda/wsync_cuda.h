@@ -286,7 +286,7 @@ wsync_result_t wsync_cuda_map(void *user, const wsync_buffer_desc_t *desc, void 
                               wsync_error_t *err);
 void wsync_cuda_unmap(void *user, void *mapping);
 
-extern const wsync_consumer_v1_t wsync_cuda_consumer_ops;
-extern const wsync_producer_v1_t wsync_cuda_producer_ops;
+extern const wsync_consumer_ops_v1_t wsync_cuda_consumer_ops;
+extern const wsync_producer_ops_v1_t wsync_cuda_producer_ops;
 
 #endif

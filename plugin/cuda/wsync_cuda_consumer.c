@@ -183,8 +183,8 @@ static wsync_result_t consumer_mem_copy(struct wsync_consumer *c, void *dst, con
     return WSYNC_OK;
 }
 
-const wsync_consumer_v1_t wsync_cuda_consumer_ops = {
-    .struct_size = sizeof(wsync_consumer_v1_t),
+const wsync_consumer_ops_v1_t wsync_cuda_consumer_ops = {
+    .struct_size = sizeof(wsync_consumer_ops_v1_t),
     .abi_version = WSYNC_ABI_VERSION_1,
     .create = consumer_create,
     .parse_manifest = consumer_parse_manifest,

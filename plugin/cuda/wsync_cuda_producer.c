@@ -449,8 +449,8 @@ static wsync_result_t staging_read_back(struct wsync_staging *s, uint64_t offset
     return WSYNC_OK;
 }
 
-const wsync_producer_v1_t wsync_cuda_producer_ops = {
-    .struct_size = sizeof(wsync_producer_v1_t),
+const wsync_producer_ops_v1_t wsync_cuda_producer_ops = {
+    .struct_size = sizeof(wsync_producer_ops_v1_t),
     .abi_version = WSYNC_ABI_VERSION_1,
     .create = staging_create,
     .stage = staging_stage,

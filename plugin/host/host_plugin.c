@@ -14,8 +14,8 @@
 #define WSYNC_VERSION_STRING "0.0.0"
 #endif
 
-static const wsync_consumer_v1_t wsync_host_consumer_table = {
-    .struct_size = sizeof(wsync_consumer_v1_t),
+static const wsync_consumer_ops_v1_t wsync_host_consumer_table = {
+    .struct_size = sizeof(wsync_consumer_ops_v1_t),
     .abi_version = WSYNC_ABI_VERSION_1,
     .create = wsync_host_consumer_create,
     .parse_manifest = wsync_host_parse_manifest,
@@ -36,8 +36,8 @@ static const wsync_consumer_v1_t wsync_host_consumer_table = {
     .mem_copy = wsync_host_mem_copy,
 };
 
-static const wsync_producer_v1_t wsync_host_producer_table = {
-    .struct_size = sizeof(wsync_producer_v1_t),
+static const wsync_producer_ops_v1_t wsync_host_producer_table = {
+    .struct_size = sizeof(wsync_producer_ops_v1_t),
     .abi_version = WSYNC_ABI_VERSION_1,
     .create = wsync_host_staging_create,
     .stage = wsync_host_stage,

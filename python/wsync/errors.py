@@ -36,6 +36,7 @@ RESULT_NAMES = {
     15: "PEER_GONE",
     16: "INTERNAL",
     17: "PERMISSION",
+    18: "BAD_REQUEST",
 }
 
 
@@ -87,6 +88,13 @@ class PeerGone(WsyncError):
     code = 15
 
 
+class BadRequest(WsyncError):
+    """An engine request the shim cannot read: not JSON, no method, a field missing or
+    mistyped (a bad manifest inside a good request is :class:`BadManifest`)."""
+
+    code = 18
+
+
 class PluginUnavailable(WsyncError):
     """No usable plugin: missing, incompatible, or no device for it."""
 
@@ -108,6 +116,7 @@ _BY_CODE = {
         LayoutMismatch,
         NotFound,
         PeerGone,
+        BadRequest,
     )
 }
 

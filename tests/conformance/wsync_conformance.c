@@ -27,6 +27,7 @@
 #include "wsync_wire.h"
 
 #include "wsync_conformance.h"
+#include "wsync_client.h"
 
 #define CONF_SKIP 77
 

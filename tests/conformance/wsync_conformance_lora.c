@@ -12,6 +12,7 @@
 #include "wsync_conformance.h"
 #include "wsync_loader.h"
 #include "wsync_lora.h"
+#include "wsync_client.h"
 
 #define CONF_LORA_RANK 8
 

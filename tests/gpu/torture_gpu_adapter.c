@@ -17,6 +17,7 @@
 #include "wsync_adapter_load.h"
 #include "wsync_cuda_lora.h"
 #include "wsync_gpu_test.h"
+#include "wsync_client.h"
 #include "wsync_safetensors.h"
 
 #define MAX_RANK 16

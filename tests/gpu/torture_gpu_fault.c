@@ -37,6 +37,7 @@
 #include "rel_proc.h"
 #include "wsync_gpu_rel.h"
 #include "wsync_manifest.h"
+#include "wsync_client.h"
 
 #define FN 8
 #define FT (4u << 20) /* 8 x 4 MiB = 32 MiB per bucket */

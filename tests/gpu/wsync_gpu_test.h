@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "wsync_abi.h"
+#include "wsync_client.h"
 #include "wsync_cuda_harness.h"
 
 #define WG_PLUGIN WSYNC_TEST_PLUGIN_DIR "/libwsync_cuda.so"

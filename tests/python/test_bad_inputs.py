@@ -4,6 +4,7 @@ and engine in one process (the host plugin's shared memory and futexes work with
 
 from __future__ import annotations
 
+import json
 import os
 
 import models
@@ -72,7 +73,29 @@ def test_truncated_manifest(setup):
     model, sd, params, w, prod, before = setup
     name = "model.norm.weight"
     (msg,) = prod.stage_bucket([(name, sd[name] + 1)], finished=True)
-    refused(w, msg[: len(msg) // 2], errors.BadManifest, "not JSON")
+    refused(w, msg[: len(msg) // 2], errors.BadRequest, "not JSON")
+    unchanged(params, before)
+
+
+def test_request_without_method(setup):
+    """A request the shim cannot read is BadRequest, told apart from a bad manifest inside it."""
+    model, sd, params, w, prod, before = setup
+    name = "model.norm.weight"
+    (msg,) = prod.stage_bucket([(name, sd[name] + 1)], finished=True)
+    req = json.loads(msg)
+    req.pop("method")
+    refused(w, json.dumps(req), errors.BadRequest, '"method"')
+    unchanged(params, before)
+
+
+def test_bad_tensor_in_good_request(setup):
+    """The request reads, one tensor's description does not: BadManifest naming the tensor."""
+    model, sd, params, w, prod, before = setup
+    name = "model.norm.weight"
+    (msg,) = prod.stage_bucket([(name, sd[name] + 1)], finished=True)
+    text = msg if isinstance(msg, str) else msg.decode()
+    assert '"bfloat16"' in text
+    refused(w, text.replace('"bfloat16"', '"bfloat17"', 1), errors.BadManifest, "bfloat17")
     unchanged(params, before)
 
 

@@ -36,6 +36,7 @@
 #include <cuda_runtime_api.h>
 
 #include "wsync_abi.h"
+#include "wsync_client.h"
 #include "wsync_bench_lanes.h"
 #include "wsync_bench_layout.h"
 #include "wsync_bench_lora.h"

@@ -18,6 +18,7 @@
 #include "wsync_cuda_harness.h"
 #include "wsync_cuda_lora.h"
 #include "wsync_safetensors.h"
+#include "wsync_client.h"
 
 #define WL_RANK 32
 #define WL_WARMUP 3

@@ -29,6 +29,7 @@
 #include <cuda_runtime_api.h>
 
 #include "wsync_abi.h"
+#include "wsync_client.h"
 #include "wsync_cuda_harness.h"
 #include "wsync_cuda_nccl.h"
 

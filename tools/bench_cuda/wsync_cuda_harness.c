@@ -1,5 +1,6 @@
 /* Host side of the harness. See wsync_cuda_harness.h. */
 #include "wsync_cuda_harness.h"
+#include "wsync_client.h"
 
 #include <dlfcn.h>
 #include <limits.h>

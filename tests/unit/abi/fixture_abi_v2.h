@@ -6,7 +6,7 @@
 #include "wsync_abi.h"
 
 typedef struct fixture_consumer_v2 {
-    wsync_consumer_v1_t v1; /* struct_size covers future_op when the plugin speaks v2 */
+    wsync_consumer_ops_v1_t v1; /* struct_size covers future_op when the plugin speaks v2 */
     wsync_result_t (*future_op)(int x);
 } fixture_consumer_v2_t;
 

@@ -21,8 +21,8 @@ static wsync_result_t fixture_future_op(int x)
     return x == 42 ? WSYNC_OK : WSYNC_ERR_INVALID_ARGUMENT;
 }
 
-static const wsync_consumer_v1_t fixture_consumer_v1 = {
-    .struct_size = sizeof(wsync_consumer_v1_t),
+static const wsync_consumer_ops_v1_t fixture_consumer_v1 = {
+    .struct_size = sizeof(wsync_consumer_ops_v1_t),
     .abi_version = 1,
     .create = fixture_create,
 };

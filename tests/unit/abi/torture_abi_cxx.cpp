@@ -1,11 +1,13 @@
 // The ABI headers in a C++ translation unit (g++ -std=c++17 -pedantic -Wall -Wextra -Werror),
 // as an engine written in C++ includes them: WSYNC_HAS_OP and WSYNC_HAS_FIELD compile without
-// GNU extensions and answer the growth rule (a smaller struct_size hides the member).
+// GNU extensions and answer the growth rule (a smaller struct_size hides the member), and the
+// client library's wsync_strerror links from C++.
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
 
 #include "wsync_abi.h"
+#include "wsync_client.h"
 
 static wsync_result_t fake_copy(wsync_consumer_t *, wsync_handle_t *, wsync_stream_t, uint64_t,
                                 const wsync_copy_op_t *, size_t, uint32_t, wsync_error_t *)

@@ -12,6 +12,7 @@
 
 #include "fixture_abi_v2.h"
 #include "wsync_error.h"
+#include "wsync_client.h"
 #include "wsync_log.h"
 #include "wsync_negotiate.h"
 
@@ -101,7 +102,7 @@ static void test_v1_plugin_v1_host(void **state)
     assert_int_equal(p->abi_version, 1);
     assert_string_equal(p->name, "v1");
     assert_non_null(p->consumer);
-    assert_int_equal(p->consumer->struct_size, sizeof(wsync_consumer_v1_t));
+    assert_int_equal(p->consumer->struct_size, sizeof(wsync_consumer_ops_v1_t));
     assert_int_equal(err.code, WSYNC_OK);
     /* The plugin logged through our callback, and only there. */
     assert_true(log.count >= 1);
@@ -133,9 +134,9 @@ static void test_newer_plugin_v1_host(void **state)
     assert_int_equal(p->abi_version, 1);
     /* v1 tables: the appended v2 member is not visible to a v1 reader. */
     assert_int_equal(p->consumer->abi_version, 1);
-    assert_int_equal(p->consumer->struct_size, sizeof(wsync_consumer_v1_t));
+    assert_int_equal(p->consumer->struct_size, sizeof(wsync_consumer_ops_v1_t));
     const fixture_consumer_v2_t *c2 = (const fixture_consumer_v2_t *)(const void *)p->consumer;
-    assert_true(WSYNC_HAS_OP(wsync_consumer_v1_t, &c2->v1, create));
+    assert_true(WSYNC_HAS_OP(wsync_consumer_ops_v1_t, &c2->v1, create));
     assert_true(c2->v1.struct_size <
                 offsetof(fixture_consumer_v2_t, future_op) + sizeof(c2->future_op));
     dlclose(f.dl);
@@ -267,31 +268,31 @@ static wsync_result_t stub_record(struct wsync_consumer *c, struct wsync_handle 
 static void test_shrunken_struct_size(void **state)
 {
     (void)state;
-    wsync_consumer_v1_t t;
+    wsync_consumer_ops_v1_t t;
     memset(&t, 0, sizeof(t));
     t.copy_weights = stub_copy;
     t.record_consumed = stub_record;
     t.struct_size = sizeof(t);
-    assert_true(WSYNC_HAS_OP(wsync_consumer_v1_t, &t, copy_weights));
-    assert_true(WSYNC_HAS_OP(wsync_consumer_v1_t, &t, record_consumed));
-    assert_false(WSYNC_HAS_OP(wsync_consumer_v1_t, &t, hot_load_adapter)); /* NULL member */
+    assert_true(WSYNC_HAS_OP(wsync_consumer_ops_v1_t, &t, copy_weights));
+    assert_true(WSYNC_HAS_OP(wsync_consumer_ops_v1_t, &t, record_consumed));
+    assert_false(WSYNC_HAS_OP(wsync_consumer_ops_v1_t, &t, hot_load_adapter)); /* NULL member */
 
     /* A table built before record_consumed existed: ends right before it. */
-    t.struct_size = offsetof(wsync_consumer_v1_t, record_consumed);
-    assert_true(WSYNC_HAS_OP(wsync_consumer_v1_t, &t, copy_weights));
-    assert_false(WSYNC_HAS_OP(wsync_consumer_v1_t, &t, record_consumed));
+    t.struct_size = offsetof(wsync_consumer_ops_v1_t, record_consumed);
+    assert_true(WSYNC_HAS_OP(wsync_consumer_ops_v1_t, &t, copy_weights));
+    assert_false(WSYNC_HAS_OP(wsync_consumer_ops_v1_t, &t, record_consumed));
     /* Ending in the middle of a member hides it too. */
-    t.struct_size = offsetof(wsync_consumer_v1_t, record_consumed) + sizeof(void *) - 1;
-    assert_false(WSYNC_HAS_OP(wsync_consumer_v1_t, &t, record_consumed));
-    t.struct_size = offsetof(wsync_consumer_v1_t, record_consumed) + sizeof(void *);
-    assert_true(WSYNC_HAS_OP(wsync_consumer_v1_t, &t, record_consumed));
+    t.struct_size = offsetof(wsync_consumer_ops_v1_t, record_consumed) + sizeof(void *) - 1;
+    assert_false(WSYNC_HAS_OP(wsync_consumer_ops_v1_t, &t, record_consumed));
+    t.struct_size = offsetof(wsync_consumer_ops_v1_t, record_consumed) + sizeof(void *);
+    assert_true(WSYNC_HAS_OP(wsync_consumer_ops_v1_t, &t, record_consumed));
     /* Too small even for copy_weights. */
-    t.struct_size = offsetof(wsync_consumer_v1_t, copy_weights);
-    assert_false(WSYNC_HAS_OP(wsync_consumer_v1_t, &t, copy_weights));
+    t.struct_size = offsetof(wsync_consumer_ops_v1_t, copy_weights);
+    assert_false(WSYNC_HAS_OP(wsync_consumer_ops_v1_t, &t, copy_weights));
     t.struct_size = 0;
-    assert_false(WSYNC_HAS_OP(wsync_consumer_v1_t, &t, copy_weights));
-    const wsync_consumer_v1_t *none = NULL;
-    assert_false(WSYNC_HAS_OP(wsync_consumer_v1_t, none, copy_weights));
+    assert_false(WSYNC_HAS_OP(wsync_consumer_ops_v1_t, &t, copy_weights));
+    const wsync_consumer_ops_v1_t *none = NULL;
+    assert_false(WSYNC_HAS_OP(wsync_consumer_ops_v1_t, none, copy_weights));
 }
 
 static void test_has_field(void **state)
@@ -370,8 +371,8 @@ static void test_logging_respects_host_struct(void **state)
 static void test_strerror_covers_every_code(void **state)
 {
     (void)state;
-    const char *seen[WSYNC_ERR_PERMISSION + 1];
-    for (int r = WSYNC_OK; r <= WSYNC_ERR_PERMISSION; r++) {
+    const char *seen[WSYNC_ERR_BAD_REQUEST + 1];
+    for (int r = WSYNC_OK; r <= WSYNC_ERR_BAD_REQUEST; r++) {
         const char *s = wsync_strerror((wsync_result_t)r);
         assert_non_null(s);
         assert_string_not_equal(s, "unknown wsync result");
@@ -382,13 +383,14 @@ static void test_strerror_covers_every_code(void **state)
     assert_string_equal(wsync_strerror(WSYNC_OK), "success");
     assert_string_equal(wsync_strerror(WSYNC_ERR_INCOMPATIBLE), "incompatible ABI version");
     assert_string_equal(wsync_strerror(WSYNC_ERR_PERMISSION), "permission denied");
-    assert_string_equal(wsync_strerror((wsync_result_t)(WSYNC_ERR_PERMISSION + 1)),
+    assert_string_equal(wsync_strerror((wsync_result_t)(WSYNC_ERR_BAD_REQUEST + 1)),
                         "unknown wsync result");
     assert_string_equal(wsync_strerror((wsync_result_t)-1), "unknown wsync result");
     /* Values are fixed forever. */
     assert_int_equal(WSYNC_ERR_BAD_MANIFEST, 6);
     assert_int_equal(WSYNC_ERR_INTERNAL, 16);
     assert_int_equal(WSYNC_ERR_PERMISSION, 17);
+    assert_int_equal(WSYNC_ERR_BAD_REQUEST, 18);
 }
 
 static void test_fail_first_error_wins(void **state)

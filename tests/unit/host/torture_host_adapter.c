@@ -19,6 +19,7 @@
 #include "host_test_util.h"
 #include "wsync_digest.h"
 #include "wsync_safetensors.h"
+#include "wsync_client.h"
 
 #define IN 64
 #define MAXR 32

@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "wsync_digest.h"
+#include "wsync_client.h"
 
 void rel_plugin_load(rel_plugin_t *p)
 {

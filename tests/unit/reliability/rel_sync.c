@@ -10,6 +10,7 @@
 
 #include "rel_harness.h"
 #include "wsync_digest.h"
+#include "wsync_client.h"
 
 #define REL_NAME_FMT "layers.%zu.weight"
 

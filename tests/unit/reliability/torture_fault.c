@@ -22,6 +22,7 @@
 #undef free
 
 #include "rel_harness.h"
+#include "wsync_client.h"
 
 #define N_TENSORS 16
 #define TENSOR_BYTES (4u << 20) /* 64 MiB per bucket: staging takes long enough to interrupt */

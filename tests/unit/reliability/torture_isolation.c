@@ -29,6 +29,7 @@
 #include "wsync_manifest.h"
 #ifdef REL_HAVE_WIRE
 #include "wsync_wire.h"
+#include "wsync_client.h"
 #endif
 
 #define NOBODY 65534u

@@ -21,6 +21,7 @@
 #undef free
 
 #include "rel_harness.h"
+#include "wsync_client.h"
 
 #define CYCLES 10000
 #define SAMPLE_EVERY 1000

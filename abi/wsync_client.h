@@ -1,0 +1,22 @@
+/*
+ * wsync client helpers: behaviour that engines want beside the frozen tables, kept out of the
+ * frozen headers so it can change without an ABI version. Link wsync_client (static, PIC).
+ */
+#ifndef WSYNC_CLIENT_H
+#define WSYNC_CLIENT_H
+
+#include "wsync_abi.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A short English name of `r` ("stale generation"); "unknown wsync result" for a code this
+ * build does not know. Static storage; thread safe. */
+const char *wsync_strerror(wsync_result_t r);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* WSYNC_CLIENT_H */
