@@ -2,7 +2,7 @@
  * wsync ABI, version 1 — FROZEN.
  *
  * This header is the contract between an inference engine (the "host" that dlopens the plugin)
- * and a wsync plugin (libwsync_host.so, libwsync_cuda.so, ...). Once released, nothing in it may
+ * and a wsync plugin (libwsync_cpu.so, libwsync_cuda.so, ...). Once released, nothing in it may
  * change: later versions append members to the tables (guarded by WSYNC_HAS_OP) or add a new
  * frozen header wsync_abi_v2.h. See docs/ABI.md for the growth rules.
  *
@@ -18,7 +18,7 @@
  *     NULL means what it means in every CUDA API, the legacy default stream (torch's default
  *     stream, whose cuda_stream is 0): the work runs after everything the caller queued there.
  *     cudaStreamPerThread and cudaStreamLegacy are accepted as the handles they are. A plugin
- *     never substitutes a private stream. Host backend: NULL is the plugin's in-order queue of
+ *     never substitutes a private stream. CPU backend: NULL is the plugin's in-order queue of
  *     that consumer or staging buffer (the caller's CPU work is done when it calls).
  */
 #ifndef WSYNC_ABI_V1_H
@@ -252,12 +252,12 @@ typedef struct wsync_adapter_source_v1 {
 
 struct wsync_consumer;        /* one per engine device; opaque */
 struct wsync_handle;          /* a cached mapping of one producer buffer; opaque */
-typedef void *wsync_stream_t; /* cudaStream_t (NULL: legacy default); host: a plugin queue */
+typedef void *wsync_stream_t; /* cudaStream_t (NULL: legacy default); CPU backend: a plugin queue */
 typedef void (*wsync_host_fn_t)(void *user);
 
 typedef struct wsync_consumer_config_v1 {
     size_t struct_size;
-    int device_ordinal;  /* CUDA ordinal; ignored by host */
+    int device_ordinal;  /* CUDA ordinal; ignored by the CPU backend */
     uint32_t timeout_ms; /* bound on any host-side wait (0 = 30000) */
 } wsync_consumer_config_v1_t;
 
@@ -316,7 +316,7 @@ typedef struct wsync_consumer_ops_v1 {
                                        wsync_adapter_slot_v1_t *slot, wsync_stream_t stream,
                                        wsync_error_v1_t *err);
 
-    /* Run fn(user) on the host once all work enqueued before it on `stream` (NULL: the legacy
+    /* Run fn(user) on a CPU thread once all work enqueued before it on `stream` (NULL: the legacy
      * default stream) is done, in stream order. fn must not call into the plugin. Non-blocking. */
     wsync_result_t (*enqueue_host_fn)(struct wsync_consumer *c, wsync_stream_t stream,
                                       wsync_host_fn_t fn, void *user, wsync_error_v1_t *err);
@@ -324,9 +324,9 @@ typedef struct wsync_consumer_ops_v1 {
     /* Close every handle, stop worker threads, free the consumer. Blocking. c is invalid after. */
     wsync_result_t (*finalize)(struct wsync_consumer *c, wsync_error_v1_t *err);
 
-    /* Optional helpers. Host backend: streams are in-order queues run by a worker thread; CUDA:
+    /* Optional helpers. CPU backend: streams are in-order queues run by a worker thread; CUDA:
      * cudaStreamCreateWithFlags(NonBlocking). stream_synchronize(NULL) waits for the legacy
-     * default stream (host: the consumer's own queue). */
+     * default stream (CPU backend: the consumer's own queue). */
     wsync_result_t (*stream_create)(struct wsync_consumer *c, wsync_stream_t *out,
                                     wsync_error_v1_t *err);
     wsync_result_t (*stream_destroy)(struct wsync_consumer *c, wsync_stream_t s,
@@ -339,7 +339,7 @@ typedef struct wsync_consumer_ops_v1 {
                                      wsync_error_v1_t *err);
 
     /* Optional: memory helpers so device-agnostic callers (CLI, tests, reference engine) can
-     * allocate "engine" memory. Host: malloc; CUDA: cudaMalloc. */
+     * allocate "engine" memory. CPU backend: malloc; CUDA: cudaMalloc. */
     wsync_result_t (*mem_alloc)(struct wsync_consumer *c, size_t bytes, void **out,
                                 wsync_error_v1_t *err);
     wsync_result_t (*mem_free)(struct wsync_consumer *c, void *p, wsync_error_v1_t *err);
@@ -361,7 +361,7 @@ struct wsync_staging; /* a retained staging buffer; opaque */
 typedef struct wsync_staging_config_v1 {
     size_t struct_size;
     uint64_t bytes;      /* capacity of the staging buffer */
-    int device_ordinal;  /* CUDA ordinal; ignored by host */
+    int device_ordinal;  /* CUDA ordinal; ignored by the CPU backend */
     uint32_t flags;      /* WSYNC_STAGING_* */
     uint32_t timeout_ms; /* bound on wait_consumed / retire (0 = 30000) */
 } wsync_staging_config_v1_t;
@@ -406,8 +406,8 @@ typedef struct wsync_producer_ops_v1 {
 
     /* Make the producer wait until the consumer's *consumed* for `generation` has fired. Call it
      * after the consumer's ack for that generation (legacy CUDA IPC events only carry the latest
-     * record). CUDA: stream-ordered on `stream`, non-blocking; host: blocks up to timeout_ms and
-     * returns TIMEOUT, the staging buffer staying valid for a restarted consumer. */
+     * record). CUDA: stream-ordered on `stream`, non-blocking; CPU backend: blocks up to timeout_ms
+     * and returns TIMEOUT, the staging buffer staying valid for a restarted consumer. */
     wsync_result_t (*wait_consumed)(struct wsync_staging *s, wsync_stream_t stream,
                                     uint64_t generation, wsync_error_v1_t *err);
 
@@ -441,7 +441,7 @@ typedef struct wsync_host_v1 {
 typedef struct wsync_plugin_v1 {
     size_t struct_size;
     uint32_t abi_version;
-    const char *name;    /* "host", "cuda" */
+    const char *name;    /* "cpu", "cuda" */
     const char *version; /* plugin release, "MAJOR.MINOR.PATCH" */
     const wsync_consumer_ops_v1_t *consumer;
     const wsync_producer_ops_v1_t *producer;

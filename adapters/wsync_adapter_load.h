@@ -1,5 +1,5 @@
 /* hot_load_adapter and unload_adapter as the ABI defines them, for every backend: the backend
- * supplies an executor for the plan (the host backend: wsync_adapter_plan_exec_host; CUDA: a
+ * supplies an executor for the plan (the CPU backend: wsync_adapter_plan_exec_host; CUDA: a
  * kernel) and, for FROM_MANIFEST sources, where the opened producer buffer is mapped. */
 #ifndef WSYNC_ADAPTERS_ADAPTER_LOAD_H
 #define WSYNC_ADAPTERS_ADAPTER_LOAD_H

@@ -38,7 +38,7 @@ wsync_sanitizer_env() {
     export LSAN_OPTIONS="${LSAN_OPTIONS:-print_suppressions=0}"
 }
 
-# wsync_test_asan: the unit and conformance tests under ASan+UBSan (host plugin only) in
+# wsync_test_asan: the unit and conformance tests under ASan+UBSan (CPU plugin only) in
 # $WSYNC_BUILD_ASAN (default build-asan/), run with ctest.
 wsync_test_asan() {
     local dir="${WSYNC_BUILD_ASAN:-$WSYNC_ROOT/build-asan}"

@@ -62,7 +62,7 @@ static int wsync_bench_exec_cuda(int argc, char **argv)
         fprintf(stderr,
                 "wsync bench: the loaded plugin is 'cuda', which is benchmarked by %s, and that "
                 "program is missing; build with -DWSYNC_WITH_CUDA=ON, or pass --plugin "
-                "libwsync_host.so to bench the host plugin\n",
+                "libwsync_cpu.so to bench the CPU plugin\n",
                 path);
         return 1;
     }

@@ -67,7 +67,7 @@ int wsync_cli_load(wsync_loader_t *l, const char *path, const wsync_host_t *host
     if (rc == WSYNC_OK)
         return 0;
     fprintf(stderr, "wsync: cannot load plugin %s: %s: %s\n",
-            path ? path : "(default: $WSYNC_PLUGIN, libwsync_cuda.so, libwsync_host.so)",
+            path ? path : "(default: $WSYNC_PLUGIN, libwsync_cuda.so, libwsync_cpu.so)",
             wsync_strerror(rc), err.message);
     return 1;
 }

@@ -103,7 +103,7 @@ wsync_result_t wsync_shim_plan(const char *engine, const char *const *names, con
                                size_t *n_buckets, wsync_error_t *err);
 
 /* Load a plugin through the shims' loader (wsync_loader.h: `path`, else $WSYNC_PLUGIN, else the
- * CUDA plugin when it finds a device, else the host plugin, searched in $WSYNC_PLUGIN_DIR first)
+ * CUDA plugin when it finds a device, else the CPU plugin, searched in $WSYNC_PLUGIN_DIR first)
  * for a trainer's producer side. The plugin stays loaded for the life of the process; *out is
  * its table, loaded_path (cap bytes) the file that was loaded. Up to 8 calls per process (load
  * each plugin once and keep its table). Thread safe. Errors name the library, the step and why. */

@@ -18,7 +18,7 @@
 #include "wsync_client.h"
 
 #define WSYNC_LOADER_CUDA_NAME "libwsync_cuda.so"
-#define WSYNC_LOADER_HOST_NAME "libwsync_host.so"
+#define WSYNC_LOADER_HOST_NAME "libwsync_cpu.so"
 
 static void wsync_loader_log(const wsync_host_t *host, wsync_log_level_t level, const char *fmt,
                              ...) __attribute__((format(printf, 3, 4)));

@@ -15,7 +15,7 @@ typedef struct wsync_loader {
 } wsync_loader_t;
 
 /* Load `path` (a file path or a bare soname). NULL: $WSYNC_PLUGIN if set, else the default —
- * libwsync_cuda.so when it initialises (a GPU is present), else libwsync_host.so — searched in
+ * libwsync_cuda.so when it initialises (a GPU is present), else libwsync_cpu.so — searched in
  * $WSYNC_PLUGIN_DIR, then <dir of the running executable>/../lib, then the dynamic linker path.
  * `host` may be NULL (no logging). On failure *l is zeroed and the error says which library,
  * which step (dlopen / symbol / negotiation / init) and why. */

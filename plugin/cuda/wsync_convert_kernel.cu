@@ -214,7 +214,7 @@ static uint32_t wsync_widest_unit(uint64_t bits)
     return u;
 }
 
-static size_t wsync_host_dtype_size(wsync_dtype_t dt)
+static size_t wsync_cpu_dtype_size(wsync_dtype_t dt)
 {
     return dt == WSYNC_DTYPE_F64 ? 8 : dt == WSYNC_DTYPE_F32 ? 4 : 2;
 }
@@ -268,7 +268,7 @@ extern "C" uint64_t wsync_cuda_conv_plan_copy(wsync_cuda_conv_op_t *op, const vo
         op->unit = 1;
         return wsync_tiles(op, tile_begin);
     }
-    const size_t ss = wsync_host_dtype_size(src_dt), ds = wsync_host_dtype_size(dst_dt);
+    const size_t ss = wsync_cpu_dtype_size(src_dt), ds = wsync_cpu_dtype_size(dst_dt);
     if (src_dt == dst_dt && scale == 1.0) {
         op->mode = WSYNC_CUDA_CONV_COPY;
         return wsync_plan_bytes(op, rows, cols * ss, tile_begin);

@@ -89,7 +89,7 @@ wsync_result_t wsync_cuda_map(void *user, const wsync_buffer_desc_t *desc, void 
         desc->kind != WSYNC_BUFFER_TORCH_EXPANDABLE)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "buffer kind %d is none of cuda_ipc, cuda_vmm_fd, torch_expandable: "
-                          "load the plugin that matches the producer (libwsync_host.so for "
+                          "load the plugin that matches the producer (libwsync_cpu.so for "
                           "host_shm)",
                           (int)desc->kind);
     if (desc->kind == WSYNC_BUFFER_CUDA_IPC && desc->handle_len != sizeof(cudaIpcMemHandle_t))

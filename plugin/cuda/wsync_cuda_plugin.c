@@ -37,7 +37,7 @@ __attribute__((visibility("default"))) wsync_result_t wsync_plugin_init(uint32_t
     if (e != cudaSuccess || n == 0)
         return WSYNC_FAIL(err, WSYNC_ERR_NO_DEVICE,
                           "libwsync_cuda.so: no usable CUDA device: cudaGetDeviceCount %s "
-                          "(%s); load libwsync_host.so on machines without an NVIDIA GPU and "
+                          "(%s); load libwsync_cpu.so on machines without an NVIDIA GPU and "
                           "driver",
                           e != cudaSuccess ? cudaGetErrorName(e) : "found 0 devices",
                           e != cudaSuccess ? cudaGetErrorString(e) : "no device visible");

@@ -1,5 +1,5 @@
 """wsync: weight sync from an RL trainer into a colocated inference engine's memory, over the
-wsync C plugins (CUDA IPC on GPUs, shared memory on the host backend).
+wsync C plugins (CUDA IPC on GPUs, shared memory on the CPU backend).
 
 Trainer side: :class:`Producer`. Engine side: :class:`EngineWorker`, and the engine integrations
 in :mod:`wsync.integrations`. Errors: :class:`WsyncError` and its subclasses (:mod:`wsync.errors`).

@@ -5,7 +5,7 @@ vLLM's pynccl wrapper does.
 Where the libraries are found: ``$WSYNC_PLUGIN_DIR`` when set, else the ``lib/`` folder inside
 this package (the wheel ships the CMake-built ``.so`` files there). ``WSYNC_PLUGIN`` names the
 plugin file and overrides the default choice (the CUDA plugin when it finds a device, else the
-host plugin), exactly as for C engines.
+CPU plugin), exactly as for C engines.
 """
 
 from __future__ import annotations

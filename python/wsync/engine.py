@@ -131,7 +131,7 @@ class EngineWorker:
             self._w = None
             raise InvalidArgument(
                 1, "EngineWorker", f"parameters on {self.device} but the plugin is {self.backend}: "
-                "pass plugin= (libwsync_host.so for CPU memory, libwsync_cuda.so for CUDA)"
+                "pass plugin= (libwsync_cpu.so for CPU memory, libwsync_cuda.so for CUDA)"
             )
 
     # ----------------------------------------------------------------- callbacks

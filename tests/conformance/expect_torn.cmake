@@ -1,5 +1,5 @@
 # Meta-test: the torn-weight case must FAIL against a plugin that records *consumed* before its
-# copies finish (libwsync_host_broken.so), and say so. Passes only when the suite exits non-zero
+# copies finish (libwsync_cpu_broken.so), and say so. Passes only when the suite exits non-zero
 # AND printed the TORN diagnosis — proof that the case can fail for the right reason.
 # Usage: cmake -DSUITE=<wsync_conformance> -DSHIM=<shim> -DPLUGIN=<broken .so> -P expect_torn.cmake
 execute_process(COMMAND ${SUITE} --shim ${SHIM} --plugin ${PLUGIN} --case torn

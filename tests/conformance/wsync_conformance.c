@@ -871,7 +871,7 @@ static int conf_probe(conf_t *c)
         printf("FAIL: plugin under test %s does not load: %s\n", c->plugin, err.message);
         return 1;
     }
-    c->host_kind = strcmp(l.plugin->name, "host") == 0;
+    c->host_kind = strcmp(l.plugin->name, "cpu") == 0;
     printf("conformance: shim %s, plugin %s %s (%s)\n", c->shim, l.plugin->name, l.plugin->version,
            l.path);
     wsync_loader_close(&l);

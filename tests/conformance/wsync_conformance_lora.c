@@ -3,7 +3,7 @@
  * messages into the reference engine's slots (packed qkv_proj / gate_up_proj), checked bit-exact
  * against wsync_ref_lora.c's independent expectation; a same-name reload (the upsert; vLLM resets
  * the prefix cache); bad adapters refused with a clear error and both copies unchanged; the
- * colocated tensors path (SGLang; host plugin: the producer runs in this process); unload. */
+ * colocated tensors path (SGLang; CPU plugin: the producer runs in this process); unload. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,7 +135,7 @@ static void conf_lora_tensors(conf_lora_t *l)
         return;
     }
     if (!l->c->host_kind) {
-        printf("SKIPPED: [%s] lora tensors: the in-process producer needs the host plugin\n",
+        printf("SKIPPED: [%s] lora tensors: the in-process producer needs the CPU plugin\n",
                l->c->shim);
         free(config);
         free(t);

@@ -16,7 +16,7 @@ export PATH=/usr/local/cuda/bin:$PATH
 nvidia-smi -L | tee "$OUT/machine.log"; python3 -c 'import torch; print("torch", torch.__version__)' | tee -a "$OUT/machine.log"
 B=$ROOT/build-py
 cmake -S "$ROOT" -B "$B" -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 &&
-  cmake --build "$B" -j16 --target wsync_cuda wsync_host wsync_shim torture_gpu_stream0 torture_gpu_torn \
+  cmake --build "$B" -j16 --target wsync_cuda wsync_cpu wsync_shim torture_gpu_stream0 torture_gpu_torn \
     torture_gpu_sync torture_cuda_init >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 echo "built: $SECONDS s"
 status=0

@@ -28,7 +28,7 @@ static void test_init_or_no_device(void **state)
     if (rc == WSYNC_ERR_NO_DEVICE) {
         printf("no device here: %s\n", err.message);
         assert_non_null(strstr(err.message, "cudaGetDeviceCount"));
-        assert_non_null(strstr(err.message, "libwsync_host.so"));
+        assert_non_null(strstr(err.message, "libwsync_cpu.so"));
         assert_null(p);
     } else {
         assert_int_equal(rc, WSYNC_OK);

@@ -19,7 +19,7 @@ def plugin_for(device: str) -> str:
     """The plugin file for tensors on `device` (the default would pick CUDA on a GPU machine)."""
     import wsync
 
-    name = "libwsync_host.so" if device == "cpu" else "libwsync_cuda.so"
+    name = "libwsync_cpu.so" if device == "cpu" else "libwsync_cuda.so"
     return os.path.join(os.path.dirname(str(wsync._native.shim().path)), name)
 
 

@@ -1,6 +1,6 @@
 """Bad inputs through Python raise a clear exception naming the offending value, and every
-engine parameter stays exactly as it was (torch.equal before and after). Host plugin; trainer
-and engine in one process (the host plugin's shared memory and futexes work within one too)."""
+engine parameter stays exactly as it was (torch.equal before and after). CPU plugin; trainer
+and engine in one process (the CPU plugin's shared memory and futexes work within one too)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """CUDA: the Python layer on the CUDA plugin. Skipped with the reason on machines without a GPU.
 
-- the Qwen3 syncs of test_sync_host on CUDA (sglang and vllm layouts, TP 1 and 2 on one GPU);
+- the Qwen3 syncs of test_sync_cpu on CUDA (sglang and vllm layouts, TP 1 and 2 on one GPU);
 - torch's own handles (reduce_tensor's _share_cuda_) with both allocator settings, bit-exact;
 - the stream-0 case: engine work queued on torch's default stream runs before the copy;
 - a busy engine stream (torch.cuda._sleep) with the trainer restaging at once, 1 000 buckets,
@@ -17,7 +17,7 @@ import pytest
 import torch
 import wsync
 from conftest import child, plugin_for, recv
-from test_sync_host import _run
+from test_sync_cpu import _run
 from wsync.export import TorchExport
 
 pytestmark = pytest.mark.gpu

@@ -154,7 +154,7 @@ def test_vllm_worker_extension():
     worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=em))
     ext = WsyncWorkerExtension.__new__(WsyncWorkerExtension)
     ext.__dict__.update(worker.__dict__)
-    assert ext.wsync_init(plugin=plugin_for("cpu")).startswith("host ")
+    assert ext.wsync_init(plugin=plugin_for("cpu")).startswith("cpu ")
     with wsync.Producer("vllm", bucket_bytes=1 << 20, plugin=plugin_for("cpu")) as prod:
         # the vLLM shim's messages: start_weight_update, update_weights per bucket, finish_weight_update
         prod.sync(sd, lambda m: [ext.wsync_handle(m)])

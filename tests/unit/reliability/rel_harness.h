@@ -1,4 +1,4 @@
-/* Shared by the fault, isolation and soak tests: the host plugin loaded by path, child processes
+/* Shared by the fault, isolation and soak tests: the CPU plugin loaded by path, child processes
  * that run a role of this same executable (fork + exec, so a child never inherits plugin worker
  * threads), framed messages over a socketpair, and /proc counters. Test code only: every helper
  * fails the calling test (cmocka assert) instead of returning an error. */
@@ -11,7 +11,7 @@
 
 #include "wsync_abi.h"
 
-#define REL_PLUGIN WSYNC_TEST_PLUGIN_DIR "/libwsync_host.so"
+#define REL_PLUGIN WSYNC_TEST_PLUGIN_DIR "/libwsync_cpu.so"
 
 typedef struct rel_plugin {
     void *dl;

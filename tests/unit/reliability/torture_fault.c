@@ -1,4 +1,4 @@
-/* Fault injection on the host backend (docs/RELIABILITY.md, "Faults"). Trainer and engine run in
+/* Fault injection on the CPU backend (docs/RELIABILITY.md, "Faults"). Trainer and engine run in
  * separate processes (this executable re-executed in a child role) and one of them is SIGKILLed
  * in the middle of a bucket. The commit rule under test: a bucket's copies start only after the
  * producer's *ready* for that generation, and the staging segment stays mapped in the consumer

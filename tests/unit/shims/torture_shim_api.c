@@ -1,6 +1,6 @@
 /* libwsync_shim.so's API (engine-shims/api/wsync_shim_api.h), as the Python package calls it:
  * the plugin loader, the planner, a worker with a parameter table serving the SGLang shim's
- * request for a bucket the host plugin's producer staged (bytes land in the engine's memory), a
+ * request for a bucket the CPU plugin's producer staged (bytes land in the engine's memory), a
  * replayed request refused as stale with the weights unchanged, and the argument checks: an
  * unknown engine, a duplicated or unnamed table entry, no parameter look-up at all. */
 #include <setjmp.h>
@@ -21,7 +21,7 @@ static void real_free(void *p)
 
 #include <cmocka.h>
 
-#define HOST_PLUGIN WSYNC_TEST_PLUGIN_DIR "/libwsync_host.so"
+#define HOST_PLUGIN WSYNC_TEST_PLUGIN_DIR "/libwsync_cpu.so"
 
 static const wsync_plugin_t *plugin(void)
 {
@@ -29,7 +29,7 @@ static const wsync_plugin_t *plugin(void)
     char path[512];
     wsync_error_t err = {.struct_size = sizeof(err)};
     assert_int_equal(wsync_shim_plugin_open(HOST_PLUGIN, &p, path, sizeof(path), &err), WSYNC_OK);
-    assert_non_null(strstr(path, "libwsync_host.so"));
+    assert_non_null(strstr(path, "libwsync_cpu.so"));
     return p;
 }
 
@@ -98,10 +98,10 @@ static void test_worker_serves_a_staged_bucket(void **state)
     int native = 1;
     char *backend = wsync_shim_worker_backend(w, &native);
     assert_int_equal(native, 0);
-    assert_non_null(strstr(backend, "host "));
+    assert_non_null(strstr(backend, "cpu "));
     wsync_shim_api_free(backend);
 
-    /* the trainer: one norm tensor staged and published by the host plugin */
+    /* the trainer: one norm tensor staged and published by the CPU plugin */
     wsync_staging_config_t sc = {.struct_size = sizeof(sc), .bytes = 1 << 16};
     wsync_staging_t *s = NULL;
     assert_int_equal(p->producer->create(&sc, &s, &err), WSYNC_OK);

@@ -66,7 +66,7 @@ bench)
 info)
     "$wsync" info "$plugin" >"$out" 2>&1 || fail "wsync info $plugin failed"
     cat "$out"
-    grep -q '^name: *host$' "$out" || fail "info does not name the host plugin"
+    grep -q '^name: *cpu$' "$out" || fail "info does not name the CPU plugin"
     grep -q '^abi: *1 negotiated' "$out" || fail "info does not show the negotiated ABI"
     grep -q '^  copy_weights *present$' "$out" || fail "info does not list copy_weights"
     if "$wsync" info /nonexistent/libwsync_none.so >"$out" 2>&1; then

@@ -1,4 +1,4 @@
-/* Loader: loading the host plugin, every failure step with a message naming the library, the
+/* Loader: loading the CPU plugin, every failure step with a message naming the library, the
  * WSYNC_PLUGIN override and the CUDA -> host fallback. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -11,7 +11,7 @@
 
 #include "wsync_loader.h"
 
-#define HOST_PLUGIN WSYNC_TEST_PLUGIN_DIR "/libwsync_host.so"
+#define HOST_PLUGIN WSYNC_TEST_PLUGIN_DIR "/libwsync_cpu.so"
 #define FIXTURE FIXTURE_DIR "/libwsync_cuda.so"
 
 static int setup(void **state)
@@ -50,7 +50,7 @@ static void test_load_host(void **state)
     assert_int_equal(wsync_loader_open(&l, HOST_PLUGIN, NULL, &err), WSYNC_OK);
     assert_int_equal(err.code, WSYNC_OK);
     assert_non_null(l.plugin);
-    assert_string_equal(l.plugin->name, "host");
+    assert_string_equal(l.plugin->name, "cpu");
     assert_int_equal(l.abi_version, WSYNC_ABI_VERSION);
     assert_non_null(l.plugin->consumer);
     assert_non_null(l.plugin->producer);
@@ -162,7 +162,7 @@ static void count_log(void *user, wsync_log_level_t level, const char *file, int
         logged_info++;
 }
 
-/* A CUDA plugin that finds no GPU is skipped (logged at INFO) and the host plugin is used. */
+/* A CUDA plugin that finds no GPU is skipped (logged at INFO) and the CPU plugin is used. */
 static void test_default_falls_back_to_host(void **state)
 {
     wsync_host_t host = {
@@ -175,15 +175,15 @@ static void test_default_falls_back_to_host(void **state)
     setenv("WSYNC_PLUGIN_DIR", FIXTURE_DIR, 1); /* finds the fixture as libwsync_cuda.so */
     setenv("WSYNC_FIXTURE_MODE", "no_device", 1);
     logged_info = 0;
-    /* The host plugin is not in FIXTURE_DIR: found through <exe>/../lib or fails clearly. */
+    /* The CPU plugin is not in FIXTURE_DIR: found through <exe>/../lib or fails clearly. */
     wsync_result_t rc = wsync_loader_open(&l, NULL, &host, &err);
     if (rc != WSYNC_OK) {
-        assert_non_null(strstr(err.message, "libwsync_host.so"));
+        assert_non_null(strstr(err.message, "libwsync_cpu.so"));
         setenv("WSYNC_PLUGIN_DIR", WSYNC_TEST_PLUGIN_DIR, 1);
         rc = wsync_loader_open(&l, NULL, &host, &err);
     }
     assert_int_equal(rc, WSYNC_OK);
-    assert_string_equal(l.plugin->name, "host");
+    assert_string_equal(l.plugin->name, "cpu");
     assert_true(logged_info >= 1);
     wsync_loader_close(&l);
 

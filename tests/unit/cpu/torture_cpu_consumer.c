@@ -1,4 +1,4 @@
-/* The host plugin's consumer and producer tables in one process: cached opens, verified copies,
+/* The CPU plugin's consumer and producer tables in one process: cached opens, verified copies,
  * refused manifests and ops that leave the destination untouched, the retire handshake, bounded
  * waits, digest mismatches and multi-stream records. */
 #include <fcntl.h>
@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "host_test_util.h"
+#include "cpu_test_util.h"
 
 static wsync_test_plugin_t P;
 
@@ -613,7 +613,7 @@ static void test_misc_members(void **state)
     assert_true(WSYNC_HAS_OP(wsync_consumer_ops_t, P.c, unload_adapter));
     assert_true(WSYNC_HAS_OP(wsync_consumer_ops_t, P.c, mem_copy));
     assert_true(WSYNC_HAS_OP(wsync_producer_ops_t, P.p, read_back));
-    assert_string_equal(P.plugin->name, "host");
+    assert_string_equal(P.plugin->name, "cpu");
     /* A manifest naming a cuda_ipc buffer is not for this plugin. */
     publish_gen(f, 1);
     wsync_buffer_desc_t d = f->m->buffer;

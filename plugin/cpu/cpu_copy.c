@@ -3,12 +3,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "host_internal.h"
+#include "cpu_internal.h"
 #include "wsync_error.h"
 #include "wsync_validate.h"
 
 /* Note that `s` carried copies from h up to task `seq`. Caller holds h->lock. */
-static wsync_result_t wsync_host_note_carrier(struct wsync_handle *h, wsync_host_stream_t *s,
+static wsync_result_t wsync_cpu_note_carrier(struct wsync_handle *h, wsync_cpu_stream_t *s,
                                               uint64_t seq, wsync_error_t *err)
 {
     for (size_t i = 0; i < h->n_carriers; i++) {
@@ -27,11 +27,11 @@ static wsync_result_t wsync_host_note_carrier(struct wsync_handle *h, wsync_host
         h->cap_carriers = cap;
     }
     h->carriers[h->n_carriers++] =
-        (wsync_host_carrier_t){.stream = s, .last_seq = seq, .pending = 1};
+        (wsync_cpu_carrier_t){.stream = s, .last_seq = seq, .pending = 1};
     return WSYNC_OK;
 }
 
-wsync_result_t wsync_host_copy_weights(struct wsync_consumer *c, struct wsync_handle *h,
+wsync_result_t wsync_cpu_copy_weights(struct wsync_consumer *c, struct wsync_handle *h,
                                        wsync_stream_t stream, uint64_t generation,
                                        const wsync_copy_op_t *ops, size_t n_ops, uint32_t flags,
                                        wsync_error_t *err)
@@ -47,24 +47,24 @@ wsync_result_t wsync_host_copy_weights(struct wsync_consumer *c, struct wsync_ha
     if ((r = wsync_validate_copy_ops(ops, n_ops, h->bytes, err)) != WSYNC_OK)
         return r;
 
-    wsync_host_stream_t *s = wsync_host_consumer_stream(c, stream);
+    wsync_cpu_stream_t *s = wsync_cpu_consumer_stream(c, stream);
     pthread_mutex_lock(&h->lock);
     /* Several calls may carry one bucket (e.g. on several streams) until it is recorded. */
     if (h->pending_generation == 0 || generation != h->pending_generation) {
-        r = wsync_validate_generation(wsync_host_handle_last_generation(h), generation, err);
+        r = wsync_validate_generation(wsync_cpu_handle_last_generation(h), generation, err);
         if (r != WSYNC_OK)
             goto out;
     }
-    r = wsync_host_stream_wait_ready(s, h->control, generation, c->timeout_ms, h->peer_pid,
+    r = wsync_cpu_stream_wait_ready(s, h->control, generation, c->timeout_ms, h->peer_pid,
                                      &h->sink, NULL, err);
     if (r == WSYNC_OK)
-        r = wsync_host_stream_copy(s, h->data, ops, n_ops, flags, generation, &h->sink, &seq, err);
+        r = wsync_cpu_stream_copy(s, h->data, ops, n_ops, flags, generation, &h->sink, &seq, err);
     if (r == WSYNC_OK)
-        r = wsync_host_note_carrier(h, s, seq, err);
+        r = wsync_cpu_note_carrier(h, s, seq, err);
     if (r != WSYNC_OK) {
         /* Out of memory after a wait was queued: the wait alone writes nothing. Make sure a
          * later close still waits for whatever was queued. */
-        wsync_host_stream_synchronize(s);
+        wsync_cpu_stream_synchronize(s);
         goto out;
     }
     h->entry->last_generation = generation;
@@ -75,21 +75,21 @@ out:
 }
 
 #ifdef WSYNC_FIXTURE_EARLY_CONSUMED
-/* TEST FIXTURE ONLY (libwsync_host_broken.so): the early-consumed failure (docs/DESIGN.md §1.1).
+/* TEST FIXTURE ONLY (libwsync_cpu_broken.so): the early-consumed failure (docs/DESIGN.md §1.1).
  * *consumed* fires from the calling thread at once, before the stream has finished (or even
  * started) the copies, so a producer that reuses its staging buffer overwrites it mid-copy.
  * Conformance suites load this build to prove that their torn-weight test can fail. */
-static void wsync_host_record_early(struct wsync_handle *h, uint64_t generation)
+static void wsync_cpu_record_early(struct wsync_handle *h, uint64_t generation)
 {
     wsync_control_signal_consumed(h->control, generation);
 }
 #endif
 
-wsync_result_t wsync_host_record_consumed(struct wsync_consumer *c, struct wsync_handle *h,
+wsync_result_t wsync_cpu_record_consumed(struct wsync_consumer *c, struct wsync_handle *h,
                                           int wait, wsync_error_t *err)
 {
-    wsync_host_stream_t *primary = NULL;
-    wsync_host_stream_t **others = NULL;
+    wsync_cpu_stream_t *primary = NULL;
+    wsync_cpu_stream_t **others = NULL;
     size_t n_others = 0;
     uint64_t seq = 0;
     wsync_result_t r = WSYNC_OK;
@@ -101,7 +101,7 @@ wsync_result_t wsync_host_record_consumed(struct wsync_consumer *c, struct wsync
     uint64_t generation = h->pending_generation;
     if (generation == 0) {
         pthread_mutex_unlock(&h->lock);
-        r = wsync_host_sink_take(&h->sink, err);
+        r = wsync_cpu_sink_take(&h->sink, err);
         if (r != WSYNC_OK)
             return r;
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
@@ -126,14 +126,14 @@ wsync_result_t wsync_host_record_consumed(struct wsync_consumer *c, struct wsync
     if (primary == NULL) /* its only carrier was destroyed, and so drained */
         primary = c->default_stream;
 #ifdef WSYNC_FIXTURE_EARLY_CONSUMED
-    wsync_host_record_early(h, generation);
-    seq = wsync_host_stream_last_seq(primary);
+    wsync_cpu_record_early(h, generation);
+    seq = wsync_cpu_stream_last_seq(primary);
 #else
-    r = wsync_host_stream_join(primary, others, n_others, err);
+    r = wsync_cpu_stream_join(primary, others, n_others, err);
     if (r == WSYNC_OK)
-        r = wsync_host_stream_signal_consumed(primary, h->control, generation, &h->sink, &seq, err);
+        r = wsync_cpu_stream_signal_consumed(primary, h->control, generation, &h->sink, &seq, err);
     if (r == WSYNC_OK)
-        r = wsync_host_note_carrier(h, primary, seq, err);
+        r = wsync_cpu_note_carrier(h, primary, seq, err);
 #endif
     if (r == WSYNC_OK) {
         for (size_t i = 0; i < h->n_carriers; i++)
@@ -146,12 +146,12 @@ wsync_result_t wsync_host_record_consumed(struct wsync_consumer *c, struct wsync
         return r;
     }
     if (wait) {
-        wsync_host_stream_wait(primary, seq);
+        wsync_cpu_stream_wait(primary, seq);
 #ifdef WSYNC_FIXTURE_EARLY_CONSUMED
         for (size_t i = 0; i < n_others; i++)
-            wsync_host_stream_synchronize(others[i]);
+            wsync_cpu_stream_synchronize(others[i]);
 #endif
     }
     free(others);
-    return wsync_host_sink_take(&h->sink, err);
+    return wsync_cpu_sink_take(&h->sink, err);
 }

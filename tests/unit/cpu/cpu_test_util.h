@@ -1,8 +1,8 @@
-/* Helpers shared by the host backend's tests: loading a plugin build from WSYNC_TEST_PLUGIN_DIR,
+/* Helpers shared by the CPU backend's tests: loading a plugin build from WSYNC_TEST_PLUGIN_DIR,
  * framed messages over a socket (the "RPC" that carries manifests and acks), and the expected
  * byte patterns of a generation. Header-only: each test is one executable. */
-#ifndef WSYNC_HOST_TEST_UTIL_H
-#define WSYNC_HOST_TEST_UTIL_H
+#ifndef WSYNC_CPU_TEST_UTIL_H
+#define WSYNC_CPU_TEST_UTIL_H
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -14,8 +14,8 @@
 
 #include "wsync_abi.h"
 
-#define WSYNC_TEST_HOST_LIB "libwsync_host.so"
-#define WSYNC_TEST_BROKEN_LIB "libwsync_host_broken.so"
+#define WSYNC_TEST_HOST_LIB "libwsync_cpu.so"
+#define WSYNC_TEST_BROKEN_LIB "libwsync_cpu_broken.so"
 
 typedef struct wsync_test_plugin {
     void *dl;

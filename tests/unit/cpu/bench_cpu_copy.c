@@ -1,6 +1,6 @@
 /* Benchmark (not a test): the host copy path against one plain memcpy of the same payload, for a
  * dense layout (~400 tensors, a few hundred MB). Prints the ratio; target >= 0.8.
- * Usage: bench_host_copy [tensors] [tensor_kib] [rounds] [verify] */
+ * Usage: bench_cpu_copy [tensors] [tensor_kib] [rounds] [verify] */
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -10,7 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "host_test_util.h"
+#include "cpu_test_util.h"
 
 static double now_s(void)
 {

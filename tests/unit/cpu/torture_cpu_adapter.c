@@ -1,4 +1,4 @@
-/* LoRA hot-load through libwsync_host.so's tables (dlopen, ABI v1 only): FROM_DIR (a PEFT
+/* LoRA hot-load through libwsync_cpu.so's tables (dlopen, ABI v1 only): FROM_DIR (a PEFT
  * directory written here), FROM_MANIFEST (a retained FIXED_LAYOUT staging refreshed in place, the
  * exporter-storage rule of docs/DESIGN.md §1.2), the producer's BUSY refusal before *consumed*,
  * stale manifests, layout changes and unload. Slot contents are checked against a reference built
@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "host_test_util.h"
+#include "cpu_test_util.h"
 #include "wsync_digest.h"
 #include "wsync_safetensors.h"
 #include "wsync_client.h"

@@ -1,12 +1,12 @@
-/* Consumer lifecycle, manifests, streams, host callbacks and memory helpers of the host backend. */
+/* Consumer lifecycle, manifests, streams, host callbacks and memory helpers of the CPU backend. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "host_internal.h"
+#include "cpu_internal.h"
 #include "wsync_error.h"
 #include "wsync_manifest.h"
 
-wsync_result_t wsync_host_consumer_create(const wsync_consumer_config_t *config,
+wsync_result_t wsync_cpu_consumer_create(const wsync_consumer_config_t *config,
                                           struct wsync_consumer **out, wsync_error_t *err)
 {
     wsync_result_t r;
@@ -21,11 +21,11 @@ wsync_result_t wsync_host_consumer_create(const wsync_consumer_config_t *config,
     struct wsync_consumer *c = calloc(1, sizeof(*c));
     if (c == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for a consumer");
-    c->timeout_ms = WSYNC_HOST_DEFAULT_TIMEOUT_MS;
+    c->timeout_ms = WSYNC_CPU_DEFAULT_TIMEOUT_MS;
     if (WSYNC_HAS_FIELD(wsync_consumer_config_t, config, timeout_ms) && config->timeout_ms != 0)
         c->timeout_ms = config->timeout_ms;
     pthread_mutex_init(&c->lock, NULL);
-    c->cache = wsync_cache_create(wsync_host_handle_map, wsync_host_handle_unmap, c);
+    c->cache = wsync_cache_create(wsync_cpu_handle_map, wsync_cpu_handle_unmap, c);
     if (c->cache == NULL) {
         r = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for the mapping cache");
         goto fail;
@@ -35,7 +35,7 @@ wsync_result_t wsync_host_consumer_create(const wsync_consumer_config_t *config,
         r = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for the manifest parse cache");
         goto fail;
     }
-    if ((r = wsync_host_stream_create(&c->default_stream, err)) != WSYNC_OK)
+    if ((r = wsync_cpu_stream_create(&c->default_stream, err)) != WSYNC_OK)
         goto fail;
     *out = c;
     return WSYNC_OK;
@@ -48,18 +48,18 @@ fail:
     return r;
 }
 
-wsync_result_t wsync_host_consumer_finalize(struct wsync_consumer *c, wsync_error_t *err)
+wsync_result_t wsync_cpu_consumer_finalize(struct wsync_consumer *c, wsync_error_t *err)
 {
     if (c == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "consumer is NULL");
     /* Nothing may still read a mapping when the cache unmaps it. */
-    wsync_host_stream_synchronize(c->default_stream);
+    wsync_cpu_stream_synchronize(c->default_stream);
     for (size_t i = 0; i < c->n_streams; i++)
-        wsync_host_stream_synchronize(c->streams[i]);
+        wsync_cpu_stream_synchronize(c->streams[i]);
     wsync_cache_destroy(c->cache);
     for (size_t i = 0; i < c->n_streams; i++)
-        wsync_host_stream_destroy(c->streams[i]);
-    wsync_host_stream_destroy(c->default_stream);
+        wsync_cpu_stream_destroy(c->streams[i]);
+    wsync_cpu_stream_destroy(c->default_stream);
     free(c->streams);
     wsync_manifest_cache_destroy(c->manifests);
     pthread_mutex_destroy(&c->lock);
@@ -67,7 +67,7 @@ wsync_result_t wsync_host_consumer_finalize(struct wsync_consumer *c, wsync_erro
     return WSYNC_OK;
 }
 
-wsync_result_t wsync_host_parse_manifest(struct wsync_consumer *c, const char *json, size_t len,
+wsync_result_t wsync_cpu_parse_manifest(struct wsync_consumer *c, const char *json, size_t len,
                                          const wsync_manifest_t **out, wsync_error_t *err)
 {
     wsync_manifest_owned_t *m = NULL;
@@ -82,31 +82,31 @@ wsync_result_t wsync_host_parse_manifest(struct wsync_consumer *c, const char *j
     return WSYNC_OK;
 }
 
-void wsync_host_manifest_free(struct wsync_consumer *c, const wsync_manifest_t *m)
+void wsync_cpu_manifest_free(struct wsync_consumer *c, const wsync_manifest_t *m)
 {
     (void)c;
     if (m != NULL)
         wsync_manifest_free(wsync_manifest_owned_from_view(m));
 }
 
-wsync_result_t wsync_host_enqueue_host_fn(struct wsync_consumer *c, wsync_stream_t stream,
+wsync_result_t wsync_cpu_enqueue_host_fn(struct wsync_consumer *c, wsync_stream_t stream,
                                           wsync_host_fn_t fn, void *user, wsync_error_t *err)
 {
     if (c == NULL || fn == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "consumer and fn must not be NULL");
-    return wsync_host_stream_host_fn(wsync_host_consumer_stream(c, stream), fn, user, NULL, err);
+    return wsync_cpu_stream_host_fn(wsync_cpu_consumer_stream(c, stream), fn, user, NULL, err);
 }
 
 /* ---------------------------------------------------------------- streams */
 
-wsync_result_t wsync_host_consumer_stream_create(struct wsync_consumer *c, wsync_stream_t *out,
+wsync_result_t wsync_cpu_consumer_stream_create(struct wsync_consumer *c, wsync_stream_t *out,
                                                  wsync_error_t *err)
 {
-    wsync_host_stream_t *s;
+    wsync_cpu_stream_t *s;
 
     if (c == NULL || out == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "consumer and out must not be NULL");
-    wsync_result_t r = wsync_host_stream_create(&s, err);
+    wsync_result_t r = wsync_cpu_stream_create(&s, err);
     if (r != WSYNC_OK)
         return r;
     pthread_mutex_lock(&c->lock);
@@ -115,7 +115,7 @@ wsync_result_t wsync_host_consumer_stream_create(struct wsync_consumer *c, wsync
         void *p = realloc(c->streams, cap * sizeof(*c->streams));
         if (p == NULL) {
             pthread_mutex_unlock(&c->lock);
-            wsync_host_stream_destroy(s);
+            wsync_cpu_stream_destroy(s);
             return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory to track %zu streams", cap);
         }
         c->streams = p;
@@ -127,10 +127,10 @@ wsync_result_t wsync_host_consumer_stream_create(struct wsync_consumer *c, wsync
     return WSYNC_OK;
 }
 
-wsync_result_t wsync_host_consumer_stream_destroy(struct wsync_consumer *c, wsync_stream_t st,
+wsync_result_t wsync_cpu_consumer_stream_destroy(struct wsync_consumer *c, wsync_stream_t st,
                                                   wsync_error_t *err)
 {
-    wsync_host_stream_t *s = st;
+    wsync_cpu_stream_t *s = st;
     size_t i;
 
     if (c == NULL || s == NULL)
@@ -148,24 +148,24 @@ wsync_result_t wsync_host_consumer_stream_destroy(struct wsync_consumer *c, wsyn
     c->streams[i] = c->streams[--c->n_streams];
     pthread_mutex_unlock(&c->lock);
     /* Drain before the handles forget it, so a later close never misses copies in flight. */
-    wsync_host_stream_synchronize(s);
-    wsync_host_handles_forget_stream(c, s);
-    wsync_host_stream_destroy(s);
+    wsync_cpu_stream_synchronize(s);
+    wsync_cpu_handles_forget_stream(c, s);
+    wsync_cpu_stream_destroy(s);
     return WSYNC_OK;
 }
 
-wsync_result_t wsync_host_consumer_stream_synchronize(struct wsync_consumer *c, wsync_stream_t s,
+wsync_result_t wsync_cpu_consumer_stream_synchronize(struct wsync_consumer *c, wsync_stream_t s,
                                                       wsync_error_t *err)
 {
     if (c == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "consumer is NULL");
-    wsync_host_stream_synchronize(wsync_host_consumer_stream(c, s));
+    wsync_cpu_stream_synchronize(wsync_cpu_consumer_stream(c, s));
     return WSYNC_OK;
 }
 
 /* ---------------------------------------------------------------- memory */
 
-wsync_result_t wsync_host_mem_alloc(struct wsync_consumer *c, size_t bytes, void **out,
+wsync_result_t wsync_cpu_mem_alloc(struct wsync_consumer *c, size_t bytes, void **out,
                                     wsync_error_t *err)
 {
     void *p = NULL;
@@ -174,7 +174,7 @@ wsync_result_t wsync_host_mem_alloc(struct wsync_consumer *c, size_t bytes, void
     if (out == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "out is NULL");
     *out = NULL;
-    int rc = posix_memalign(&p, WSYNC_HOST_MEM_ALIGN, bytes ? bytes : 1);
+    int rc = posix_memalign(&p, WSYNC_CPU_MEM_ALIGN, bytes ? bytes : 1);
     if (rc != 0)
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes: %s", bytes,
                           strerror(rc));
@@ -182,7 +182,7 @@ wsync_result_t wsync_host_mem_alloc(struct wsync_consumer *c, size_t bytes, void
     return WSYNC_OK;
 }
 
-wsync_result_t wsync_host_mem_free(struct wsync_consumer *c, void *p, wsync_error_t *err)
+wsync_result_t wsync_cpu_mem_free(struct wsync_consumer *c, void *p, wsync_error_t *err)
 {
     (void)c;
     (void)err;
@@ -190,7 +190,7 @@ wsync_result_t wsync_host_mem_free(struct wsync_consumer *c, void *p, wsync_erro
     return WSYNC_OK;
 }
 
-wsync_result_t wsync_host_mem_copy(struct wsync_consumer *c, void *dst, const void *src,
+wsync_result_t wsync_cpu_mem_copy(struct wsync_consumer *c, void *dst, const void *src,
                                    size_t bytes, int kind, wsync_error_t *err)
 {
     (void)c;

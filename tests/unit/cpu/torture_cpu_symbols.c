@@ -1,4 +1,4 @@
-/* libwsync_host.so exports exactly one function, wsync_plugin_init (the version script hides
+/* libwsync_cpu.so exports exactly one function, wsync_plugin_init (the version script hides
  * the rest). Checked with `nm -D --defined-only`, like jansson's symbol test. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -41,13 +41,13 @@ static void check_exports(const char *lib)
 static void test_host_exports_only_init(void **state)
 {
     (void)state;
-    check_exports("libwsync_host.so");
+    check_exports("libwsync_cpu.so");
 }
 
 static void test_broken_fixture_exports_only_init(void **state)
 {
     (void)state;
-    check_exports("libwsync_host_broken.so");
+    check_exports("libwsync_cpu_broken.so");
 }
 
 int main(void)

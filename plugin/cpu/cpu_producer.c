@@ -1,12 +1,12 @@
-/* Producer side of the host backend: one POSIX shared memory segment per staging buffer
+/* Producer side of the CPU backend: one POSIX shared memory segment per staging buffer
  * (control block, then the data region), filled in stream order, published with a manifest,
  * retired only once no consumer holds a mapping. */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "host_internal.h"
-#include "host_unlink.h"
+#include "cpu_internal.h"
+#include "cpu_unlink.h"
 #include "wsync_error.h"
 #include "wsync_layout.h"
 #include "wsync_manifest.h"
@@ -21,22 +21,22 @@ struct wsync_staging {
     uint32_t timeout_ms;
     wsync_layout_t layout; /* the current bucket; digests filled by its stage task */
     int has_layout;
-    wsync_host_stream_t *stage_stream; /* where the current bucket's stage task runs */
+    wsync_cpu_stream_t *stage_stream; /* where the current bucket's stage task runs */
     uint64_t stage_seq;
     uint64_t generation; /* last published */
     char *manifest;
-    wsync_host_stream_t *default_stream;
-    wsync_host_stream_t **streams;
+    wsync_cpu_stream_t *default_stream;
+    wsync_cpu_stream_t **streams;
     size_t n_streams, cap_streams;
-    wsync_host_unlink_t unlink_node;
+    wsync_cpu_unlink_t unlink_node;
 };
 
-static wsync_host_stream_t *wsync_host_staging_stream(struct wsync_staging *s, wsync_stream_t st)
+static wsync_cpu_stream_t *wsync_cpu_staging_stream(struct wsync_staging *s, wsync_stream_t st)
 {
-    return st != NULL ? (wsync_host_stream_t *)st : s->default_stream;
+    return st != NULL ? (wsync_cpu_stream_t *)st : s->default_stream;
 }
 
-wsync_result_t wsync_host_staging_create(const wsync_staging_config_t *config,
+wsync_result_t wsync_cpu_staging_create(const wsync_staging_config_t *config,
                                          struct wsync_staging **out, wsync_error_t *err)
 {
     wsync_result_t r;
@@ -69,29 +69,29 @@ wsync_result_t wsync_host_staging_create(const wsync_staging_config_t *config,
     s->timeout_ms =
         WSYNC_HAS_FIELD(wsync_staging_config_t, config, timeout_ms) && config->timeout_ms != 0
             ? config->timeout_ms
-            : WSYNC_HOST_DEFAULT_TIMEOUT_MS;
-    if ((r = wsync_host_stream_create(&s->default_stream, err)) != WSYNC_OK)
+            : WSYNC_CPU_DEFAULT_TIMEOUT_MS;
+    if ((r = wsync_cpu_stream_create(&s->default_stream, err)) != WSYNC_OK)
         goto fail;
     if ((r = wsync_shm_create(&s->shm, "staging", size, err)) != WSYNC_OK)
         goto fail;
     s->control = s->shm.addr;
     s->data = (uint8_t *)s->shm.addr + WSYNC_CONTROL_SIZE;
     wsync_control_init(s->control, WSYNC_CONTROL_SIZE, s->capacity);
-    wsync_host_unlink_register(&s->unlink_node, s->shm.name);
+    wsync_cpu_unlink_register(&s->unlink_node, s->shm.name);
     *out = s;
     return WSYNC_OK;
 fail:
-    wsync_host_stream_destroy(s->default_stream);
+    wsync_cpu_stream_destroy(s->default_stream);
     pthread_mutex_destroy(&s->lock);
     free(s);
     return r;
 }
 
-wsync_result_t wsync_host_stage(struct wsync_staging *s, wsync_stream_t stream,
+wsync_result_t wsync_cpu_stage(struct wsync_staging *s, wsync_stream_t stream,
                                 const wsync_stage_tensor_t *tensors, size_t n, wsync_error_t *err)
 {
     wsync_layout_t next;
-    wsync_host_stage_copy_t *copies;
+    wsync_cpu_stage_copy_t *copies;
     wsync_result_t r;
 
     if (s == NULL)
@@ -127,22 +127,22 @@ wsync_result_t wsync_host_stage(struct wsync_staging *s, wsync_stream_t stream,
     }
     /* The previous bucket's stage task writes into the old layout: let it finish first. */
     if (s->has_layout) {
-        wsync_host_stream_wait(s->stage_stream, s->stage_seq);
+        wsync_cpu_stream_wait(s->stage_stream, s->stage_seq);
         wsync_layout_free(&s->layout);
     }
     s->layout = next;
     s->has_layout = 1;
     const int digests = (s->flags & WSYNC_STAGING_NO_DIGESTS) == 0;
     for (size_t i = 0; i < n; i++) {
-        copies[i] = (wsync_host_stage_copy_t){
+        copies[i] = (wsync_cpu_stage_copy_t){
             .src = tensors[next.from[i]].src,
             .dst = s->data + next.tensors[i].offset,
             .nbytes = next.tensors[i].nbytes,
             .digest = digests ? &s->layout.tensors[i].digest : NULL,
             .has_digest = digests ? &s->layout.tensors[i].has_digest : NULL};
     }
-    s->stage_stream = wsync_host_staging_stream(s, stream);
-    r = wsync_host_stream_stage(s->stage_stream, copies, n, &s->stage_seq, err);
+    s->stage_stream = wsync_cpu_staging_stream(s, stream);
+    r = wsync_cpu_stream_stage(s->stage_stream, copies, n, &s->stage_seq, err);
     free(copies);
     if (r != WSYNC_OK) {
         wsync_layout_free(&s->layout);
@@ -156,7 +156,7 @@ fail:
     return r;
 }
 
-wsync_result_t wsync_host_publish(struct wsync_staging *s, wsync_stream_t stream, int finished,
+wsync_result_t wsync_cpu_publish(struct wsync_staging *s, wsync_stream_t stream, int finished,
                                   const char **manifest_json, uint64_t *generation,
                                   wsync_error_t *err)
 {
@@ -173,7 +173,7 @@ wsync_result_t wsync_host_publish(struct wsync_staging *s, wsync_stream_t stream
                           "nothing staged in %s; call stage before publish", s->shm.name);
     }
     /* The manifest carries the digests the stage task computes. */
-    wsync_host_stream_wait(s->stage_stream, s->stage_seq);
+    wsync_cpu_stream_wait(s->stage_stream, s->stage_seq);
     uint64_t g = s->generation + 1;
     wsync_manifest_t m = {.struct_size = sizeof(m),
                           .schema = WSYNC_MANIFEST_SCHEMA,
@@ -193,7 +193,7 @@ wsync_result_t wsync_host_publish(struct wsync_staging *s, wsync_stream_t stream
     memcpy(b->control, s->shm.name, b->handle_len + 1);
     if ((r = wsync_manifest_emit(&m, &json, err)) != WSYNC_OK)
         goto out;
-    r = wsync_host_stream_signal_ready(wsync_host_staging_stream(s, stream), s->control, g, NULL,
+    r = wsync_cpu_stream_signal_ready(wsync_cpu_staging_stream(s, stream), s->control, g, NULL,
                                        err);
     if (r != WSYNC_OK) {
         free(json);
@@ -210,7 +210,7 @@ out:
     return r;
 }
 
-wsync_result_t wsync_host_wait_consumed(struct wsync_staging *s, wsync_stream_t stream,
+wsync_result_t wsync_cpu_wait_consumed(struct wsync_staging *s, wsync_stream_t stream,
                                         uint64_t generation, wsync_error_t *err)
 {
     (void)stream; /* host: the calling thread blocks */
@@ -228,7 +228,7 @@ wsync_result_t wsync_host_wait_consumed(struct wsync_staging *s, wsync_stream_t 
                                        atomic_load(&s->control->consumer_pid), err);
 }
 
-wsync_result_t wsync_host_retire(struct wsync_staging *s, wsync_error_t *err)
+wsync_result_t wsync_cpu_retire(struct wsync_staging *s, wsync_error_t *err)
 {
     if (s == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "staging is NULL");
@@ -236,9 +236,9 @@ wsync_result_t wsync_host_retire(struct wsync_staging *s, wsync_error_t *err)
     if (rc != WSYNC_OK)
         return rc;
     for (size_t i = 0; i < s->n_streams; i++)
-        wsync_host_stream_destroy(s->streams[i]);
-    wsync_host_stream_destroy(s->default_stream);
-    wsync_host_unlink_unregister(&s->unlink_node);
+        wsync_cpu_stream_destroy(s->streams[i]);
+    wsync_cpu_stream_destroy(s->default_stream);
+    wsync_cpu_unlink_unregister(&s->unlink_node);
     wsync_shm_unlink(&s->shm);
     wsync_shm_close(&s->shm);
     if (s->has_layout)
@@ -250,14 +250,14 @@ wsync_result_t wsync_host_retire(struct wsync_staging *s, wsync_error_t *err)
     return WSYNC_OK;
 }
 
-wsync_result_t wsync_host_staging_stream_create(struct wsync_staging *s, wsync_stream_t *out,
+wsync_result_t wsync_cpu_staging_stream_create(struct wsync_staging *s, wsync_stream_t *out,
                                                 wsync_error_t *err)
 {
-    wsync_host_stream_t *st;
+    wsync_cpu_stream_t *st;
 
     if (s == NULL || out == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "staging and out must not be NULL");
-    wsync_result_t r = wsync_host_stream_create(&st, err);
+    wsync_result_t r = wsync_cpu_stream_create(&st, err);
     if (r != WSYNC_OK)
         return r;
     pthread_mutex_lock(&s->lock);
@@ -266,7 +266,7 @@ wsync_result_t wsync_host_staging_stream_create(struct wsync_staging *s, wsync_s
         void *p = realloc(s->streams, cap * sizeof(*s->streams));
         if (p == NULL) {
             pthread_mutex_unlock(&s->lock);
-            wsync_host_stream_destroy(st);
+            wsync_cpu_stream_destroy(st);
             return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory to track %zu streams", cap);
         }
         s->streams = p;
@@ -278,7 +278,7 @@ wsync_result_t wsync_host_staging_stream_create(struct wsync_staging *s, wsync_s
     return WSYNC_OK;
 }
 
-wsync_result_t wsync_host_staging_stream_destroy(struct wsync_staging *s, wsync_stream_t st,
+wsync_result_t wsync_cpu_staging_stream_destroy(struct wsync_staging *s, wsync_stream_t st,
                                                  wsync_error_t *err)
 {
     size_t i;
@@ -297,25 +297,25 @@ wsync_result_t wsync_host_staging_stream_destroy(struct wsync_staging *s, wsync_
     }
     s->streams[i] = s->streams[--s->n_streams];
     if (s->stage_stream == st) {
-        wsync_host_stream_wait(s->stage_stream, s->stage_seq);
+        wsync_cpu_stream_wait(s->stage_stream, s->stage_seq);
         s->stage_stream = s->default_stream;
         s->stage_seq = 0;
     }
     pthread_mutex_unlock(&s->lock);
-    wsync_host_stream_destroy(st);
+    wsync_cpu_stream_destroy(st);
     return WSYNC_OK;
 }
 
-wsync_result_t wsync_host_staging_stream_synchronize(struct wsync_staging *s, wsync_stream_t st,
+wsync_result_t wsync_cpu_staging_stream_synchronize(struct wsync_staging *s, wsync_stream_t st,
                                                      wsync_error_t *err)
 {
     if (s == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "staging is NULL");
-    wsync_host_stream_synchronize(wsync_host_staging_stream(s, st));
+    wsync_cpu_stream_synchronize(wsync_cpu_staging_stream(s, st));
     return WSYNC_OK;
 }
 
-wsync_result_t wsync_host_read_back(struct wsync_staging *s, uint64_t offset, void *dst,
+wsync_result_t wsync_cpu_read_back(struct wsync_staging *s, uint64_t offset, void *dst,
                                     size_t bytes, wsync_error_t *err)
 {
     uint64_t end;
@@ -329,7 +329,7 @@ wsync_result_t wsync_host_read_back(struct wsync_staging *s, uint64_t offset, vo
                           (unsigned long long)s->capacity);
     pthread_mutex_lock(&s->lock);
     if (s->has_layout)
-        wsync_host_stream_wait(s->stage_stream, s->stage_seq);
+        wsync_cpu_stream_wait(s->stage_stream, s->stage_seq);
     if (bytes != 0)
         memcpy(dst, s->data + offset, bytes);
     pthread_mutex_unlock(&s->lock);

@@ -1,12 +1,12 @@
 /* Streaming-store copy (SSE2 on x86-64; plain memcpy elsewhere). */
-#include "host_memcpy.h"
+#include "cpu_memcpy.h"
 
 #include <string.h>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
 
-void wsync_host_copy_streaming(void *dst, const void *src, size_t n)
+void wsync_cpu_copy_streaming(void *dst, const void *src, size_t n)
 {
     uint8_t *d = dst;
     const uint8_t *s = src;
@@ -33,18 +33,18 @@ void wsync_host_copy_streaming(void *dst, const void *src, size_t n)
     memcpy(d, s, n);
 }
 
-void wsync_host_copy_fence(void)
+void wsync_cpu_copy_fence(void)
 {
     _mm_sfence();
 }
 
 #else
 
-void wsync_host_copy_streaming(void *dst, const void *src, size_t n)
+void wsync_cpu_copy_streaming(void *dst, const void *src, size_t n)
 {
     memcpy(dst, src, n);
 }
 
-void wsync_host_copy_fence(void) {}
+void wsync_cpu_copy_fence(void) {}
 
 #endif

@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "host_test_util.h"
+#include "cpu_test_util.h"
 
 #define BUCKETS 40
 #define STAGING_BYTES (4u << 20)

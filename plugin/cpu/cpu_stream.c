@@ -1,30 +1,30 @@
 /* Host streams: a mutex-protected FIFO of tasks and one worker thread per stream. The lock is
  * taken once per task (one task per copy_weights call), never per copy op. */
-#include "host_stream.h"
+#include "cpu_stream.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "host_memcpy.h"
+#include "cpu_memcpy.h"
 #include "wsync_error.h"
 
 /* Bytes copied before the digest of those same bytes is folded in: small enough that the
  * destination is still in cache when it is read back, large enough that per-chunk cost vanishes. */
-#define WSYNC_HOST_VERIFY_CHUNK (64u * 1024u)
+#define WSYNC_CPU_VERIFY_CHUNK (64u * 1024u)
 
-struct wsync_host_join {
+struct wsync_cpu_join {
     pthread_mutex_t lock;
     pthread_cond_t cv;
     size_t remaining; /* arrivals still expected */
     _Atomic unsigned refs;
 };
 
-typedef struct wsync_host_task {
-    struct wsync_host_task *next;
-    wsync_host_task_kind_t kind;
+typedef struct wsync_cpu_task {
+    struct wsync_cpu_task *next;
+    wsync_cpu_task_kind_t kind;
     uint64_t seq;
-    wsync_host_sink_t *sink;
+    wsync_cpu_sink_t *sink;
     wsync_control_t *control;
     uint64_t generation;
     union {
@@ -41,21 +41,21 @@ typedef struct wsync_host_task {
         } copy;
         struct {
             size_t n;
-            wsync_host_stage_copy_t *copies; /* points into the task's tail */
+            wsync_cpu_stage_copy_t *copies; /* points into the task's tail */
         } stage;
         struct {
             wsync_host_fn_t fn;
             void *user;
         } host_fn;
-        wsync_host_join_t *join;
+        wsync_cpu_join_t *join;
     } u;
-} wsync_host_task_t;
+} wsync_cpu_task_t;
 
-struct wsync_host_stream {
+struct wsync_cpu_stream {
     pthread_mutex_t lock;
     pthread_cond_t cv_work; /* a task arrived or stop was set */
     pthread_cond_t cv_done; /* `completed` advanced */
-    wsync_host_task_t *head, *tail;
+    wsync_cpu_task_t *head, *tail;
     uint64_t enqueued;  /* seq of the last task enqueued */
     uint64_t completed; /* seq of the last task run */
     int stop;
@@ -64,7 +64,7 @@ struct wsync_host_stream {
 
 /* ---------------------------------------------------------------- sinks */
 
-void wsync_host_sink_init(wsync_host_sink_t *k)
+void wsync_cpu_sink_init(wsync_cpu_sink_t *k)
 {
     pthread_mutex_init(&k->lock, NULL);
     memset(&k->error, 0, sizeof(k->error));
@@ -72,12 +72,12 @@ void wsync_host_sink_init(wsync_host_sink_t *k)
     k->failed_generation = 0;
 }
 
-void wsync_host_sink_destroy(wsync_host_sink_t *k)
+void wsync_cpu_sink_destroy(wsync_cpu_sink_t *k)
 {
     pthread_mutex_destroy(&k->lock);
 }
 
-wsync_result_t wsync_host_sink_take(wsync_host_sink_t *k, wsync_error_t *err)
+wsync_result_t wsync_cpu_sink_take(wsync_cpu_sink_t *k, wsync_error_t *err)
 {
     pthread_mutex_lock(&k->lock);
     wsync_result_t code = k->error.code;
@@ -93,7 +93,7 @@ wsync_result_t wsync_host_sink_take(wsync_host_sink_t *k, wsync_error_t *err)
     return code;
 }
 
-static int wsync_host_sink_failed(wsync_host_sink_t *k, uint64_t generation)
+static int wsync_cpu_sink_failed(wsync_cpu_sink_t *k, uint64_t generation)
 {
     if (k == NULL)
         return 0;
@@ -105,7 +105,7 @@ static int wsync_host_sink_failed(wsync_host_sink_t *k, uint64_t generation)
 
 /* ---------------------------------------------------------------- task bodies */
 
-static void wsync_host_run_wait_ready(wsync_host_task_t *t)
+static void wsync_cpu_run_wait_ready(wsync_cpu_task_t *t)
 {
     wsync_error_t local = {.struct_size = sizeof(local)};
     wsync_result_t r = wsync_control_wait_ready(t->control, t->generation, t->u.wait.timeout_ms,
@@ -120,11 +120,11 @@ static void wsync_host_run_wait_ready(wsync_host_task_t *t)
 }
 
 /* Copy one row and fold the bytes that landed into st. */
-static void wsync_host_copy_row_digest(uint8_t *dst, const uint8_t *src, uint64_t n,
+static void wsync_cpu_copy_row_digest(uint8_t *dst, const uint8_t *src, uint64_t n,
                                        wsync64_state_t *st)
 {
     while (n > 0) {
-        size_t chunk = n < WSYNC_HOST_VERIFY_CHUNK ? (size_t)n : WSYNC_HOST_VERIFY_CHUNK;
+        size_t chunk = n < WSYNC_CPU_VERIFY_CHUNK ? (size_t)n : WSYNC_CPU_VERIFY_CHUNK;
         memcpy(dst, src, chunk);
         wsync64_update(st, dst, chunk);
         dst += chunk;
@@ -133,15 +133,15 @@ static void wsync_host_copy_row_digest(uint8_t *dst, const uint8_t *src, uint64_
     }
 }
 
-static void wsync_host_run_copy(wsync_host_task_t *t)
+static void wsync_cpu_run_copy(wsync_cpu_task_t *t)
 {
     const int verify = (t->u.copy.flags & WSYNC_COPY_VERIFY) != 0;
     size_t mismatches = 0, first = 0;
     uint64_t first_want = 0, first_got = 0;
 
-    if (wsync_host_sink_failed(t->sink, t->generation))
+    if (wsync_cpu_sink_failed(t->sink, t->generation))
         return; /* no ready: never copy a half-written bucket */
-    const int streaming = t->u.copy.total_bytes >= WSYNC_HOST_STREAMING_MIN_TASK;
+    const int streaming = t->u.copy.total_bytes >= WSYNC_CPU_STREAMING_MIN_TASK;
     for (size_t i = 0; i < t->u.copy.n; i++) {
         const wsync_copy_op_t *op = &t->u.copy.ops[i];
         const uint8_t *src = t->u.copy.src_base + op->src_offset;
@@ -154,7 +154,7 @@ static void wsync_host_run_copy(wsync_host_task_t *t)
             wsync64_state_t st;
             wsync64_init(&st);
             for (uint64_t r = 0; r < op->rows; r++)
-                wsync_host_copy_row_digest(dst + r * op->dst_pitch, src + r * op->src_pitch,
+                wsync_cpu_copy_row_digest(dst + r * op->dst_pitch, src + r * op->src_pitch,
                                            op->row_bytes, &st);
             uint64_t got = wsync64_final(&st);
             if (got != op->digest && mismatches++ == 0) {
@@ -165,13 +165,13 @@ static void wsync_host_run_copy(wsync_host_task_t *t)
         } else if (op->rows == 1 ||
                    (op->src_pitch == op->row_bytes && op->dst_pitch == op->row_bytes)) {
             if (streaming)
-                wsync_host_copy_streaming(dst, src, (size_t)total);
+                wsync_cpu_copy_streaming(dst, src, (size_t)total);
             else
                 memcpy(dst, src, (size_t)total);
         } else {
             for (uint64_t r = 0; r < op->rows; r++) {
                 if (streaming)
-                    wsync_host_copy_streaming(dst + r * op->dst_pitch, src + r * op->src_pitch,
+                    wsync_cpu_copy_streaming(dst + r * op->dst_pitch, src + r * op->src_pitch,
                                               (size_t)op->row_bytes);
                 else
                     memcpy(dst + r * op->dst_pitch, src + r * op->src_pitch, (size_t)op->row_bytes);
@@ -179,7 +179,7 @@ static void wsync_host_run_copy(wsync_host_task_t *t)
         }
     }
     if (streaming)
-        wsync_host_copy_fence(); /* streaming stores are weakly ordered */
+        wsync_cpu_copy_fence(); /* streaming stores are weakly ordered */
     if (mismatches == 0 || t->sink == NULL)
         return;
     pthread_mutex_lock(&t->sink->lock);
@@ -192,10 +192,10 @@ static void wsync_host_run_copy(wsync_host_task_t *t)
     pthread_mutex_unlock(&t->sink->lock);
 }
 
-static void wsync_host_run_stage(wsync_host_task_t *t)
+static void wsync_cpu_run_stage(wsync_cpu_task_t *t)
 {
     for (size_t i = 0; i < t->u.stage.n; i++) {
-        const wsync_host_stage_copy_t *c = &t->u.stage.copies[i];
+        const wsync_cpu_stage_copy_t *c = &t->u.stage.copies[i];
         if (c->nbytes != 0)
             memcpy(c->dst, c->src, (size_t)c->nbytes);
         if (c->digest != NULL)
@@ -205,7 +205,7 @@ static void wsync_host_run_stage(wsync_host_task_t *t)
     }
 }
 
-static void wsync_host_join_release(wsync_host_join_t *j)
+static void wsync_cpu_join_release(wsync_cpu_join_t *j)
 {
     if (atomic_fetch_sub(&j->refs, 1) != 1)
         return;
@@ -214,48 +214,48 @@ static void wsync_host_join_release(wsync_host_join_t *j)
     free(j);
 }
 
-static void wsync_host_run(wsync_host_task_t *t)
+static void wsync_cpu_run(wsync_cpu_task_t *t)
 {
     switch (t->kind) {
-    case WSYNC_HOST_TASK_WAIT_READY:
-        wsync_host_run_wait_ready(t);
+    case WSYNC_CPU_TASK_WAIT_READY:
+        wsync_cpu_run_wait_ready(t);
         break;
-    case WSYNC_HOST_TASK_COPY:
-        wsync_host_run_copy(t);
+    case WSYNC_CPU_TASK_COPY:
+        wsync_cpu_run_copy(t);
         break;
-    case WSYNC_HOST_TASK_SIGNAL_CONSUMED:
-        if (!wsync_host_sink_failed(t->sink, t->generation))
+    case WSYNC_CPU_TASK_SIGNAL_CONSUMED:
+        if (!wsync_cpu_sink_failed(t->sink, t->generation))
             wsync_control_signal_consumed(t->control, t->generation);
         break;
-    case WSYNC_HOST_TASK_SIGNAL_READY:
+    case WSYNC_CPU_TASK_SIGNAL_READY:
         wsync_control_signal_ready(t->control, t->generation);
         break;
-    case WSYNC_HOST_TASK_STAGE:
-        wsync_host_run_stage(t);
+    case WSYNC_CPU_TASK_STAGE:
+        wsync_cpu_run_stage(t);
         break;
-    case WSYNC_HOST_TASK_HOST_FN:
+    case WSYNC_CPU_TASK_HOST_FN:
         t->u.host_fn.fn(t->u.host_fn.user);
         break;
-    case WSYNC_HOST_TASK_JOIN_ARRIVE:
+    case WSYNC_CPU_TASK_JOIN_ARRIVE:
         pthread_mutex_lock(&t->u.join->lock);
         t->u.join->remaining--;
         pthread_cond_broadcast(&t->u.join->cv);
         pthread_mutex_unlock(&t->u.join->lock);
-        wsync_host_join_release(t->u.join);
+        wsync_cpu_join_release(t->u.join);
         break;
-    case WSYNC_HOST_TASK_JOIN_WAIT:
+    case WSYNC_CPU_TASK_JOIN_WAIT:
         pthread_mutex_lock(&t->u.join->lock);
         while (t->u.join->remaining > 0)
             pthread_cond_wait(&t->u.join->cv, &t->u.join->lock);
         pthread_mutex_unlock(&t->u.join->lock);
-        wsync_host_join_release(t->u.join);
+        wsync_cpu_join_release(t->u.join);
         break;
     }
 }
 
-static void *wsync_host_worker(void *arg)
+static void *wsync_cpu_worker(void *arg)
 {
-    wsync_host_stream_t *s = arg;
+    wsync_cpu_stream_t *s = arg;
 
     pthread_mutex_lock(&s->lock);
     for (;;) {
@@ -263,14 +263,14 @@ static void *wsync_host_worker(void *arg)
             pthread_cond_wait(&s->cv_work, &s->lock);
         if (s->head == NULL)
             break; /* stop, and the queue is drained */
-        wsync_host_task_t *t = s->head;
+        wsync_cpu_task_t *t = s->head;
         s->head = t->next;
         if (s->head == NULL)
             s->tail = NULL;
         pthread_mutex_unlock(&s->lock);
 
         uint64_t seq = t->seq;
-        wsync_host_run(t);
+        wsync_cpu_run(t);
         free(t);
 
         pthread_mutex_lock(&s->lock);
@@ -283,10 +283,10 @@ static void *wsync_host_worker(void *arg)
 
 /* ---------------------------------------------------------------- enqueue */
 
-static wsync_host_task_t *wsync_host_task_new(wsync_host_task_kind_t kind, size_t tail,
+static wsync_cpu_task_t *wsync_cpu_task_new(wsync_cpu_task_kind_t kind, size_t tail,
                                               wsync_error_t *err)
 {
-    wsync_host_task_t *t = malloc(sizeof(*t) + tail);
+    wsync_cpu_task_t *t = malloc(sizeof(*t) + tail);
     if (t == NULL) {
         WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for a stream task (%zu bytes)",
                    sizeof(*t) + tail);
@@ -297,7 +297,7 @@ static wsync_host_task_t *wsync_host_task_new(wsync_host_task_kind_t kind, size_
     return t;
 }
 
-static uint64_t wsync_host_enqueue(wsync_host_stream_t *s, wsync_host_task_t *t)
+static uint64_t wsync_cpu_enqueue(wsync_cpu_stream_t *s, wsync_cpu_task_t *t)
 {
     pthread_mutex_lock(&s->lock);
     t->seq = ++s->enqueued;
@@ -313,20 +313,20 @@ static uint64_t wsync_host_enqueue(wsync_host_stream_t *s, wsync_host_task_t *t)
     return seq;
 }
 
-static wsync_result_t wsync_host_submit(wsync_host_stream_t *s, wsync_host_task_t *t, uint64_t *seq)
+static wsync_result_t wsync_cpu_submit(wsync_cpu_stream_t *s, wsync_cpu_task_t *t, uint64_t *seq)
 {
-    uint64_t q = wsync_host_enqueue(s, t);
+    uint64_t q = wsync_cpu_enqueue(s, t);
     if (seq != NULL)
         *seq = q;
     return WSYNC_OK;
 }
 
-wsync_result_t wsync_host_stream_wait_ready(wsync_host_stream_t *s, wsync_control_t *control,
+wsync_result_t wsync_cpu_stream_wait_ready(wsync_cpu_stream_t *s, wsync_control_t *control,
                                             uint64_t generation, uint32_t timeout_ms,
-                                            int64_t peer_pid, wsync_host_sink_t *sink,
+                                            int64_t peer_pid, wsync_cpu_sink_t *sink,
                                             uint64_t *seq, wsync_error_t *err)
 {
-    wsync_host_task_t *t = wsync_host_task_new(WSYNC_HOST_TASK_WAIT_READY, 0, err);
+    wsync_cpu_task_t *t = wsync_cpu_task_new(WSYNC_CPU_TASK_WAIT_READY, 0, err);
     if (t == NULL)
         return WSYNC_ERR_OUT_OF_MEMORY;
     t->control = control;
@@ -334,17 +334,17 @@ wsync_result_t wsync_host_stream_wait_ready(wsync_host_stream_t *s, wsync_contro
     t->sink = sink;
     t->u.wait.timeout_ms = timeout_ms;
     t->u.wait.peer_pid = peer_pid;
-    return wsync_host_submit(s, t, seq);
+    return wsync_cpu_submit(s, t, seq);
 }
 
-wsync_result_t wsync_host_stream_copy(wsync_host_stream_t *s, const uint8_t *src_base,
+wsync_result_t wsync_cpu_stream_copy(wsync_cpu_stream_t *s, const uint8_t *src_base,
                                       const wsync_copy_op_t *ops, size_t n, uint32_t flags,
-                                      uint64_t generation, wsync_host_sink_t *sink, uint64_t *seq,
+                                      uint64_t generation, wsync_cpu_sink_t *sink, uint64_t *seq,
                                       wsync_error_t *err)
 {
-    if (n > (SIZE_MAX - sizeof(wsync_host_task_t)) / sizeof(*ops))
+    if (n > (SIZE_MAX - sizeof(wsync_cpu_task_t)) / sizeof(*ops))
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "%zu copy ops do not fit in memory", n);
-    wsync_host_task_t *t = wsync_host_task_new(WSYNC_HOST_TASK_COPY, n * sizeof(*ops), err);
+    wsync_cpu_task_t *t = wsync_cpu_task_new(WSYNC_CPU_TASK_COPY, n * sizeof(*ops), err);
     if (t == NULL)
         return WSYNC_ERR_OUT_OF_MEMORY;
     t->generation = generation;
@@ -357,66 +357,66 @@ wsync_result_t wsync_host_stream_copy(wsync_host_stream_t *s, const uint8_t *src
         memcpy(t->u.copy.ops, ops, n * sizeof(*ops));
     for (size_t i = 0; i < n; i++)
         t->u.copy.total_bytes += ops[i].rows * ops[i].row_bytes;
-    return wsync_host_submit(s, t, seq);
+    return wsync_cpu_submit(s, t, seq);
 }
 
-wsync_result_t wsync_host_stream_signal_consumed(wsync_host_stream_t *s, wsync_control_t *control,
-                                                 uint64_t generation, wsync_host_sink_t *sink,
+wsync_result_t wsync_cpu_stream_signal_consumed(wsync_cpu_stream_t *s, wsync_control_t *control,
+                                                 uint64_t generation, wsync_cpu_sink_t *sink,
                                                  uint64_t *seq, wsync_error_t *err)
 {
-    wsync_host_task_t *t = wsync_host_task_new(WSYNC_HOST_TASK_SIGNAL_CONSUMED, 0, err);
+    wsync_cpu_task_t *t = wsync_cpu_task_new(WSYNC_CPU_TASK_SIGNAL_CONSUMED, 0, err);
     if (t == NULL)
         return WSYNC_ERR_OUT_OF_MEMORY;
     t->control = control;
     t->generation = generation;
     t->sink = sink;
-    return wsync_host_submit(s, t, seq);
+    return wsync_cpu_submit(s, t, seq);
 }
 
-wsync_result_t wsync_host_stream_signal_ready(wsync_host_stream_t *s, wsync_control_t *control,
+wsync_result_t wsync_cpu_stream_signal_ready(wsync_cpu_stream_t *s, wsync_control_t *control,
                                               uint64_t generation, uint64_t *seq,
                                               wsync_error_t *err)
 {
-    wsync_host_task_t *t = wsync_host_task_new(WSYNC_HOST_TASK_SIGNAL_READY, 0, err);
+    wsync_cpu_task_t *t = wsync_cpu_task_new(WSYNC_CPU_TASK_SIGNAL_READY, 0, err);
     if (t == NULL)
         return WSYNC_ERR_OUT_OF_MEMORY;
     t->control = control;
     t->generation = generation;
-    return wsync_host_submit(s, t, seq);
+    return wsync_cpu_submit(s, t, seq);
 }
 
-wsync_result_t wsync_host_stream_stage(wsync_host_stream_t *s, const wsync_host_stage_copy_t *c,
+wsync_result_t wsync_cpu_stream_stage(wsync_cpu_stream_t *s, const wsync_cpu_stage_copy_t *c,
                                        size_t n, uint64_t *seq, wsync_error_t *err)
 {
-    if (n > (SIZE_MAX - sizeof(wsync_host_task_t)) / sizeof(*c))
+    if (n > (SIZE_MAX - sizeof(wsync_cpu_task_t)) / sizeof(*c))
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "%zu staging copies do not fit", n);
-    wsync_host_task_t *t = wsync_host_task_new(WSYNC_HOST_TASK_STAGE, n * sizeof(*c), err);
+    wsync_cpu_task_t *t = wsync_cpu_task_new(WSYNC_CPU_TASK_STAGE, n * sizeof(*c), err);
     if (t == NULL)
         return WSYNC_ERR_OUT_OF_MEMORY;
     t->u.stage.n = n;
-    t->u.stage.copies = (wsync_host_stage_copy_t *)(void *)(t + 1);
+    t->u.stage.copies = (wsync_cpu_stage_copy_t *)(void *)(t + 1);
     if (n != 0)
         memcpy(t->u.stage.copies, c, n * sizeof(*c));
-    return wsync_host_submit(s, t, seq);
+    return wsync_cpu_submit(s, t, seq);
 }
 
-wsync_result_t wsync_host_stream_host_fn(wsync_host_stream_t *s, wsync_host_fn_t fn, void *user,
+wsync_result_t wsync_cpu_stream_host_fn(wsync_cpu_stream_t *s, wsync_host_fn_t fn, void *user,
                                          uint64_t *seq, wsync_error_t *err)
 {
-    wsync_host_task_t *t = wsync_host_task_new(WSYNC_HOST_TASK_HOST_FN, 0, err);
+    wsync_cpu_task_t *t = wsync_cpu_task_new(WSYNC_CPU_TASK_HOST_FN, 0, err);
     if (t == NULL)
         return WSYNC_ERR_OUT_OF_MEMORY;
     t->u.host_fn.fn = fn;
     t->u.host_fn.user = user;
-    return wsync_host_submit(s, t, seq);
+    return wsync_cpu_submit(s, t, seq);
 }
 
-wsync_result_t wsync_host_stream_join(wsync_host_stream_t *waiter,
-                                      wsync_host_stream_t *const *others, size_t n,
+wsync_result_t wsync_cpu_stream_join(wsync_cpu_stream_t *waiter,
+                                      wsync_cpu_stream_t *const *others, size_t n,
                                       wsync_error_t *err)
 {
-    wsync_host_task_t **marks;
-    wsync_host_join_t *j;
+    wsync_cpu_task_t **marks;
+    wsync_cpu_join_t *j;
 
     if (n == 0)
         return WSYNC_OK;
@@ -428,8 +428,8 @@ wsync_result_t wsync_host_stream_join(wsync_host_stream_t *waiter,
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory to join %zu streams", n + 1);
     }
     for (size_t i = 0; i <= n; i++) {
-        marks[i] = wsync_host_task_new(
-            i < n ? WSYNC_HOST_TASK_JOIN_ARRIVE : WSYNC_HOST_TASK_JOIN_WAIT, 0, err);
+        marks[i] = wsync_cpu_task_new(
+            i < n ? WSYNC_CPU_TASK_JOIN_ARRIVE : WSYNC_CPU_TASK_JOIN_WAIT, 0, err);
         if (marks[i] == NULL) {
             for (size_t k = 0; k < i; k++)
                 free(marks[k]);
@@ -443,24 +443,24 @@ wsync_result_t wsync_host_stream_join(wsync_host_stream_t *waiter,
     pthread_cond_init(&j->cv, NULL);
     j->remaining = n;
     atomic_init(&j->refs, (unsigned)(n + 1));
-    wsync_host_enqueue(waiter, marks[n]);
+    wsync_cpu_enqueue(waiter, marks[n]);
     for (size_t i = 0; i < n; i++)
-        wsync_host_enqueue(others[i], marks[i]);
+        wsync_cpu_enqueue(others[i], marks[i]);
     free(marks);
     return WSYNC_OK;
 }
 
 /* ---------------------------------------------------------------- lifecycle */
 
-wsync_result_t wsync_host_stream_create(wsync_host_stream_t **out, wsync_error_t *err)
+wsync_result_t wsync_cpu_stream_create(wsync_cpu_stream_t **out, wsync_error_t *err)
 {
-    wsync_host_stream_t *s = calloc(1, sizeof(*s));
+    wsync_cpu_stream_t *s = calloc(1, sizeof(*s));
     if (s == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for a stream");
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->cv_work, NULL);
     pthread_cond_init(&s->cv_done, NULL);
-    int rc = pthread_create(&s->thread, NULL, wsync_host_worker, s);
+    int rc = pthread_create(&s->thread, NULL, wsync_cpu_worker, s);
     if (rc != 0) {
         pthread_cond_destroy(&s->cv_done);
         pthread_cond_destroy(&s->cv_work);
@@ -473,7 +473,7 @@ wsync_result_t wsync_host_stream_create(wsync_host_stream_t **out, wsync_error_t
     return WSYNC_OK;
 }
 
-void wsync_host_stream_destroy(wsync_host_stream_t *s)
+void wsync_cpu_stream_destroy(wsync_cpu_stream_t *s)
 {
     if (s == NULL)
         return;
@@ -488,7 +488,7 @@ void wsync_host_stream_destroy(wsync_host_stream_t *s)
     free(s);
 }
 
-void wsync_host_stream_wait(wsync_host_stream_t *s, uint64_t seq)
+void wsync_cpu_stream_wait(wsync_cpu_stream_t *s, uint64_t seq)
 {
     pthread_mutex_lock(&s->lock);
     while (s->completed < seq)
@@ -496,12 +496,12 @@ void wsync_host_stream_wait(wsync_host_stream_t *s, uint64_t seq)
     pthread_mutex_unlock(&s->lock);
 }
 
-void wsync_host_stream_synchronize(wsync_host_stream_t *s)
+void wsync_cpu_stream_synchronize(wsync_cpu_stream_t *s)
 {
-    wsync_host_stream_wait(s, wsync_host_stream_last_seq(s));
+    wsync_cpu_stream_wait(s, wsync_cpu_stream_last_seq(s));
 }
 
-uint64_t wsync_host_stream_last_seq(wsync_host_stream_t *s)
+uint64_t wsync_cpu_stream_last_seq(wsync_cpu_stream_t *s)
 {
     pthread_mutex_lock(&s->lock);
     uint64_t q = s->enqueued;

@@ -1,7 +1,7 @@
 """A trainer holding a real transformers Qwen3 (dense and MoE) pushes its state_dict through the
 Producer into engine processes that hold the model in each engine's fused layout; after every
 one of 3 syncs every engine parameter equals the torch-computed reference, and every data_ptr()
-is unchanged. Host plugin, CPU torch."""
+is unchanged. CPU plugin, CPU torch."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from conftest import plugin_for
 def _run(engine_ranks, engine: str, layout: str, tp: int, device: str = "cpu") -> None:
     model = models.tiny_model(layout).to(device)
     ranks = engine_ranks(engine, layout, tp, device=device)
-    backend = "host " if device == "cpu" else "cuda "
+    backend = "cpu " if device == "cpu" else "cuda "
     assert all(b.startswith(backend) for b in ranks.backends), ranks.backends
     with wsync.Producer(engine, tp_size=tp, bucket_bytes=96 << 10, device=device, plugin=plugin_for(device)) as prod:
         for k in range(3):

@@ -4,16 +4,16 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "host_internal.h"
+#include "cpu_internal.h"
 #include "wsync_error.h"
 
 /* The shm name in a desc: handle bytes, no NUL inside, shorter than WSYNC_SHM_NAME_MAX. */
-static wsync_result_t wsync_host_desc_name(const wsync_buffer_desc_t *d, char *name,
+static wsync_result_t wsync_cpu_desc_name(const wsync_buffer_desc_t *d, char *name,
                                            wsync_error_t *err)
 {
     if (d->kind != WSYNC_BUFFER_HOST_SHM)
         return WSYNC_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
-                          "buffer kind %d is not host_shm; the host plugin maps only POSIX "
+                          "buffer kind %d is not host_shm; the CPU plugin maps only POSIX "
                           "shared memory (load libwsync_cuda.so for cuda_ipc)",
                           (int)d->kind);
     if (d->handle_len == 0 || d->handle_len >= WSYNC_SHM_NAME_MAX ||
@@ -33,7 +33,7 @@ static wsync_result_t wsync_host_desc_name(const wsync_buffer_desc_t *d, char *n
 }
 
 /* Check the mapped control block against the desc. */
-static wsync_result_t wsync_host_check_mapping(const wsync_buffer_desc_t *d, const wsync_shm_t *shm,
+static wsync_result_t wsync_cpu_check_mapping(const wsync_buffer_desc_t *d, const wsync_shm_t *shm,
                                                const wsync_control_t *ctl, wsync_error_t *err)
 {
     wsync_result_t r = wsync_control_check(ctl, err);
@@ -65,14 +65,14 @@ static wsync_result_t wsync_host_check_mapping(const wsync_buffer_desc_t *d, con
     return WSYNC_OK;
 }
 
-wsync_result_t wsync_host_handle_map(void *user, const wsync_buffer_desc_t *desc, void **mapping,
+wsync_result_t wsync_cpu_handle_map(void *user, const wsync_buffer_desc_t *desc, void **mapping,
                                      wsync_error_t *err)
 {
     struct wsync_consumer *c = user;
     char name[WSYNC_SHM_NAME_MAX];
     wsync_result_t r;
 
-    if ((r = wsync_host_desc_name(desc, name, err)) != WSYNC_OK)
+    if ((r = wsync_cpu_desc_name(desc, name, err)) != WSYNC_OK)
         return r;
     struct wsync_handle *h = calloc(1, sizeof(*h));
     if (h == NULL)
@@ -80,7 +80,7 @@ wsync_result_t wsync_host_handle_map(void *user, const wsync_buffer_desc_t *desc
     if ((r = wsync_shm_open(&h->shm, name, WSYNC_CONTROL_SIZE, err)) != WSYNC_OK)
         goto fail;
     h->control = h->shm.addr;
-    if ((r = wsync_host_check_mapping(desc, &h->shm, h->control, err)) != WSYNC_OK)
+    if ((r = wsync_cpu_check_mapping(desc, &h->shm, h->control, err)) != WSYNC_OK)
         goto fail;
     h->consumer = c;
     h->data = (uint8_t *)h->shm.addr + h->control->data_offset + desc->base_offset;
@@ -89,7 +89,7 @@ wsync_result_t wsync_host_handle_map(void *user, const wsync_buffer_desc_t *desc
     if ((r = wsync_control_attach(h->control, err)) != WSYNC_OK)
         goto fail;
     pthread_mutex_init(&h->lock, NULL);
-    wsync_host_sink_init(&h->sink);
+    wsync_cpu_sink_init(&h->sink);
 
     pthread_mutex_lock(&c->lock);
     h->next = c->handles;
@@ -103,7 +103,7 @@ fail:
     return r;
 }
 
-void wsync_host_handle_unmap(void *user, void *mapping)
+void wsync_cpu_handle_unmap(void *user, void *mapping)
 {
     struct wsync_consumer *c = user;
     struct wsync_handle *h = mapping;
@@ -118,13 +118,13 @@ void wsync_host_handle_unmap(void *user, void *mapping)
     pthread_mutex_unlock(&c->lock);
     wsync_control_detach(h->control);
     wsync_shm_close(&h->shm);
-    wsync_host_sink_destroy(&h->sink);
+    wsync_cpu_sink_destroy(&h->sink);
     pthread_mutex_destroy(&h->lock);
     free(h->carriers);
     free(h);
 }
 
-wsync_result_t wsync_host_open_handle(struct wsync_consumer *c, const wsync_buffer_desc_t *desc,
+wsync_result_t wsync_cpu_open_handle(struct wsync_consumer *c, const wsync_buffer_desc_t *desc,
                                       struct wsync_handle **out, wsync_error_t *err)
 {
     wsync_cache_entry_t *e = NULL;
@@ -144,7 +144,7 @@ wsync_result_t wsync_host_open_handle(struct wsync_consumer *c, const wsync_buff
     return WSYNC_OK;
 }
 
-wsync_result_t wsync_host_close_handle(struct wsync_consumer *c, struct wsync_handle *h,
+wsync_result_t wsync_cpu_close_handle(struct wsync_consumer *c, struct wsync_handle *h,
                                        wsync_error_t *err)
 {
     if (c == NULL || h == NULL || h->consumer != c)
@@ -153,14 +153,14 @@ wsync_result_t wsync_host_close_handle(struct wsync_consumer *c, struct wsync_ha
     /* No copy may read the mapping after the unmap: wait for every stream that carried one. */
     pthread_mutex_lock(&h->lock);
     for (size_t i = 0; i < h->n_carriers; i++)
-        wsync_host_stream_wait(h->carriers[i].stream, h->carriers[i].last_seq);
+        wsync_cpu_stream_wait(h->carriers[i].stream, h->carriers[i].last_seq);
     wsync_cache_entry_t *e = h->entry;
     pthread_mutex_unlock(&h->lock);
     wsync_cache_release(c->cache, e);
     return WSYNC_OK;
 }
 
-void wsync_host_handles_forget_stream(struct wsync_consumer *c, wsync_host_stream_t *s)
+void wsync_cpu_handles_forget_stream(struct wsync_consumer *c, wsync_cpu_stream_t *s)
 {
     pthread_mutex_lock(&c->lock);
     for (struct wsync_handle *h = c->handles; h != NULL; h = h->next) {

@@ -1,7 +1,7 @@
 /* The staging-reuse stress test (docs/DESIGN.md §1.1). The engine's copy stream is busy — a host
  * callback sleeps 2-5 ms right before each update — while the trainer reuses ONE staging buffer
  * and overwrites it the moment wait_consumed returns. With *consumed* recorded in stream order no
- * tensor may ever be torn. The same run against libwsync_host_broken.so (consumed recorded from
+ * tensor may ever be torn. The same run against libwsync_cpu_broken.so (consumed recorded from
  * the calling thread, the early-consumed failure) must find torn tensors: proof that this test can
  * fail. */
 #include <pthread.h>
@@ -18,7 +18,7 @@
 
 #include <cmocka.h>
 
-#include "host_test_util.h"
+#include "cpu_test_util.h"
 
 #define BUCKETS 200
 #define TENSORS 8
