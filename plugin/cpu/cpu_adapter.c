@@ -10,8 +10,8 @@
 /* FROM_MANIFEST: the manifest must describe the buffer behind `h`, and its generation must be
  * newer than the last one taken from it. Returns the usable base of the mapping. */
 static wsync_result_t wsync_cpu_adapter_source(struct wsync_consumer *c,
-                                                const wsync_adapter_source_t *src,
-                                                const uint8_t **base, wsync_error_t *err)
+                                               const wsync_adapter_source_t *src,
+                                               const uint8_t **base, wsync_error_t *err)
 {
     struct wsync_handle *h = src->handle;
     const wsync_manifest_t *m = src->manifest;
@@ -32,9 +32,9 @@ static wsync_result_t wsync_cpu_adapter_source(struct wsync_consumer *c,
 }
 
 wsync_result_t wsync_cpu_hot_load_adapter(struct wsync_consumer *c,
-                                           const wsync_adapter_source_t *src,
-                                           wsync_adapter_slot_t *slot, wsync_stream_t stream,
-                                           wsync_error_t *err)
+                                          const wsync_adapter_source_t *src,
+                                          wsync_adapter_slot_t *slot, wsync_stream_t stream,
+                                          wsync_error_t *err)
 {
     wsync_result_t arg = wsync_validate_adapter_call(c, src, slot, err);
     if (arg != WSYNC_OK)
@@ -57,7 +57,7 @@ wsync_result_t wsync_cpu_hot_load_adapter(struct wsync_consumer *c,
 }
 
 wsync_result_t wsync_cpu_unload_adapter(struct wsync_consumer *c, wsync_adapter_slot_t *slot,
-                                         wsync_error_t *err)
+                                        wsync_error_t *err)
 {
     if (c == NULL || slot == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,

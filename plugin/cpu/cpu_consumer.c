@@ -7,7 +7,7 @@
 #include "wsync_manifest.h"
 
 wsync_result_t wsync_cpu_consumer_create(const wsync_consumer_config_t *config,
-                                          struct wsync_consumer **out, wsync_error_t *err)
+                                         struct wsync_consumer **out, wsync_error_t *err)
 {
     wsync_result_t r;
 
@@ -68,7 +68,7 @@ wsync_result_t wsync_cpu_consumer_finalize(struct wsync_consumer *c, wsync_error
 }
 
 wsync_result_t wsync_cpu_parse_manifest(struct wsync_consumer *c, const char *json, size_t len,
-                                         const wsync_manifest_t **out, wsync_error_t *err)
+                                        const wsync_manifest_t **out, wsync_error_t *err)
 {
     wsync_manifest_owned_t *m = NULL;
 
@@ -90,7 +90,7 @@ void wsync_cpu_manifest_free(struct wsync_consumer *c, const wsync_manifest_t *m
 }
 
 wsync_result_t wsync_cpu_enqueue_host_fn(struct wsync_consumer *c, wsync_stream_t stream,
-                                          wsync_host_fn_t fn, void *user, wsync_error_t *err)
+                                         wsync_host_fn_t fn, void *user, wsync_error_t *err)
 {
     if (c == NULL || fn == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "consumer and fn must not be NULL");
@@ -100,7 +100,7 @@ wsync_result_t wsync_cpu_enqueue_host_fn(struct wsync_consumer *c, wsync_stream_
 /* ---------------------------------------------------------------- streams */
 
 wsync_result_t wsync_cpu_consumer_stream_create(struct wsync_consumer *c, wsync_stream_t *out,
-                                                 wsync_error_t *err)
+                                                wsync_error_t *err)
 {
     wsync_cpu_stream_t *s;
 
@@ -128,7 +128,7 @@ wsync_result_t wsync_cpu_consumer_stream_create(struct wsync_consumer *c, wsync_
 }
 
 wsync_result_t wsync_cpu_consumer_stream_destroy(struct wsync_consumer *c, wsync_stream_t st,
-                                                  wsync_error_t *err)
+                                                 wsync_error_t *err)
 {
     wsync_cpu_stream_t *s = st;
     size_t i;
@@ -155,7 +155,7 @@ wsync_result_t wsync_cpu_consumer_stream_destroy(struct wsync_consumer *c, wsync
 }
 
 wsync_result_t wsync_cpu_consumer_stream_synchronize(struct wsync_consumer *c, wsync_stream_t s,
-                                                      wsync_error_t *err)
+                                                     wsync_error_t *err)
 {
     if (c == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "consumer is NULL");
@@ -166,7 +166,7 @@ wsync_result_t wsync_cpu_consumer_stream_synchronize(struct wsync_consumer *c, w
 /* ---------------------------------------------------------------- memory */
 
 wsync_result_t wsync_cpu_mem_alloc(struct wsync_consumer *c, size_t bytes, void **out,
-                                    wsync_error_t *err)
+                                   wsync_error_t *err)
 {
     void *p = NULL;
 
@@ -191,7 +191,7 @@ wsync_result_t wsync_cpu_mem_free(struct wsync_consumer *c, void *p, wsync_error
 }
 
 wsync_result_t wsync_cpu_mem_copy(struct wsync_consumer *c, void *dst, const void *src,
-                                   size_t bytes, int kind, wsync_error_t *err)
+                                  size_t bytes, int kind, wsync_error_t *err)
 {
     (void)c;
     if (kind != 0 && kind != 1)

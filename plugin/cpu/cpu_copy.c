@@ -9,7 +9,7 @@
 
 /* Note that `s` carried copies from h up to task `seq`. Caller holds h->lock. */
 static wsync_result_t wsync_cpu_note_carrier(struct wsync_handle *h, wsync_cpu_stream_t *s,
-                                              uint64_t seq, wsync_error_t *err)
+                                             uint64_t seq, wsync_error_t *err)
 {
     for (size_t i = 0; i < h->n_carriers; i++) {
         if (h->carriers[i].stream == s) {
@@ -32,9 +32,9 @@ static wsync_result_t wsync_cpu_note_carrier(struct wsync_handle *h, wsync_cpu_s
 }
 
 wsync_result_t wsync_cpu_copy_weights(struct wsync_consumer *c, struct wsync_handle *h,
-                                       wsync_stream_t stream, uint64_t generation,
-                                       const wsync_copy_op_t *ops, size_t n_ops, uint32_t flags,
-                                       wsync_error_t *err)
+                                      wsync_stream_t stream, uint64_t generation,
+                                      const wsync_copy_op_t *ops, size_t n_ops, uint32_t flags,
+                                      wsync_error_t *err)
 {
     wsync_result_t r;
     uint64_t seq = 0;
@@ -55,8 +55,8 @@ wsync_result_t wsync_cpu_copy_weights(struct wsync_consumer *c, struct wsync_han
         if (r != WSYNC_OK)
             goto out;
     }
-    r = wsync_cpu_stream_wait_ready(s, h->control, generation, c->timeout_ms, h->peer_pid,
-                                     &h->sink, NULL, err);
+    r = wsync_cpu_stream_wait_ready(s, h->control, generation, c->timeout_ms, h->peer_pid, &h->sink,
+                                    NULL, err);
     if (r == WSYNC_OK)
         r = wsync_cpu_stream_copy(s, h->data, ops, n_ops, flags, generation, &h->sink, &seq, err);
     if (r == WSYNC_OK)
@@ -85,8 +85,8 @@ static void wsync_cpu_record_early(struct wsync_handle *h, uint64_t generation)
 }
 #endif
 
-wsync_result_t wsync_cpu_record_consumed(struct wsync_consumer *c, struct wsync_handle *h,
-                                          int wait, wsync_error_t *err)
+wsync_result_t wsync_cpu_record_consumed(struct wsync_consumer *c, struct wsync_handle *h, int wait,
+                                         wsync_error_t *err)
 {
     wsync_cpu_stream_t *primary = NULL;
     wsync_cpu_stream_t **others = NULL;

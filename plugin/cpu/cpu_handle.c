@@ -9,7 +9,7 @@
 
 /* The shm name in a desc: handle bytes, no NUL inside, shorter than WSYNC_SHM_NAME_MAX. */
 static wsync_result_t wsync_cpu_desc_name(const wsync_buffer_desc_t *d, char *name,
-                                           wsync_error_t *err)
+                                          wsync_error_t *err)
 {
     if (d->kind != WSYNC_BUFFER_HOST_SHM)
         return WSYNC_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
@@ -34,7 +34,7 @@ static wsync_result_t wsync_cpu_desc_name(const wsync_buffer_desc_t *d, char *na
 
 /* Check the mapped control block against the desc. */
 static wsync_result_t wsync_cpu_check_mapping(const wsync_buffer_desc_t *d, const wsync_shm_t *shm,
-                                               const wsync_control_t *ctl, wsync_error_t *err)
+                                              const wsync_control_t *ctl, wsync_error_t *err)
 {
     wsync_result_t r = wsync_control_check(ctl, err);
     uint64_t end;
@@ -66,7 +66,7 @@ static wsync_result_t wsync_cpu_check_mapping(const wsync_buffer_desc_t *d, cons
 }
 
 wsync_result_t wsync_cpu_handle_map(void *user, const wsync_buffer_desc_t *desc, void **mapping,
-                                     wsync_error_t *err)
+                                    wsync_error_t *err)
 {
     struct wsync_consumer *c = user;
     char name[WSYNC_SHM_NAME_MAX];
@@ -125,7 +125,7 @@ void wsync_cpu_handle_unmap(void *user, void *mapping)
 }
 
 wsync_result_t wsync_cpu_open_handle(struct wsync_consumer *c, const wsync_buffer_desc_t *desc,
-                                      struct wsync_handle **out, wsync_error_t *err)
+                                     struct wsync_handle **out, wsync_error_t *err)
 {
     wsync_cache_entry_t *e = NULL;
 
@@ -145,7 +145,7 @@ wsync_result_t wsync_cpu_open_handle(struct wsync_consumer *c, const wsync_buffe
 }
 
 wsync_result_t wsync_cpu_close_handle(struct wsync_consumer *c, struct wsync_handle *h,
-                                       wsync_error_t *err)
+                                      wsync_error_t *err)
 {
     if (c == NULL || h == NULL || h->consumer != c)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,

@@ -51,7 +51,7 @@ struct wsync_consumer {
     wsync_cache_t *cache;
     wsync_manifest_cache_t *manifests; /* parse cache; thread safe on its own */
     wsync_cpu_stream_t *default_stream;
-    pthread_mutex_t lock;          /* guards streams and handles */
+    pthread_mutex_t lock;         /* guards streams and handles */
     wsync_cpu_stream_t **streams; /* created by stream_create */
     size_t n_streams, cap_streams;
     struct wsync_handle *handles;
@@ -68,73 +68,73 @@ static inline uint64_t wsync_cpu_handle_last_generation(struct wsync_handle *h)
 
 /* Resolve the NULL stream to the consumer's default. */
 static inline wsync_cpu_stream_t *wsync_cpu_consumer_stream(struct wsync_consumer *c,
-                                                              wsync_stream_t s)
+                                                            wsync_stream_t s)
 {
     return s != NULL ? (wsync_cpu_stream_t *)s : c->default_stream;
 }
 
 /* Consumer members (cpu_consumer.c, cpu_handle.c, cpu_copy.c, cpu_adapter.c). */
 wsync_result_t wsync_cpu_consumer_create(const wsync_consumer_config_t *config,
-                                          struct wsync_consumer **out, wsync_error_t *err);
+                                         struct wsync_consumer **out, wsync_error_t *err);
 wsync_result_t wsync_cpu_parse_manifest(struct wsync_consumer *c, const char *json, size_t len,
-                                         const wsync_manifest_t **out, wsync_error_t *err);
+                                        const wsync_manifest_t **out, wsync_error_t *err);
 void wsync_cpu_manifest_free(struct wsync_consumer *c, const wsync_manifest_t *m);
 wsync_result_t wsync_cpu_open_handle(struct wsync_consumer *c, const wsync_buffer_desc_t *desc,
-                                      struct wsync_handle **out, wsync_error_t *err);
+                                     struct wsync_handle **out, wsync_error_t *err);
 wsync_result_t wsync_cpu_close_handle(struct wsync_consumer *c, struct wsync_handle *h,
-                                       wsync_error_t *err);
+                                      wsync_error_t *err);
 wsync_result_t wsync_cpu_copy_weights(struct wsync_consumer *c, struct wsync_handle *h,
-                                       wsync_stream_t stream, uint64_t generation,
-                                       const wsync_copy_op_t *ops, size_t n_ops, uint32_t flags,
-                                       wsync_error_t *err);
-wsync_result_t wsync_cpu_record_consumed(struct wsync_consumer *c, struct wsync_handle *h,
-                                          int wait, wsync_error_t *err);
-wsync_result_t wsync_cpu_hot_load_adapter(struct wsync_consumer *c,
-                                           const wsync_adapter_source_t *src,
-                                           wsync_adapter_slot_t *slot, wsync_stream_t stream,
-                                           wsync_error_t *err);
-wsync_result_t wsync_cpu_unload_adapter(struct wsync_consumer *c, wsync_adapter_slot_t *slot,
+                                      wsync_stream_t stream, uint64_t generation,
+                                      const wsync_copy_op_t *ops, size_t n_ops, uint32_t flags,
+                                      wsync_error_t *err);
+wsync_result_t wsync_cpu_record_consumed(struct wsync_consumer *c, struct wsync_handle *h, int wait,
                                          wsync_error_t *err);
+wsync_result_t wsync_cpu_hot_load_adapter(struct wsync_consumer *c,
+                                          const wsync_adapter_source_t *src,
+                                          wsync_adapter_slot_t *slot, wsync_stream_t stream,
+                                          wsync_error_t *err);
+wsync_result_t wsync_cpu_unload_adapter(struct wsync_consumer *c, wsync_adapter_slot_t *slot,
+                                        wsync_error_t *err);
 wsync_result_t wsync_cpu_enqueue_host_fn(struct wsync_consumer *c, wsync_stream_t stream,
-                                          wsync_host_fn_t fn, void *user, wsync_error_t *err);
+                                         wsync_host_fn_t fn, void *user, wsync_error_t *err);
 wsync_result_t wsync_cpu_consumer_finalize(struct wsync_consumer *c, wsync_error_t *err);
 wsync_result_t wsync_cpu_consumer_stream_create(struct wsync_consumer *c, wsync_stream_t *out,
-                                                 wsync_error_t *err);
+                                                wsync_error_t *err);
 wsync_result_t wsync_cpu_consumer_stream_destroy(struct wsync_consumer *c, wsync_stream_t s,
-                                                  wsync_error_t *err);
+                                                 wsync_error_t *err);
 wsync_result_t wsync_cpu_consumer_stream_synchronize(struct wsync_consumer *c, wsync_stream_t s,
-                                                      wsync_error_t *err);
+                                                     wsync_error_t *err);
 wsync_result_t wsync_cpu_mem_alloc(struct wsync_consumer *c, size_t bytes, void **out,
-                                    wsync_error_t *err);
+                                   wsync_error_t *err);
 wsync_result_t wsync_cpu_mem_free(struct wsync_consumer *c, void *p, wsync_error_t *err);
 wsync_result_t wsync_cpu_mem_copy(struct wsync_consumer *c, void *dst, const void *src,
-                                   size_t bytes, int kind, wsync_error_t *err);
+                                  size_t bytes, int kind, wsync_error_t *err);
 
 /* Cache callbacks (cpu_handle.c); user is the consumer. */
 wsync_result_t wsync_cpu_handle_map(void *user, const wsync_buffer_desc_t *desc, void **mapping,
-                                     wsync_error_t *err);
+                                    wsync_error_t *err);
 void wsync_cpu_handle_unmap(void *user, void *mapping);
 /* Forget `s` as a carrier of every live handle (stream_destroy, after draining s). */
 void wsync_cpu_handles_forget_stream(struct wsync_consumer *c, wsync_cpu_stream_t *s);
 
 /* Producer members (cpu_producer.c). */
 wsync_result_t wsync_cpu_staging_create(const wsync_staging_config_t *config,
-                                         struct wsync_staging **out, wsync_error_t *err);
+                                        struct wsync_staging **out, wsync_error_t *err);
 wsync_result_t wsync_cpu_stage(struct wsync_staging *s, wsync_stream_t stream,
-                                const wsync_stage_tensor_t *tensors, size_t n, wsync_error_t *err);
+                               const wsync_stage_tensor_t *tensors, size_t n, wsync_error_t *err);
 wsync_result_t wsync_cpu_publish(struct wsync_staging *s, wsync_stream_t stream, int finished,
-                                  const char **manifest_json, uint64_t *generation,
-                                  wsync_error_t *err);
+                                 const char **manifest_json, uint64_t *generation,
+                                 wsync_error_t *err);
 wsync_result_t wsync_cpu_wait_consumed(struct wsync_staging *s, wsync_stream_t stream,
-                                        uint64_t generation, wsync_error_t *err);
+                                       uint64_t generation, wsync_error_t *err);
 wsync_result_t wsync_cpu_retire(struct wsync_staging *s, wsync_error_t *err);
 wsync_result_t wsync_cpu_staging_stream_create(struct wsync_staging *s, wsync_stream_t *out,
-                                                wsync_error_t *err);
+                                               wsync_error_t *err);
 wsync_result_t wsync_cpu_staging_stream_destroy(struct wsync_staging *s, wsync_stream_t st,
-                                                 wsync_error_t *err);
+                                                wsync_error_t *err);
 wsync_result_t wsync_cpu_staging_stream_synchronize(struct wsync_staging *s, wsync_stream_t st,
-                                                     wsync_error_t *err);
+                                                    wsync_error_t *err);
 wsync_result_t wsync_cpu_read_back(struct wsync_staging *s, uint64_t offset, void *dst,
-                                    size_t bytes, wsync_error_t *err);
+                                   size_t bytes, wsync_error_t *err);
 
 #endif

@@ -37,7 +37,7 @@ static wsync_cpu_stream_t *wsync_cpu_staging_stream(struct wsync_staging *s, wsy
 }
 
 wsync_result_t wsync_cpu_staging_create(const wsync_staging_config_t *config,
-                                         struct wsync_staging **out, wsync_error_t *err)
+                                        struct wsync_staging **out, wsync_error_t *err)
 {
     wsync_result_t r;
     size_t size;
@@ -88,7 +88,7 @@ fail:
 }
 
 wsync_result_t wsync_cpu_stage(struct wsync_staging *s, wsync_stream_t stream,
-                                const wsync_stage_tensor_t *tensors, size_t n, wsync_error_t *err)
+                               const wsync_stage_tensor_t *tensors, size_t n, wsync_error_t *err)
 {
     wsync_layout_t next;
     wsync_cpu_stage_copy_t *copies;
@@ -157,8 +157,8 @@ fail:
 }
 
 wsync_result_t wsync_cpu_publish(struct wsync_staging *s, wsync_stream_t stream, int finished,
-                                  const char **manifest_json, uint64_t *generation,
-                                  wsync_error_t *err)
+                                 const char **manifest_json, uint64_t *generation,
+                                 wsync_error_t *err)
 {
     char *json = NULL;
     wsync_result_t r;
@@ -194,7 +194,7 @@ wsync_result_t wsync_cpu_publish(struct wsync_staging *s, wsync_stream_t stream,
     if ((r = wsync_manifest_emit(&m, &json, err)) != WSYNC_OK)
         goto out;
     r = wsync_cpu_stream_signal_ready(wsync_cpu_staging_stream(s, stream), s->control, g, NULL,
-                                       err);
+                                      err);
     if (r != WSYNC_OK) {
         free(json);
         goto out;
@@ -211,7 +211,7 @@ out:
 }
 
 wsync_result_t wsync_cpu_wait_consumed(struct wsync_staging *s, wsync_stream_t stream,
-                                        uint64_t generation, wsync_error_t *err)
+                                       uint64_t generation, wsync_error_t *err)
 {
     (void)stream; /* host: the calling thread blocks */
     if (s == NULL)
@@ -251,7 +251,7 @@ wsync_result_t wsync_cpu_retire(struct wsync_staging *s, wsync_error_t *err)
 }
 
 wsync_result_t wsync_cpu_staging_stream_create(struct wsync_staging *s, wsync_stream_t *out,
-                                                wsync_error_t *err)
+                                               wsync_error_t *err)
 {
     wsync_cpu_stream_t *st;
 
@@ -279,7 +279,7 @@ wsync_result_t wsync_cpu_staging_stream_create(struct wsync_staging *s, wsync_st
 }
 
 wsync_result_t wsync_cpu_staging_stream_destroy(struct wsync_staging *s, wsync_stream_t st,
-                                                 wsync_error_t *err)
+                                                wsync_error_t *err)
 {
     size_t i;
 
@@ -307,7 +307,7 @@ wsync_result_t wsync_cpu_staging_stream_destroy(struct wsync_staging *s, wsync_s
 }
 
 wsync_result_t wsync_cpu_staging_stream_synchronize(struct wsync_staging *s, wsync_stream_t st,
-                                                     wsync_error_t *err)
+                                                    wsync_error_t *err)
 {
     if (s == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "staging is NULL");
@@ -316,7 +316,7 @@ wsync_result_t wsync_cpu_staging_stream_synchronize(struct wsync_staging *s, wsy
 }
 
 wsync_result_t wsync_cpu_read_back(struct wsync_staging *s, uint64_t offset, void *dst,
-                                    size_t bytes, wsync_error_t *err)
+                                   size_t bytes, wsync_error_t *err)
 {
     uint64_t end;
 

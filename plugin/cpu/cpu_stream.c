@@ -121,7 +121,7 @@ static void wsync_cpu_run_wait_ready(wsync_cpu_task_t *t)
 
 /* Copy one row and fold the bytes that landed into st. */
 static void wsync_cpu_copy_row_digest(uint8_t *dst, const uint8_t *src, uint64_t n,
-                                       wsync64_state_t *st)
+                                      wsync64_state_t *st)
 {
     while (n > 0) {
         size_t chunk = n < WSYNC_CPU_VERIFY_CHUNK ? (size_t)n : WSYNC_CPU_VERIFY_CHUNK;
@@ -155,7 +155,7 @@ static void wsync_cpu_run_copy(wsync_cpu_task_t *t)
             wsync64_init(&st);
             for (uint64_t r = 0; r < op->rows; r++)
                 wsync_cpu_copy_row_digest(dst + r * op->dst_pitch, src + r * op->src_pitch,
-                                           op->row_bytes, &st);
+                                          op->row_bytes, &st);
             uint64_t got = wsync64_final(&st);
             if (got != op->digest && mismatches++ == 0) {
                 first = i;
@@ -172,7 +172,7 @@ static void wsync_cpu_run_copy(wsync_cpu_task_t *t)
             for (uint64_t r = 0; r < op->rows; r++) {
                 if (streaming)
                     wsync_cpu_copy_streaming(dst + r * op->dst_pitch, src + r * op->src_pitch,
-                                              (size_t)op->row_bytes);
+                                             (size_t)op->row_bytes);
                 else
                     memcpy(dst + r * op->dst_pitch, src + r * op->src_pitch, (size_t)op->row_bytes);
             }
@@ -284,7 +284,7 @@ static void *wsync_cpu_worker(void *arg)
 /* ---------------------------------------------------------------- enqueue */
 
 static wsync_cpu_task_t *wsync_cpu_task_new(wsync_cpu_task_kind_t kind, size_t tail,
-                                              wsync_error_t *err)
+                                            wsync_error_t *err)
 {
     wsync_cpu_task_t *t = malloc(sizeof(*t) + tail);
     if (t == NULL) {
@@ -322,9 +322,9 @@ static wsync_result_t wsync_cpu_submit(wsync_cpu_stream_t *s, wsync_cpu_task_t *
 }
 
 wsync_result_t wsync_cpu_stream_wait_ready(wsync_cpu_stream_t *s, wsync_control_t *control,
-                                            uint64_t generation, uint32_t timeout_ms,
-                                            int64_t peer_pid, wsync_cpu_sink_t *sink,
-                                            uint64_t *seq, wsync_error_t *err)
+                                           uint64_t generation, uint32_t timeout_ms,
+                                           int64_t peer_pid, wsync_cpu_sink_t *sink, uint64_t *seq,
+                                           wsync_error_t *err)
 {
     wsync_cpu_task_t *t = wsync_cpu_task_new(WSYNC_CPU_TASK_WAIT_READY, 0, err);
     if (t == NULL)
@@ -338,9 +338,9 @@ wsync_result_t wsync_cpu_stream_wait_ready(wsync_cpu_stream_t *s, wsync_control_
 }
 
 wsync_result_t wsync_cpu_stream_copy(wsync_cpu_stream_t *s, const uint8_t *src_base,
-                                      const wsync_copy_op_t *ops, size_t n, uint32_t flags,
-                                      uint64_t generation, wsync_cpu_sink_t *sink, uint64_t *seq,
-                                      wsync_error_t *err)
+                                     const wsync_copy_op_t *ops, size_t n, uint32_t flags,
+                                     uint64_t generation, wsync_cpu_sink_t *sink, uint64_t *seq,
+                                     wsync_error_t *err)
 {
     if (n > (SIZE_MAX - sizeof(wsync_cpu_task_t)) / sizeof(*ops))
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "%zu copy ops do not fit in memory", n);
@@ -361,8 +361,8 @@ wsync_result_t wsync_cpu_stream_copy(wsync_cpu_stream_t *s, const uint8_t *src_b
 }
 
 wsync_result_t wsync_cpu_stream_signal_consumed(wsync_cpu_stream_t *s, wsync_control_t *control,
-                                                 uint64_t generation, wsync_cpu_sink_t *sink,
-                                                 uint64_t *seq, wsync_error_t *err)
+                                                uint64_t generation, wsync_cpu_sink_t *sink,
+                                                uint64_t *seq, wsync_error_t *err)
 {
     wsync_cpu_task_t *t = wsync_cpu_task_new(WSYNC_CPU_TASK_SIGNAL_CONSUMED, 0, err);
     if (t == NULL)
@@ -374,8 +374,7 @@ wsync_result_t wsync_cpu_stream_signal_consumed(wsync_cpu_stream_t *s, wsync_con
 }
 
 wsync_result_t wsync_cpu_stream_signal_ready(wsync_cpu_stream_t *s, wsync_control_t *control,
-                                              uint64_t generation, uint64_t *seq,
-                                              wsync_error_t *err)
+                                             uint64_t generation, uint64_t *seq, wsync_error_t *err)
 {
     wsync_cpu_task_t *t = wsync_cpu_task_new(WSYNC_CPU_TASK_SIGNAL_READY, 0, err);
     if (t == NULL)
@@ -386,7 +385,7 @@ wsync_result_t wsync_cpu_stream_signal_ready(wsync_cpu_stream_t *s, wsync_contro
 }
 
 wsync_result_t wsync_cpu_stream_stage(wsync_cpu_stream_t *s, const wsync_cpu_stage_copy_t *c,
-                                       size_t n, uint64_t *seq, wsync_error_t *err)
+                                      size_t n, uint64_t *seq, wsync_error_t *err)
 {
     if (n > (SIZE_MAX - sizeof(wsync_cpu_task_t)) / sizeof(*c))
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "%zu staging copies do not fit", n);
@@ -401,7 +400,7 @@ wsync_result_t wsync_cpu_stream_stage(wsync_cpu_stream_t *s, const wsync_cpu_sta
 }
 
 wsync_result_t wsync_cpu_stream_host_fn(wsync_cpu_stream_t *s, wsync_host_fn_t fn, void *user,
-                                         uint64_t *seq, wsync_error_t *err)
+                                        uint64_t *seq, wsync_error_t *err)
 {
     wsync_cpu_task_t *t = wsync_cpu_task_new(WSYNC_CPU_TASK_HOST_FN, 0, err);
     if (t == NULL)
@@ -411,9 +410,8 @@ wsync_result_t wsync_cpu_stream_host_fn(wsync_cpu_stream_t *s, wsync_host_fn_t f
     return wsync_cpu_submit(s, t, seq);
 }
 
-wsync_result_t wsync_cpu_stream_join(wsync_cpu_stream_t *waiter,
-                                      wsync_cpu_stream_t *const *others, size_t n,
-                                      wsync_error_t *err)
+wsync_result_t wsync_cpu_stream_join(wsync_cpu_stream_t *waiter, wsync_cpu_stream_t *const *others,
+                                     size_t n, wsync_error_t *err)
 {
     wsync_cpu_task_t **marks;
     wsync_cpu_join_t *j;
@@ -428,8 +426,8 @@ wsync_result_t wsync_cpu_stream_join(wsync_cpu_stream_t *waiter,
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory to join %zu streams", n + 1);
     }
     for (size_t i = 0; i <= n; i++) {
-        marks[i] = wsync_cpu_task_new(
-            i < n ? WSYNC_CPU_TASK_JOIN_ARRIVE : WSYNC_CPU_TASK_JOIN_WAIT, 0, err);
+        marks[i] = wsync_cpu_task_new(i < n ? WSYNC_CPU_TASK_JOIN_ARRIVE : WSYNC_CPU_TASK_JOIN_WAIT,
+                                      0, err);
         if (marks[i] == NULL) {
             for (size_t k = 0; k < i; k++)
                 free(marks[k]);

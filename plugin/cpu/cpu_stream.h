@@ -57,29 +57,28 @@ typedef enum wsync_cpu_task_kind {
 /* Task payloads. Pointers in them are borrowed and must stay valid until the task ran; `ops` and
  * `copies` arrays are copied into the task (one allocation per enqueue, none per op). */
 wsync_result_t wsync_cpu_stream_wait_ready(wsync_cpu_stream_t *s, wsync_control_t *control,
-                                            uint64_t generation, uint32_t timeout_ms,
-                                            int64_t peer_pid, wsync_cpu_sink_t *sink,
-                                            uint64_t *seq, wsync_error_t *err);
+                                           uint64_t generation, uint32_t timeout_ms,
+                                           int64_t peer_pid, wsync_cpu_sink_t *sink, uint64_t *seq,
+                                           wsync_error_t *err);
 wsync_result_t wsync_cpu_stream_copy(wsync_cpu_stream_t *s, const uint8_t *src_base,
-                                      const wsync_copy_op_t *ops, size_t n, uint32_t flags,
-                                      uint64_t generation, wsync_cpu_sink_t *sink, uint64_t *seq,
-                                      wsync_error_t *err);
+                                     const wsync_copy_op_t *ops, size_t n, uint32_t flags,
+                                     uint64_t generation, wsync_cpu_sink_t *sink, uint64_t *seq,
+                                     wsync_error_t *err);
 wsync_result_t wsync_cpu_stream_signal_consumed(wsync_cpu_stream_t *s, wsync_control_t *control,
-                                                 uint64_t generation, wsync_cpu_sink_t *sink,
-                                                 uint64_t *seq, wsync_error_t *err);
+                                                uint64_t generation, wsync_cpu_sink_t *sink,
+                                                uint64_t *seq, wsync_error_t *err);
 wsync_result_t wsync_cpu_stream_signal_ready(wsync_cpu_stream_t *s, wsync_control_t *control,
-                                              uint64_t generation, uint64_t *seq,
-                                              wsync_error_t *err);
+                                             uint64_t generation, uint64_t *seq,
+                                             wsync_error_t *err);
 wsync_result_t wsync_cpu_stream_stage(wsync_cpu_stream_t *s, const wsync_cpu_stage_copy_t *c,
-                                       size_t n, uint64_t *seq, wsync_error_t *err);
+                                      size_t n, uint64_t *seq, wsync_error_t *err);
 wsync_result_t wsync_cpu_stream_host_fn(wsync_cpu_stream_t *s, wsync_host_fn_t fn, void *user,
-                                         uint64_t *seq, wsync_error_t *err);
+                                        uint64_t *seq, wsync_error_t *err);
 
 /* Make `waiter` proceed only after every stream in others[0..n) reached this point. Either all
  * markers are enqueued or none (on OUT_OF_MEMORY). */
-wsync_result_t wsync_cpu_stream_join(wsync_cpu_stream_t *waiter,
-                                      wsync_cpu_stream_t *const *others, size_t n,
-                                      wsync_error_t *err);
+wsync_result_t wsync_cpu_stream_join(wsync_cpu_stream_t *waiter, wsync_cpu_stream_t *const *others,
+                                     size_t n, wsync_error_t *err);
 
 /* Start a stream and its worker thread. Blocking. */
 wsync_result_t wsync_cpu_stream_create(wsync_cpu_stream_t **out, wsync_error_t *err);

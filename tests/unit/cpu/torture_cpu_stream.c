@@ -328,15 +328,15 @@ static void test_digest_mismatch_reported(void **state)
         ops[k].digest = wsync64_final(&st);
         ops[k].has_digest = 1;
     }
-    assert_int_equal(
-        wsync_cpu_stream_copy(s, src, ops, 3, WSYNC_COPY_VERIFY, 1, &sink, NULL, NULL), WSYNC_OK);
+    assert_int_equal(wsync_cpu_stream_copy(s, src, ops, 3, WSYNC_COPY_VERIFY, 1, &sink, NULL, NULL),
+                     WSYNC_OK);
     wsync_cpu_stream_synchronize(s);
     assert_int_equal(wsync_cpu_sink_take(&sink, NULL), WSYNC_OK);
 
     ops[1].digest ^= 1;
     memset(dst, 0, N);
-    assert_int_equal(
-        wsync_cpu_stream_copy(s, src, ops, 3, WSYNC_COPY_VERIFY, 2, &sink, NULL, NULL), WSYNC_OK);
+    assert_int_equal(wsync_cpu_stream_copy(s, src, ops, 3, WSYNC_COPY_VERIFY, 2, &sink, NULL, NULL),
+                     WSYNC_OK);
     wsync_cpu_stream_synchronize(s);
     assert_int_equal(wsync_cpu_sink_take(&sink, &err), WSYNC_ERR_DIGEST_MISMATCH);
     assert_non_null(strstr(err.message, "op 1"));
