@@ -74,17 +74,6 @@ out:
     return r;
 }
 
-#ifdef WSYNC_FIXTURE_EARLY_CONSUMED
-/* TEST FIXTURE ONLY (libwsync_cpu_broken.so): the early-consumed failure (docs/DESIGN.md §1.1).
- * *consumed* fires from the calling thread at once, before the stream has finished (or even
- * started) the copies, so a producer that reuses its staging buffer overwrites it mid-copy.
- * Conformance suites load this build to prove that their torn-weight test can fail. */
-static void wsync_cpu_record_early(struct wsync_handle *h, uint64_t generation)
-{
-    wsync_control_signal_consumed(h->control, generation);
-}
-#endif
-
 wsync_result_t wsync_cpu_record_consumed(struct wsync_consumer *c, struct wsync_handle *h, int wait,
                                          wsync_error_t *err)
 {
@@ -125,16 +114,11 @@ wsync_result_t wsync_cpu_record_consumed(struct wsync_consumer *c, struct wsync_
     }
     if (primary == NULL) /* its only carrier was destroyed, and so drained */
         primary = c->default_stream;
-#ifdef WSYNC_FIXTURE_EARLY_CONSUMED
-    wsync_cpu_record_early(h, generation);
-    seq = wsync_cpu_stream_last_seq(primary);
-#else
     r = wsync_cpu_stream_join(primary, others, n_others, err);
     if (r == WSYNC_OK)
         r = wsync_cpu_stream_signal_consumed(primary, h->control, generation, &h->sink, &seq, err);
     if (r == WSYNC_OK)
         r = wsync_cpu_note_carrier(h, primary, seq, err);
-#endif
     if (r == WSYNC_OK) {
         for (size_t i = 0; i < h->n_carriers; i++)
             h->carriers[i].pending = 0;
@@ -145,13 +129,8 @@ wsync_result_t wsync_cpu_record_consumed(struct wsync_consumer *c, struct wsync_
         free(others);
         return r;
     }
-    if (wait) {
+    if (wait)
         wsync_cpu_stream_wait(primary, seq);
-#ifdef WSYNC_FIXTURE_EARLY_CONSUMED
-        for (size_t i = 0; i < n_others; i++)
-            wsync_cpu_stream_synchronize(others[i]);
-#endif
-    }
     free(others);
     return wsync_cpu_sink_take(&h->sink, err);
 }

@@ -4,10 +4,8 @@
 #include "wsync_log.h"
 #include "wsync_negotiate.h"
 
-#ifdef WSYNC_FIXTURE_EARLY_CONSUMED
-#define WSYNC_CPU_PLUGIN_NAME "host-broken"
-#else
-#define WSYNC_CPU_PLUGIN_NAME "cpu"
+#ifndef WSYNC_PLUGIN_NAME /* a fixture build names itself (tests/fixtures) */
+#define WSYNC_PLUGIN_NAME "cpu"
 #endif
 
 #ifndef WSYNC_VERSION_STRING
@@ -53,7 +51,7 @@ static const wsync_producer_ops_v1_t wsync_cpu_producer_table = {
 static const wsync_plugin_v1_t wsync_cpu_plugin = {
     .struct_size = sizeof(wsync_plugin_v1_t),
     .abi_version = WSYNC_ABI_VERSION_1,
-    .name = WSYNC_CPU_PLUGIN_NAME,
+    .name = WSYNC_PLUGIN_NAME,
     .version = WSYNC_VERSION_STRING,
     .consumer = &wsync_cpu_consumer_table,
     .producer = &wsync_cpu_producer_table,
@@ -70,7 +68,7 @@ wsync_plugin_init(uint32_t *abi_version, const wsync_host_v1_t *host, const wsyn
     /* The logger first, so a failed negotiation is logged through it. */
     wsync_log_set_host(host);
     wsync_result_t r = wsync_negotiate(abi_version, WSYNC_ABI_VERSION_1, WSYNC_ABI_VERSION_1,
-                                       WSYNC_CPU_PLUGIN_NAME, err);
+                                       WSYNC_PLUGIN_NAME, err);
     if (r != WSYNC_OK)
         return r;
     *out = &wsync_cpu_plugin;

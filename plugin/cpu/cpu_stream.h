@@ -64,6 +64,9 @@ wsync_result_t wsync_cpu_stream_copy(wsync_cpu_stream_t *s, const uint8_t *src_b
                                      const wsync_copy_op_t *ops, size_t n, uint32_t flags,
                                      uint64_t generation, wsync_cpu_sink_t *sink, uint64_t *seq,
                                      wsync_error_t *err);
+/* Queue *consumed* of `generation` after everything on s. record_consumed's only caller (in
+ * cpu_copy.c, another object file): the early-consumed fixture (tests/fixtures) replaces it at
+ * link time (--wrap) with a signal that fires at once. */
 wsync_result_t wsync_cpu_stream_signal_consumed(wsync_cpu_stream_t *s, wsync_control_t *control,
                                                 uint64_t generation, wsync_cpu_sink_t *sink,
                                                 uint64_t *seq, wsync_error_t *err);

@@ -262,8 +262,7 @@ struct wsync_consumer {
     int sm_count;
     char uuid[WSYNC_DEVICE_MAX];
     uint32_t timeout_ms;
-    cudaStream_t side_stream; /* fixture build only: where the early consumed is recorded */
-    wsync_cuda_lane_t lane;   /* the copy engines' share of copy_weights */
+    wsync_cuda_lane_t lane; /* the copy engines' share of copy_weights */
     wsync_cache_t *cache;
     wsync_manifest_cache_t *manifests; /* parse cache; thread safe on its own */
     wsync_cuda_ring_t ring;
@@ -281,6 +280,12 @@ wsync_result_t wsync_cuda_copy_weights(struct wsync_consumer *c, struct wsync_ha
                                        wsync_error_t *err);
 wsync_result_t wsync_cuda_record_consumed(struct wsync_consumer *c, struct wsync_handle *h,
                                           int wait, wsync_error_t *err);
+/* Enqueue *consumed* of m's last copied generation on `stream`, the stream that carried the
+ * copies (the others already joined into it): the foreign producer's event, or the control
+ * block's generation (wsync_cuda_consumed.c). Its own object file: the early-consumed fixture
+ * (tests/fixtures) replaces it at link time (--wrap) to record on a stream that never waited. */
+wsync_result_t wsync_cuda_signal_consumed(wsync_cuda_mapping_t *m, cudaStream_t stream,
+                                          wsync_error_t *err);
 /* Cache callbacks (user = the consumer). */
 wsync_result_t wsync_cuda_map(void *user, const wsync_buffer_desc_t *desc, void **mapping,
                               wsync_error_t *err);

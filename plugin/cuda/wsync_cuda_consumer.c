@@ -32,9 +32,7 @@ static wsync_result_t consumer_create(const wsync_consumer_config_t *config,
     rc = wsync_cuda_device_uuid(c->device, c->uuid, err);
     if (rc != WSYNC_OK)
         goto fail;
-    e = cudaStreamCreateWithFlags(&c->side_stream, cudaStreamNonBlocking);
-    if (e == cudaSuccess)
-        e = wsync_cuda_lane_create(&c->lane);
+    e = wsync_cuda_lane_create(&c->lane);
     if (e != cudaSuccess) {
         rc = wsync_cuda_fail(err, e, __func__, "creating the consumer's streams and events");
         goto fail;
@@ -61,8 +59,6 @@ fail:
         wsync_manifest_cache_destroy(c->manifests);
     if (c->cache)
         wsync_cache_destroy(c->cache);
-    if (c->side_stream)
-        cudaStreamDestroy(c->side_stream);
     wsync_cuda_lane_destroy(&c->lane);
     pthread_mutex_destroy(&c->lock);
     free(c);
@@ -111,7 +107,6 @@ static wsync_result_t consumer_finalize(struct wsync_consumer *c, wsync_error_t 
     wsync_cuda_adapter_state_free(&c->adapter);
     wsync_manifest_cache_destroy(c->manifests);
     pthread_mutex_unlock(&c->lock);
-    cudaStreamDestroy(c->side_stream);
     wsync_cuda_lane_destroy(&c->lane);
     pthread_mutex_destroy(&c->lock);
     free(c);

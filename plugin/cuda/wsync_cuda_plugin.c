@@ -4,17 +4,15 @@
 #include "wsync_log.h"
 #include "wsync_negotiate.h"
 
-#ifdef WSYNC_FIXTURE_EARLY_CONSUMED
-#define WSYNC_CUDA_PLUGIN_NAME "cuda-broken-fixture"
-#else
-#define WSYNC_CUDA_PLUGIN_NAME "cuda"
+#ifndef WSYNC_PLUGIN_NAME /* a fixture build names itself (tests/fixtures) */
+#define WSYNC_PLUGIN_NAME "cuda"
 #endif
 
 static const wsync_plugin_v1_t wsync_cuda_plugin = {
     .struct_size = sizeof(wsync_plugin_v1_t),
     .abi_version = WSYNC_ABI_VERSION_1,
-    .name = WSYNC_CUDA_PLUGIN_NAME,
-    .version = "0.1.1",
+    .name = WSYNC_PLUGIN_NAME,
+    .version = WSYNC_VERSION_STRING,
     .consumer = &wsync_cuda_consumer_ops,
     .producer = &wsync_cuda_producer_ops,
 };
