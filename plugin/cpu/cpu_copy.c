@@ -7,27 +7,22 @@
 #include "wsync_error.h"
 #include "wsync_validate.h"
 
-/* Note that `s` carried copies from h up to task `seq`. Caller holds h->lock. */
+/* Note that `s` carried copies from h up to task `seq`; an idle carrier evicted for it is
+ * drained first, so close_handle's waits still cover its copies. Caller holds h->lock. */
 static wsync_result_t wsync_cpu_note_carrier(struct wsync_handle *h, wsync_cpu_stream_t *s,
                                              uint64_t seq, wsync_error_t *err)
 {
-    for (size_t i = 0; i < h->n_carriers; i++) {
-        if (h->carriers[i].stream == s) {
-            h->carriers[i].last_seq = seq;
-            h->carriers[i].pending = 1;
-            return WSYNC_OK;
-        }
-    }
-    if (h->n_carriers == h->cap_carriers) {
-        size_t cap = h->cap_carriers ? 2 * h->cap_carriers : 4;
-        void *p = realloc(h->carriers, cap * sizeof(*h->carriers));
-        if (p == NULL)
-            return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory to track %zu streams", cap);
-        h->carriers = p;
-        h->cap_carriers = cap;
-    }
-    h->carriers[h->n_carriers++] =
-        (wsync_cpu_carrier_t){.stream = s, .last_seq = seq, .pending = 1};
+    wsync_carrier_t evicted;
+    wsync_carrier_t *u = wsync_carriers_use(&h->carriers, s, &evicted);
+    if (u == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_BUSY,
+                          "%d streams copied from this buffer without record_consumed; call "
+                          "record_consumed before using more streams",
+                          WSYNC_CARRIER_MAX);
+    if (evicted.stream != NULL)
+        wsync_cpu_stream_wait(evicted.stream, evicted.mark);
+    u->mark = seq;
+    u->pending = 1;
     return WSYNC_OK;
 }
 
@@ -78,8 +73,8 @@ wsync_result_t wsync_cpu_record_consumed(struct wsync_consumer *c, struct wsync_
                                          wsync_error_t *err)
 {
     wsync_cpu_stream_t *primary = NULL;
-    wsync_cpu_stream_t **others = NULL;
-    size_t n_others = 0;
+    wsync_cpu_stream_t *others[WSYNC_CARRIER_MAX];
+    wsync_carrier_t *pend[WSYNC_CARRIER_MAX];
     uint64_t seq = 0;
     wsync_result_t r = WSYNC_OK;
 
@@ -98,39 +93,24 @@ wsync_result_t wsync_cpu_record_consumed(struct wsync_consumer *c, struct wsync_
                           "record_consumed (last generation %llu)",
                           (unsigned long long)h->entry->last_generation);
     }
-    others = malloc((h->n_carriers ? h->n_carriers : 1) * sizeof(*others));
-    if (others == NULL) {
-        pthread_mutex_unlock(&h->lock);
-        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory to join %zu streams",
-                          h->n_carriers);
-    }
-    for (size_t i = 0; i < h->n_carriers; i++) {
-        if (!h->carriers[i].pending)
-            continue;
-        if (primary == NULL)
-            primary = h->carriers[i].stream;
-        else
-            others[n_others++] = h->carriers[i].stream;
-    }
-    if (primary == NULL) /* its only carrier was destroyed, and so drained */
-        primary = c->default_stream;
+    const size_t n = wsync_carriers_pending(&h->carriers, pend);
+    primary = n > 0 ? pend[0]->stream : c->default_stream; /* none: its carrier was destroyed */
+    const size_t n_others = n > 0 ? n - 1 : 0;
+    for (size_t i = 0; i < n_others; i++)
+        others[i] = pend[i + 1]->stream;
     r = wsync_cpu_stream_join(primary, others, n_others, err);
     if (r == WSYNC_OK)
         r = wsync_cpu_stream_signal_consumed(primary, h->control, generation, &h->sink, &seq, err);
     if (r == WSYNC_OK)
         r = wsync_cpu_note_carrier(h, primary, seq, err);
     if (r == WSYNC_OK) {
-        for (size_t i = 0; i < h->n_carriers; i++)
-            h->carriers[i].pending = 0;
+        wsync_carriers_settle(&h->carriers);
         h->pending_generation = 0;
     }
     pthread_mutex_unlock(&h->lock);
-    if (r != WSYNC_OK) {
-        free(others);
+    if (r != WSYNC_OK)
         return r;
-    }
     if (wait)
         wsync_cpu_stream_wait(primary, seq);
-    free(others);
     return wsync_cpu_sink_take(&h->sink, err);
 }

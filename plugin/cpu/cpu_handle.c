@@ -120,7 +120,6 @@ void wsync_cpu_handle_unmap(void *user, void *mapping)
     wsync_shm_close(&h->shm);
     wsync_cpu_sink_destroy(&h->sink);
     pthread_mutex_destroy(&h->lock);
-    free(h->carriers);
     free(h);
 }
 
@@ -152,8 +151,8 @@ wsync_result_t wsync_cpu_close_handle(struct wsync_consumer *c, struct wsync_han
                           "handle %p is not an open handle of consumer %p", (void *)h, (void *)c);
     /* No copy may read the mapping after the unmap: wait for every stream that carried one. */
     pthread_mutex_lock(&h->lock);
-    for (size_t i = 0; i < h->n_carriers; i++)
-        wsync_cpu_stream_wait(h->carriers[i].stream, h->carriers[i].last_seq);
+    for (size_t i = 0; i < h->carriers.n; i++)
+        wsync_cpu_stream_wait(h->carriers.at[i].stream, h->carriers.at[i].mark);
     wsync_cache_entry_t *e = h->entry;
     pthread_mutex_unlock(&h->lock);
     wsync_cache_release(c->cache, e);
@@ -165,12 +164,7 @@ void wsync_cpu_handles_forget_stream(struct wsync_consumer *c, wsync_cpu_stream_
     pthread_mutex_lock(&c->lock);
     for (struct wsync_handle *h = c->handles; h != NULL; h = h->next) {
         pthread_mutex_lock(&h->lock);
-        for (size_t i = 0; i < h->n_carriers;) {
-            if (h->carriers[i].stream == s)
-                h->carriers[i] = h->carriers[--h->n_carriers];
-            else
-                i++;
-        }
+        (void)wsync_carriers_forget(&h->carriers, s);
         pthread_mutex_unlock(&h->lock);
     }
     pthread_mutex_unlock(&c->lock);

@@ -14,19 +14,13 @@
 #include "cpu_stream.h"
 #include "wsync_abi.h"
 #include "wsync_cache.h"
+#include "wsync_carrier.h"
 #include "wsync_control.h"
 #include "wsync_manifest_cache.h"
 #include "wsync_shm.h"
 
 #define WSYNC_CPU_DEFAULT_TIMEOUT_MS 30000u
 #define WSYNC_CPU_MEM_ALIGN 256u
-
-/* A stream that carried copies from a handle. */
-typedef struct wsync_cpu_carrier {
-    wsync_cpu_stream_t *stream;
-    uint64_t last_seq; /* the last task on it that touches the handle's mapping */
-    int pending;       /* carried copies since the last record_consumed */
-} wsync_cpu_carrier_t;
 
 /* One mapped producer buffer; the cache entry's `mapping`. Shared by every open of the same key,
  * lives until the last close_handle. */
@@ -35,12 +29,11 @@ struct wsync_handle {
     wsync_cache_entry_t *entry; /* set by open_handle; its last_generation is ours */
     wsync_shm_t shm;
     wsync_control_t *control;
-    uint8_t *data;        /* usable region: segment + data_offset + base_offset */
-    uint64_t bytes;       /* usable bytes (desc->bytes) */
-    int64_t peer_pid;     /* producer pid, for liveness checks in waits */
-    pthread_mutex_t lock; /* guards carriers and pending_generation */
-    wsync_cpu_carrier_t *carriers;
-    size_t n_carriers, cap_carriers;
+    uint8_t *data;               /* usable region: segment + data_offset + base_offset */
+    uint64_t bytes;              /* usable bytes (desc->bytes) */
+    int64_t peer_pid;            /* producer pid, for liveness checks in waits */
+    pthread_mutex_t lock;        /* guards carriers and pending_generation */
+    wsync_carriers_t carriers;   /* mark: the last task on that stream that reads the mapping */
     uint64_t pending_generation; /* copied, not yet recorded (0 = none) */
     wsync_cpu_sink_t sink;
     struct wsync_handle *next; /* consumer's list of live handles */

@@ -13,6 +13,7 @@
 
 #include "wsync_abi.h"
 #include "wsync_cache.h"
+#include "wsync_carrier.h"
 #include "wsync_control.h"
 #include "wsync_copy_kernel.h"
 #include "wsync_cuda_adapter.h"
@@ -20,8 +21,7 @@
 #include "wsync_manifest_cache.h"
 #include "wsync_shm.h"
 
-#define WSYNC_CUDA_MAX_STREAMS 16 /* distinct streams tracked per mapping */
-#define WSYNC_CUDA_RING_SLOTS 8   /* op tables in flight per consumer */
+#define WSYNC_CUDA_RING_SLOTS 8 /* op tables in flight per consumer */
 #define WSYNC_CUDA_DEFAULT_TIMEOUT_MS 30000u
 #define WSYNC_CUDA_NO_DIGEST UINT64_MAX /* slot nbytes[] value: op has no digest to check */
 
@@ -193,12 +193,6 @@ size_t wsync_cuda_slot_ops_bytes(size_t n);
 
 /* -------------------------------------------------------------- consumer */
 
-typedef struct wsync_cuda_stream_use {
-    cudaStream_t stream;
-    cudaEvent_t last; /* recorded after the last copy enqueued on `stream` */
-    int dirty;        /* copies since the last record_consumed */
-} wsync_cuda_stream_use_t;
-
 /* One IPC mapping of a producer buffer (the cache entry's payload). */
 typedef struct wsync_cuda_mapping {
     struct wsync_consumer *consumer;
@@ -209,11 +203,10 @@ typedef struct wsync_cuda_mapping {
     cudaEvent_t ready, consumed;
     int has_ready, has_consumed;
     wsync_shm_t control_shm;
-    wsync_control_t *control; /* NULL for foreign buffers */
-    int control_registered;   /* the control block is host-registered for the GPU */
-    void *consumed_dev;       /* device view of control->consumed_generation, or NULL */
-    wsync_cuda_stream_use_t streams[WSYNC_CUDA_MAX_STREAMS];
-    size_t n_streams;
+    wsync_control_t *control;   /* NULL for foreign buffers */
+    int control_registered;     /* the control block is host-registered for the GPU */
+    void *consumed_dev;         /* device view of control->consumed_generation, or NULL */
+    wsync_carriers_t carriers;  /* event: recorded after the last copy on that stream */
     uint64_t copied_generation; /* last generation enqueued */
     int recorded;               /* copied_generation has been recorded consumed */
     wsync_result_t deferred;    /* a digest failure found outside record_consumed */

@@ -19,33 +19,29 @@ static wsync_result_t check_handle(struct wsync_consumer *c, struct wsync_handle
     return WSYNC_OK;
 }
 
-/* The tracking entry of `s` in m, added when new (evicting an idle one when full). */
-static wsync_result_t stream_use(wsync_cuda_mapping_t *m, cudaStream_t s,
-                                 wsync_cuda_stream_use_t **out, wsync_error_t *err)
+/* The carrier entry of `s` in m: a new one gets its event; an idle one evicted for it is drained
+ * first, so close_handle's wait on the slot's event still covers the evicted stream's copies. */
+static wsync_result_t stream_use(wsync_cuda_mapping_t *m, cudaStream_t s, wsync_carrier_t **out,
+                                 wsync_error_t *err)
 {
-    for (size_t i = 0; i < m->n_streams; i++)
-        if (m->streams[i].stream == s) {
-            *out = &m->streams[i];
-            return WSYNC_OK;
+    wsync_carrier_t evicted;
+    wsync_carrier_t *u = wsync_carriers_use(&m->carriers, (void *)s, &evicted);
+    if (u == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_BUSY,
+                          "%d streams copied from this buffer without record_consumed; call "
+                          "record_consumed before using more streams",
+                          WSYNC_CARRIER_MAX);
+    if (u->event == NULL) {
+        cudaEvent_t ev;
+        cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+        if (e != cudaSuccess) {
+            (void)wsync_carriers_forget(&m->carriers, (void *)s);
+            return wsync_cuda_fail(err, e, __func__, "cudaEventCreateWithFlags");
         }
-    wsync_cuda_stream_use_t *u = NULL;
-    if (m->n_streams < WSYNC_CUDA_MAX_STREAMS) {
-        u = &m->streams[m->n_streams];
-        WSYNC_CUDA_TRY(err, cudaEventCreateWithFlags(&u->last, cudaEventDisableTiming));
-        m->n_streams++;
-    } else {
-        for (size_t i = 0; i < m->n_streams && u == NULL; i++)
-            if (!m->streams[i].dirty)
-                u = &m->streams[i];
-        if (u == NULL)
-            return WSYNC_FAIL(err, WSYNC_ERR_BUSY,
-                              "%d streams copied from this buffer without record_consumed; call "
-                              "record_consumed before using more streams",
-                              WSYNC_CUDA_MAX_STREAMS);
-        WSYNC_CUDA_TRY(err, cudaEventSynchronize(u->last)); /* keeps close's wait complete */
+        u->event = ev;
+    } else if (evicted.stream != NULL) {
+        WSYNC_CUDA_TRY(err, cudaEventSynchronize((cudaEvent_t)u->event));
     }
-    u->stream = s;
-    u->dirty = 0;
     *out = u;
     return WSYNC_OK;
 }
@@ -86,7 +82,7 @@ static wsync_result_t copy_locked(struct wsync_consumer *c, struct wsync_handle 
         if (rc != WSYNC_OK)
             return rc;
     }
-    wsync_cuda_stream_use_t *use = NULL;
+    wsync_carrier_t *use = NULL;
     rc = stream_use(m, s, &use, err);
     if (rc != WSYNC_OK)
         return rc;
@@ -173,8 +169,8 @@ static wsync_result_t copy_locked(struct wsync_consumer *c, struct wsync_handle 
     }
     WSYNC_CUDA_TRY(err, cudaEventRecord(slot->done, s));
     slot->used = 1;
-    WSYNC_CUDA_TRY(err, cudaEventRecord(use->last, s));
-    use->dirty = 1;
+    WSYNC_CUDA_TRY(err, cudaEventRecord((cudaEvent_t)use->event, s));
+    use->pending = 1;
     entry->last_generation = generation;
     m->copied_generation = generation;
     m->recorded = 0;
@@ -235,25 +231,22 @@ static wsync_result_t record_locked(struct wsync_consumer *c, struct wsync_handl
 {
     wsync_cuda_mapping_t *m = h->entry->mapping;
     wsync_result_t rc;
-    wsync_cuda_stream_use_t *first = NULL;
-    for (size_t i = 0; i < m->n_streams; i++) {
-        wsync_cuda_stream_use_t *u = &m->streams[i];
-        if (!u->dirty)
-            continue;
-        if (first == NULL)
-            first = u;
-        else /* join: the first copy stream waits for every other one */
-            WSYNC_CUDA_TRY(err, cudaStreamWaitEvent(first->stream, u->last, 0));
-        u->dirty = 0;
-    }
-    if (first != NULL) {
-        rc = wsync_cuda_signal_consumed(m, first->stream, err);
+    wsync_carrier_t *pend[WSYNC_CARRIER_MAX];
+    const size_t n = wsync_carriers_pending(&m->carriers, pend);
+    for (size_t i = 1; i < n; i++) /* join: the first copy stream waits for every other one */
+        WSYNC_CUDA_TRY(err, cudaStreamWaitEvent((cudaStream_t)pend[0]->stream,
+                                                (cudaEvent_t)pend[i]->event, 0));
+    wsync_carriers_settle(&m->carriers);
+    if (n > 0) {
+        cudaStream_t first = (cudaStream_t)pend[0]->stream;
+        cudaEvent_t last = (cudaEvent_t)pend[0]->event;
+        rc = wsync_cuda_signal_consumed(m, first, err);
         if (rc != WSYNC_OK)
             return rc;
-        WSYNC_CUDA_TRY(err, cudaEventRecord(first->last, first->stream));
+        WSYNC_CUDA_TRY(err, cudaEventRecord(last, first));
         m->recorded = 1;
         if (wait)
-            WSYNC_CUDA_TRY(err, cudaEventSynchronize(first->last));
+            WSYNC_CUDA_TRY(err, cudaEventSynchronize(last));
     }
     atomic_fetch_add(&wsync_cuda_stats.records, 1);
     return check_digests(c, m, wait, err);

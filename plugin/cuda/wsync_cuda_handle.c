@@ -45,9 +45,10 @@ static void control_for_the_gpu(wsync_cuda_mapping_t *m)
 
 static void mapping_destroy(wsync_cuda_mapping_t *m)
 {
-    for (size_t i = 0; i < m->n_streams; i++) {
-        cudaEventSynchronize(m->streams[i].last); /* no copy may still read the buffer */
-        cudaEventDestroy(m->streams[i].last);
+    for (size_t i = 0; i < m->carriers.n; i++) {
+        cudaEvent_t ev = (cudaEvent_t)m->carriers.at[i].event;
+        cudaEventSynchronize(ev); /* no copy may still read the buffer */
+        cudaEventDestroy(ev);
     }
     struct wsync_consumer *c = m->consumer;
     for (unsigned i = 0; c && i < WSYNC_CUDA_RING_SLOTS; i++) {
