@@ -90,6 +90,9 @@ class Producer:
         self._sets: List[_Buffers] = []
         self._turn = 0
         self._first = True
+        self._plan_cache: Optional[tuple] = None
+        # per bucket (its names): the tensors' signature and the StageTensor array built for it
+        self._stage_cache: dict = {}
         try:
             for _ in range(buffers):
                 b = _Buffers()
@@ -115,10 +118,15 @@ class Producer:
     # ----------------------------------------------------------------- planning
 
     def plan(self, named: _torch.NamedTensors) -> List[List[str]]:
-        """Bucket plan: lists of names in the engine's order, each list fitting one bucket."""
+        """Bucket plan: lists of names in the engine's order, each list fitting one bucket. The
+        last plan is kept: a trainer syncing the same tensors again plans nothing."""
         pairs = _torch.items(named)
         names = [n for n, _ in pairs]
-        nbytes = (C.c_uint64 * max(len(pairs), 1))(*[t.numel() * t.element_size() for _, t in pairs])
+        sizes = [t.numel() * t.element_size() for _, t in pairs]
+        key = (tuple(names), tuple(sizes))
+        if self._plan_cache is not None and self._plan_cache[0] == key:
+            return [list(b) for b in self._plan_cache[1]]
+        nbytes = (C.c_uint64 * max(len(pairs), 1))(*sizes)
         order = (C.c_size_t * max(len(pairs), 1))()
         first = (C.c_size_t * (len(pairs) + 1))()
         nb = C.c_size_t()
@@ -127,7 +135,10 @@ class Producer:
         rc = self._shim.plan(self.engine.encode(), arr, nbytes, len(pairs), self.bucket_bytes,
                              order, first, C.byref(nb), C.byref(err))
         _native.check(rc, err)
-        return [[names[order[i]] for i in range(first[b], first[b + 1])] for b in range(nb.value)]
+        out = [[names[order[i]] for i in range(first[b], first[b + 1])] for b in range(nb.value)]
+        self._plan_cache = (key, out)
+        self._stage_cache.clear()
+        return [list(b) for b in out]
 
     # ------------------------------------------------------------------ buckets
 
@@ -147,22 +158,15 @@ class Producer:
         for b in self._sets:
             self._wait_set(b, stream)
 
-    def stage_bucket(
-        self,
-        tensors: _torch.NamedTensors,
-        *,
-        finished: bool = False,
-        weight_version: Optional[str] = None,
-        stream: Optional[Any] = None,
-    ) -> List[str]:
-        """Stage one bucket into every rank's buffer of the next set, publish, and return the
-        request messages (JSON text, in send order) that carry it to the engine. Waits first for
-        *consumed* of the bucket that set carried before (its acks must have come back)."""
-        pairs = _torch.items(tensors)
-        if not pairs:
-            raise InvalidArgument(1, "stage_bucket", "an empty bucket")
-        b = self._sets[self._turn]
-        self._wait_set(b, stream)
+    def _stage_array(self, pairs: list) -> tuple:
+        """The StageTensor array of a bucket and the tensors it points into. Rebuilt only when a
+        tensor's storage, dtype, shape or layout changed since the last sync of these names (a
+        trainer's parameters stay put, so a steady sync builds nothing)."""
+        names = tuple(n for n, _ in pairs)
+        sig = tuple((t.data_ptr(), t.dtype, t.shape, t.device, t.is_contiguous()) for _, t in pairs)
+        hit = self._stage_cache.get(names)
+        if hit is not None and hit[0] == sig:
+            return hit[1], hit[2]
         arr = (_abi.StageTensor * len(pairs))()
         keep = []
         for i, (name, t) in enumerate(pairs):
@@ -186,6 +190,27 @@ class Producer:
                 shape=shape,
                 src=src.data_ptr() or None,
             )
+        if all(x[4] for x in sig):  # .contiguous() copies are new storage every time
+            self._stage_cache[names] = (sig, arr, keep)
+        return arr, keep
+
+    def stage_bucket(
+        self,
+        tensors: _torch.NamedTensors,
+        *,
+        finished: bool = False,
+        weight_version: Optional[str] = None,
+        stream: Optional[Any] = None,
+    ) -> List[str]:
+        """Stage one bucket into every rank's buffer of the next set, publish, and return the
+        request messages (JSON text, in send order) that carry it to the engine. Waits first for
+        *consumed* of the bucket that set carried before (its acks must have come back)."""
+        pairs = _torch.items(tensors)
+        if not pairs:
+            raise InvalidArgument(1, "stage_bucket", "an empty bucket")
+        b = self._sets[self._turn]
+        self._wait_set(b, stream)
+        arr, keep = self._stage_array(pairs)
         manifests = []
         for r, st in enumerate(b.staging):
             sh = _torch.stream_handle(self.devices[r], stream)

@@ -47,3 +47,23 @@ def test_vllm_sync(engine_ranks, layout, tp):
 @pytest.mark.parametrize("tp", [1, 2])
 def test_lmdeploy_sync(engine_ranks, layout, tp):
     _run(engine_ranks, "lmdeploy", layout, tp)
+
+
+def test_sglang_sync_after_new_storage(engine_ranks):
+    """The producer keeps each bucket's staging table between syncs; a tensor given new storage
+    (an optimizer that rebinds, a trainer that reloads) is staged from the new storage."""
+    model = models.tiny_model("dense")
+    ranks = engine_ranks("sglang", "dense", 1)
+    name = "model.layers.0.mlp.down_proj.weight"
+    with wsync.Producer("sglang", bucket_bytes=96 << 10, plugin=plugin_for("cpu")) as prod:
+        sd = models.step(model, 0)
+        prod.sync(sd, ranks.send)
+        sd = dict(sd)
+        sd[name] = sd[name] + 1  # new storage, same name, shape and dtype
+        prod.sync(sd, ranks.send)
+        got, same_ptrs = ranks.state()[0]
+        want = models.engine_layout(sd, "sglang", 0, 1)
+        assert torch.equal(got[name], want[name]) and same_ptrs
+        bad = [n for n in want if not torch.equal(got[n], want[n])]
+        assert not bad, bad[:3]
+        ranks.release()

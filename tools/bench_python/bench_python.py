@@ -5,7 +5,9 @@ GPU, two processes. Prints ratios against baselines run in the same processes:
   foreign path (trainer storage exported with torch's handle, one wsync copy into 399 engine
   parameters) against one flat copy_ of the same bytes (one cudaMemcpyAsync: the physical limit)
   and torch's per-tensor param.copy_(view) loop over the same imported storage;
-  staged sync (Producer -> EngineWorker through 1 GiB buckets, wall clock on the trainer).
+  staged sync (Producer -> EngineWorker, wall clock on the trainer, with the host time it spends
+  staging and waiting for replies), for the bucket sizes and buffer sets in STAGED;
+  the C path (wsync-bench-cuda's dense sync, $WSYNC_BENCH_CUDA) in the same run.
 
   usage: python tools/bench_python/bench_python.py [--iters N]
 """
@@ -62,6 +64,10 @@ CFG = {"hidden_size": H, "num_attention_heads": NH, "num_key_value_heads": KV, "
        "intermediate_size": FF, "vocab_size": V}
 
 
+# staged syncs measured: (bucket MiB, buffer sets)
+STAGED = ((1024, 2), (2048, 2), (1024, 1))
+
+
 def plugin():
     import os
 
@@ -71,7 +77,6 @@ def plugin():
 
 
 def trainer(conn, iters):
-    import wsync
     from wsync.export import TorchExport
 
     shapes = hf_shapes()
@@ -90,18 +95,44 @@ def trainer(conn, iters):
     # staged sync: separate trainer tensors, as a trainer's parameters
     params = {n: torch.randn(s, device="cuda").to(torch.bfloat16) for n, s in shapes.items()}
     torch.cuda.synchronize()
-    times = []
-    with wsync.Producer("sglang", bucket_bytes=2 << 30, device="cuda", digests=False, plugin=plugin()) as prod:
+    for bucket_mib, nbuf in STAGED:
+        staged(conn, params, bucket_mib, nbuf, iters)
+    conn.send(("done", None, None, None))
+
+
+def staged(conn, params, bucket_mib, nbuf, iters):
+    """Timed syncs through a Producer; the host time spent staging and waiting for replies."""
+    import wsync
+
+    times, parts = [], []
+    spent = {"stage": 0.0, "send": 0.0}
+    with wsync.Producer("sglang", bucket_bytes=bucket_mib << 20, device="cuda", digests=False,
+                        buffers=nbuf, plugin=plugin()) as prod:
+        stage_bucket = prod.stage_bucket
+
+        def timed_stage(*a, **k):
+            t = time.perf_counter()
+            try:
+                return stage_bucket(*a, **k)
+            finally:
+                spent["stage"] += time.perf_counter() - t
+        prod.stage_bucket = timed_stage
+
         def send(m):
+            t = time.perf_counter()
             conn.send(("msg", m))
-            return [conn.recv()]
+            r = [conn.recv()]
+            spent["send"] += time.perf_counter() - t
+            return r
         for k in range(iters + 1):
+            spent["stage"] = spent["send"] = 0.0
             t0 = time.perf_counter()
             prod.sync(params, send, weight_version=str(k))
             times.append((time.perf_counter() - t0) * 1e3)
+            parts.append((spent["stage"] * 1e3, spent["send"] * 1e3))
         conn.send(("release", None))
         conn.recv()
-    conn.send(("staged", times[1:], None, None))
+    conn.send(("staged", (bucket_mib, nbuf, times[1:], parts[1:]), None, None))
     conn.recv()
 
 
@@ -159,20 +190,52 @@ def main():
         p.kill()
         return
     a.send("go")
+    handle_ms = []
     while True:
         op, m = a.recv()[:2]
         if op == "msg":
+            t = time.perf_counter()
             a.send(w.handle(m))
+            handle_ms.append((time.perf_counter() - t) * 1e3)
         elif op == "release":
             w.release()
             a.send("ok")
+        elif op == "staged":
+            mib, nbuf, times, parts = m
+            n_msgs = len(handle_ms)
+            print(f"staged sync (Python Producer -> EngineWorker, {mib} MiB buckets, {nbuf} buffer set"
+                  f"{'s' if nbuf > 1 else ''}, no digests): median {statistics.median(times):.2f} ms over "
+                  f"{len(times)} syncs ({', '.join(f'{x:.1f}' for x in times)})")
+            print(f"  trainer host ms per sync: stage_bucket {statistics.median(p[0] for p in parts):.2f}, "
+                  f"send + engine reply {statistics.median(p[1] for p in parts):.2f}; engine handle() "
+                  f"{sum(handle_ms) / max(n_msgs, 1):.3f} ms per request over {n_msgs} requests")
+            handle_ms.clear()
+            a.send("ok")
         else:
-            print(f"staged sync (Python Producer -> EngineWorker, 2 GiB buckets, no digests): median "
-                  f"{statistics.median(m):.2f} ms over {len(m)} syncs ({', '.join(f'{x:.1f}' for x in m)})")
-            a.send("bye")
             break
     p.join(60)
+    c_path(args.iters)
 
+
+def c_path(iters):
+    """The C path in the same run: wsync-bench-cuda's dense sync (C trainer and engine, 1 GiB
+    buckets, two staging buffers, no digests), next to this program's figures."""
+    import os
+    import re
+    import subprocess
+
+    exe = os.environ.get("WSYNC_BENCH_CUDA")
+    if not exe or not os.path.exists(exe):
+        print("C path: set WSYNC_BENCH_CUDA to the wsync-bench-cuda binary to run it here")
+        return
+    out = subprocess.run([exe, "--layout", "dense", "--iters", str(iters), "--plugin", plugin()],
+                         capture_output=True, text=True, timeout=540).stdout
+    for line in out.splitlines():
+        if "(c) full sync" in line or "summary" in line:
+            print("C path: " + line.strip())
+    m = re.search(r"producer without digests \(WSYNC_STAGING_NO_DIGESTS\): median ([0-9.]+) ms", out)
+    if m:
+        print(f"C path dense sync, 2 buffers, no digests: {float(m.group(1)):.2f} ms")
 
 if __name__ == "__main__":
     main()
