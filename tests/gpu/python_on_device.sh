@@ -2,7 +2,8 @@
 # The Python layer on the GPU in one go: build the plugins and libwsync_shim.so, the stream-0 C
 # test on this code (and, with $OLD_PATCH, on the code before the stream fix, where it must
 # fail), the pytest suite (gpu tests included), the Python benchmark. Logs under $OUT.
-#   usage: tests/gpu/python_on_device.sh   env: OLD_PATCH (a patch that restores the old plugin)
+#   usage: tests/gpu/python_on_device.sh   env: OLD_PATCH (a patch that restores the old plugin),
+#   STEPS ("build test bench", default all: run them in separate calls on a warm machine)
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$ROOT/device-out}
@@ -15,23 +16,32 @@ fi
 export PATH=/usr/local/cuda/bin:$PATH
 nvidia-smi -L | tee "$OUT/machine.log"; python3 -c 'import torch; print("torch", torch.__version__)' | tee -a "$OUT/machine.log"
 B=$ROOT/build-py
-cmake -S "$ROOT" -B "$B" -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 &&
-  cmake --build "$B" -j16 --target wsync_cuda wsync_cpu wsync_shim torture_gpu_stream0 torture_gpu_torn \
-    torture_gpu_sync torture_cuda_init >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-echo "built: $SECONDS s"
+STEPS=${STEPS:-build test bench}
 status=0
-(cd "$B" && ctest -R "torture_gpu_stream0|torture_gpu_torn|torture_gpu_sync|torture_cuda_init" --output-on-failure) 2>&1 | tee "$OUT/ctest.log" | tail -15 || status=1
+if [[ " $STEPS " == *" build "* ]]; then
+cmake -S "$ROOT" -B "$B" -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 &&
+  cmake --build "$B" -j16 --target wsync_cuda wsync_cuda_broken wsync_cpu wsync_shim wsync-bench-cuda \
+    torture_gpu_stream0 torture_gpu_torn torture_gpu_sync torture_gpu_cache torture_cuda_init \
+    >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+echo "built: $SECONDS s"
+fi
+export WSYNC_PLUGIN_DIR=$B/lib PYTHONPATH=$ROOT/python PYTHONUNBUFFERED=1
+if [[ " $STEPS " == *" test "* ]]; then
+(cd "$B" && ctest -R "torture_gpu_stream0|torture_gpu_torn|torture_gpu_sync|torture_gpu_cache|torture_cuda_init" --output-on-failure) 2>&1 | tee "$OUT/ctest.log" | tail -15 || status=1
 if [ -n "${OLD_PATCH:-}" ]; then
   rm -rf /tmp/old && cp -r "$ROOT" /tmp/old && (cd /tmp/old && patch -R -p1 -s <"$OLD_PATCH") &&
   cmake -S /tmp/old -B /tmp/old/b -DCMAKE_BUILD_TYPE=Release >/dev/null 2>&1 &&
   cmake --build /tmp/old/b -j16 --target wsync_cuda torture_gpu_stream0 >/dev/null 2>&1 &&
   (echo "=== the stream-0 test on the plugin before the fix (must FAIL):"; /tmp/old/b/tests/torture_gpu_stream0 2>&1 | tail -6) | tee "$OUT/stream0-old.log"
 fi
-export WSYNC_PLUGIN_DIR=$B/lib PYTHONPATH=$ROOT/python PYTHONUNBUFFERED=1
 for t in ${PYTESTS:-test_gpu_stream0 test_gpu_torch_handles test_gpu_busy_stream_1000_buckets test_gpu_sync}; do
   (cd "$ROOT" && timeout -s INT ${PYT:-70} python3 -m pytest -q -rs -x --tb=short -o faulthandler_timeout=${FHT:-60} \
     tests/python/test_gpu.py -k $t 2>&1) >"$OUT/pytest-$t.log"; echo "$t: rc $?"; tail -3 "$OUT/pytest-$t.log"
 done
 [ "${HOST_TESTS:-1}" = 1 ] && { (cd "$ROOT" && timeout 150 python3 -m pytest -q -rfEs --tb=line -m "not gpu" tests/python 2>&1) | tee "$OUT/pytest.log" | tail -8 || status=1; }
-(cd "$ROOT" && timeout 200 python3 tools/bench_python/bench_python.py --iters 5 2>&1) | tee "$OUT/bench-python.log" | tail -12
+fi
+if [[ " $STEPS " == *" bench "* ]]; then
+  export WSYNC_BENCH_CUDA=$B/bin/wsync-bench-cuda
+  (cd "$ROOT" && timeout ${BENCH_T:-560} python3 tools/bench_python/bench_python.py --iters ${ITERS:-5} 2>&1) | tee "$OUT/bench-python.log" | tail -30
+fi
 exit $status
