@@ -22,6 +22,8 @@ struct wsync_shim_worker {
     wsync_engine_ops_t ops;           /* what the driver calls: the table, then the engine's */
     wsync_shim_param_t *params;       /* sorted by name; names owned */
     size_t n_params;
+    uint32_t tp_rank, tp_size; /* with a table: asked once at open (fixed for its life) */
+    wsync_model_dims_t dims;
 };
 
 static int param_cmp(const void *a, const void *b)
@@ -40,17 +42,21 @@ static int table_param(void *user, const char *name, wsync_param_info_t *out)
     return 0;
 }
 
-/* The engine's callbacks, called with the engine's own user pointer. */
+/* A worker with a parameter table is a fixed model: its TP place and dimensions are asked once,
+ * at open, instead of once per tensor (a callback into Python each time). */
 static void fwd_tp(void *u, uint32_t *r, uint32_t *s)
 {
     const wsync_shim_worker_t *w = u;
-    w->engine->tp(w->engine->user, r, s);
+    *r = w->tp_rank;
+    *s = w->tp_size;
 }
 static void fwd_dims(void *u, wsync_model_dims_t *d)
 {
     const wsync_shim_worker_t *w = u;
-    w->engine->dims(w->engine->user, d);
+    *d = w->dims;
 }
+
+/* The engine's other callbacks, called with the engine's own user pointer. */
 static wsync_stream_t fwd_stream(void *u)
 {
     const wsync_shim_worker_t *w = u;
@@ -130,6 +136,9 @@ static wsync_result_t params_take(wsync_shim_worker_t *w, const wsync_shim_worke
                                 "parameter %zu of the table has no name (or no memory)", i);
     }
     qsort(w->params, w->n_params, sizeof(*w->params), param_cmp);
+    e->tp(e->user, &w->tp_rank, &w->tp_size);
+    memset(&w->dims, 0, sizeof(w->dims));
+    e->dims(e->user, &w->dims);
     for (size_t i = 1; i < w->n_params; i++)
         if (strcmp(w->params[i - 1].name, w->params[i].name) == 0)
             return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,

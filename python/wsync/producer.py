@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes as C
 import json
+from collections import deque
 from typing import Any, Callable, List, Optional, Sequence, Union
 
 import torch
@@ -20,8 +21,11 @@ from . import _abi, _native, _torch
 from .checkpoint import checkpoint_tensors
 from .errors import InvalidArgument, check_reply
 
-#: Delivers one request message to every engine rank and returns their reply texts (one each).
-Send = Callable[[str], Sequence[str]]
+#: The engine ranks' reply texts to one request (one each), or a callable that returns them
+#: later (the request is in flight: a Ray ObjectRef's ``ray.get``, a future's ``result``).
+Replies = Union[str, bytes, Sequence[str], Callable[[], Union[str, bytes, Sequence[str]]]]
+#: Delivers one request message to every engine rank; returns their replies (Replies).
+Send = Callable[[str], Replies]
 
 
 def check_replies(replies: Union[str, Sequence[str]]) -> List[dict]:
@@ -44,6 +48,10 @@ def encode_bucket(engine: str, manifests: Sequence[str], *, first: bool, finishe
     if text is None:
         _native.check(err.code or 16, err)
     return [json.dumps(m, separators=(",", ":")) for m in json.loads(text)]
+
+
+def _resolve(replies: Callable[[], Union[str, bytes, Sequence[str]]]) -> None:
+    check_replies(replies())
 
 
 class _Buffers:
@@ -248,15 +256,37 @@ class Producer:
     ) -> int:
         """One whole weight sync: plan, then per bucket stage, deliver every message through
         ``send`` (to all engine ranks), check the replies, and wait for *consumed*. Returns the
-        number of buckets. Tensors go under their HF checkpoint names (checkpoint_tensors)."""
+        number of buckets. Tensors go under their HF checkpoint names (checkpoint_tensors).
+
+        ``send`` may return the replies, or a callable that returns them once they arrive: the
+        trainer then stages the next bucket into the other buffer set while the engines copy
+        this one, and checks each set's replies before the set is reused (a refused bucket
+        raises there, before anything else is written into that buffer)."""
         pairs = list(checkpoint_tensors(named))
         by_name = dict(pairs)
         plan = self.plan(pairs)
-        for b, names in enumerate(plan):
-            msgs = self.stage_bucket([(n, by_name[n]) for n in names], finished=b == len(plan) - 1,
-                                     weight_version=weight_version, stream=stream)
-            for m in msgs:
-                check_replies(send(m))
+        pending: deque = deque()  # (buffer set, replies to check), oldest first
+        try:
+            for b, names in enumerate(plan):
+                while pending and (len(pending) >= len(self._sets) or pending[0][0] == self._turn):
+                    _resolve(pending.popleft()[1])
+                turn = self._turn
+                msgs = self.stage_bucket([(n, by_name[n]) for n in names], finished=b == len(plan) - 1,
+                                         weight_version=weight_version, stream=stream)
+                for m in msgs:
+                    r = send(m)
+                    if callable(r):
+                        pending.append((turn, r))
+                    else:
+                        check_replies(r)
+            while pending:
+                _resolve(pending.popleft()[1])
+        finally:
+            for _, r in pending:  # a failure above: collect what is still in flight, quietly
+                try:
+                    r()
+                except Exception:
+                    pass
         self.wait(stream)
         return len(plan)
 

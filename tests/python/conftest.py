@@ -111,6 +111,13 @@ class EngineRanks:
             c.send(("msg", msg))
         return [recv(c, p) for c, p in zip(self.conns, self.procs)]
 
+    def send_deferred(self, msg: str):
+        """Send to every rank now; the replies are read when the returned callable is called
+        (the Producer stages the next bucket meanwhile)."""
+        for c in self.conns:
+            c.send(("msg", msg))
+        return lambda: [recv(c, p) for c, p in zip(self.conns, self.procs)]
+
     def state(self):
         for c in self.conns:
             c.send(("state", None))

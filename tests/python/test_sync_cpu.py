@@ -12,7 +12,7 @@ import wsync
 from conftest import plugin_for
 
 
-def _run(engine_ranks, engine: str, layout: str, tp: int, device: str = "cpu") -> None:
+def _run(engine_ranks, engine: str, layout: str, tp: int, device: str = "cpu", deferred: bool = False) -> None:
     model = models.tiny_model(layout).to(device)
     ranks = engine_ranks(engine, layout, tp, device=device)
     backend = "cpu " if device == "cpu" else "cuda "
@@ -20,7 +20,7 @@ def _run(engine_ranks, engine: str, layout: str, tp: int, device: str = "cpu") -
     with wsync.Producer(engine, tp_size=tp, bucket_bytes=96 << 10, device=device, plugin=plugin_for(device)) as prod:
         for k in range(3):
             sd = models.step(model, k)
-            n = prod.sync(sd, ranks.send, weight_version=f"step-{k}")
+            n = prod.sync(sd, ranks.send_deferred if deferred else ranks.send, weight_version=f"step-{k}")
             assert n > 1  # several buckets through the retained buffers
             for r, (got, same_ptrs) in enumerate(ranks.state()):
                 want = models.engine_layout({k: v.cpu() for k, v in sd.items()}, engine, r, tp)
@@ -66,4 +66,32 @@ def test_sglang_sync_after_new_storage(engine_ranks):
         assert torch.equal(got[name], want[name]) and same_ptrs
         bad = [n for n in want if not torch.equal(got[n], want[n])]
         assert not bad, bad[:3]
+        ranks.release()
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_sglang_sync_deferred_replies(engine_ranks, tp):
+    """send returns a callable: the trainer stages bucket k+1 while the engines copy bucket k,
+    and every parameter still equals the reference after each sync."""
+    _run(engine_ranks, "sglang", "moe", tp, deferred=True)
+
+
+def test_deferred_refusal_raises_before_reuse(engine_ranks):
+    """A bucket the engine refuses, its reply read late, raises from sync before the buffer
+    set that carried it is written again; the engine's parameters keep the last good sync."""
+    model = models.tiny_model("dense")
+    ranks = engine_ranks("sglang", "dense", 1)
+    with wsync.Producer("sglang", bucket_bytes=96 << 10, plugin=plugin_for("cpu")) as prod:
+        sd = models.step(model, 0)
+        prod.sync(sd, ranks.send_deferred)
+        good, _ = ranks.state()[0]
+        bad_sd = dict(models.step(model, 1))
+        name = "model.layers.1.mlp.down_proj.weight"
+        bad_sd[name] = bad_sd[name][:, :-1].contiguous()  # the engine refuses this shape
+        with pytest.raises(wsync.WsyncError) as e:
+            prod.sync(bad_sd, ranks.send_deferred)
+        assert name in str(e.value)
+        got, same = ranks.state()[0]
+        assert same
+        assert torch.equal(got[name], good[name])  # the refused tensor was not written
         ranks.release()

@@ -65,8 +65,8 @@ CFG = {"hidden_size": H, "num_attention_heads": NH, "num_key_value_heads": KV, "
 
 
 # the foreign path under the plugin's copy settings (docs/PERFORMANCE.md): default, kernel only,
-# every op on the copy engines (one cudaMemcpyBatchAsync)
-FOREIGN_ENV = ({}, {"WSYNC_CUDA_CE_SHARE": "0"}, {"WSYNC_CUDA_KERNEL_VARIANT": "7"})
+# every op on the copy engines
+FOREIGN_ENV = ({}, {"WSYNC_CUDA_CE_SHARE": "0"}, {"WSYNC_CUDA_CE_MIN_BYTES": "0"})
 # staged syncs measured: (bucket MiB, buffer sets)
 STAGED = ((1280, 2), (2048, 2))  # 1280: the smallest bucket that holds embed_tokens
 
@@ -121,12 +121,17 @@ def staged(conn, params, bucket_mib, nbuf, iters):
                 spent["stage"] += time.perf_counter() - t
         prod.stage_bucket = timed_stage
 
-        def send(m):
+        def send(m):  # the replies are read when the Producer needs them (a deferred reply)
             t = time.perf_counter()
             conn.send(("msg", m))
-            r = [conn.recv()]
             spent["send"] += time.perf_counter() - t
-            return r
+
+            def replies():
+                t = time.perf_counter()
+                r = [conn.recv()]
+                spent["send"] += time.perf_counter() - t
+                return r
+            return replies
         for k in range(iters + 1):
             spent["stage"] = spent["send"] = 0.0
             t0 = time.perf_counter()
@@ -236,7 +241,7 @@ def main():
                   f"{'s' if nbuf > 1 else ''}, no digests): median {statistics.median(times):.2f} ms over "
                   f"{len(times)} syncs ({', '.join(f'{x:.1f}' for x in times)})")
             print(f"  trainer host ms per sync: stage_bucket {statistics.median(p[0] for p in parts):.2f}, "
-                  f"send + engine reply {statistics.median(p[1] for p in parts):.2f}; engine handle() "
+                  f"send + waiting for replies {statistics.median(p[1] for p in parts):.2f}; engine handle() "
                   f"{sum(handle_ms) / max(n_msgs, 1):.3f} ms per request over {n_msgs} requests")
             handle_ms.clear()
             a.send("ok")
