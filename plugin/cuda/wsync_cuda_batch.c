@@ -15,6 +15,10 @@ wsync_result_t wsync_cuda_batch_memcpy(const wsync_cuda_op_t *t, size_t n, int o
     size_t *sizes = malloc((n ? n : 1) * sizeof(*sizes));
     size_t k = 0;
     cudaError_t e = cudaSuccess;
+    /* WSYNC_CUDA_CE_PER_OP=1: one cudaMemcpyAsync per op, as torch's per-tensor copy_ loop
+     * issues them (docs/PERFORMANCE.md compares both on legacy-IPC memory). */
+    const char *per_op = getenv("WSYNC_CUDA_CE_PER_OP");
+    const int loop = per_op != NULL && strcmp(per_op, "1") == 0;
     if (dst && src && sizes) {
         for (size_t i = 0; i < n; i++)
             if (t[i].chunk_end > t[i].chunk_begin) {
@@ -23,6 +27,11 @@ wsync_result_t wsync_cuda_batch_memcpy(const wsync_cuda_op_t *t, size_t n, int o
                 sizes[k++] = t[i].row_bytes;
             }
 #if CUDART_VERSION >= 12080
+        if (loop) {
+            for (size_t i = 0; i < k && e == cudaSuccess; i++)
+                e = cudaMemcpyAsync(dst[i], src[i], sizes[i], cudaMemcpyDeviceToDevice, s);
+            k = 0;
+        }
         struct cudaMemcpyAttributes a;
         memset(&a, 0, sizeof(a));
         a.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
@@ -34,6 +43,7 @@ wsync_result_t wsync_cuda_batch_memcpy(const wsync_cuda_op_t *t, size_t n, int o
                                      &idx, 1, s);
 #else
         (void)overlap;
+        (void)loop;
         for (size_t i = 0; i < k && e == cudaSuccess; i++)
             e = cudaMemcpyAsync(dst[i], src[i], sizes[i], cudaMemcpyDeviceToDevice, s);
 #endif

@@ -66,7 +66,9 @@ CFG = {"hidden_size": H, "num_attention_heads": NH, "num_key_value_heads": KV, "
 
 # the foreign path under the plugin's copy settings (docs/PERFORMANCE.md): default, kernel only,
 # every op on the copy engines
-FOREIGN_ENV = ({}, {"WSYNC_CUDA_CE_SHARE": "0"}, {"WSYNC_CUDA_CE_MIN_BYTES": "0"})
+FOREIGN_ENV = ({}, {"WSYNC_CUDA_CE_SHARE": "0"}, {"WSYNC_CUDA_CE_MIN_BYTES": "0"},
+               {"WSYNC_CUDA_CE_MIN_BYTES": "0", "WSYNC_CUDA_CE_PER_OP": "1"},
+               {"WSYNC_CUDA_CE_MIN_BYTES": "0", "WSYNC_CUDA_CE_PER_OP": "1", "WSYNC_CUDA_CE_LANES": "1"})
 # staged syncs measured: (bucket MiB, buffer sets)
 STAGED = ((1280, 2), (2048, 2))  # 1280: the smallest bucket that holds embed_tokens
 
@@ -91,7 +93,7 @@ def trainer(conn, iters):
         views.append((n, flat[at: at + k].view(s)))
         at += k
     exp = TorchExport("sglang")
-    msgs = [exp.messages(views)[0] for _ in range((iters + 1) * len(FOREIGN_ENV))]  # a generation per copy
+    msgs = [exp.messages(views)[0] for _ in range((2 * iters + 1) * len(FOREIGN_ENV))]  # a generation per copy
     from torch.multiprocessing.reductions import reduce_tensor
     conn.send(("foreign", msgs, reduce_tensor(flat), total))
     conn.recv()
@@ -183,11 +185,21 @@ def main():
         w.apply(next(it))
         host.append((time.perf_counter() - t) * 1e3)
         w.drain()
+    def gpu_only():  # the host's work hidden behind a sleeping stream: the copy's GPU time
+        torch.cuda._sleep(200_000_000)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        w.apply(next(it))
+        b.record()
+        w.drain()
+        return a.elapsed_time(b)
     foreign = []
     for env in FOREIGN_ENV:
         os.environ.update(env)
         host.clear()
-        foreign.append((env, event_ms(apply_drain, iters), statistics.median(host[1:])))
+        ms = event_ms(apply_drain, iters)
+        g = statistics.median(gpu_only() for _ in range(iters))
+        foreign.append((env, ms, statistics.median(host[1:]), g))
         for k in env:
             del os.environ[k]
     wsync_ms = foreign[0][1]
@@ -207,10 +219,10 @@ def main():
     print(f"foreign path, {gb:.1f} GB, 399 tensors into {len(eng)} engine parameters (median of {iters}):")
     print(f"  one flat copy_ (cudaMemcpyAsync)  {flat_ms:8.2f} ms  {gb / flat_ms * 1e3:7.0f} GB/s")
     print(f"  torch per-tensor copy_ loop        {loop_ms:8.2f} ms  {gb / loop_ms * 1e3:7.0f} GB/s")
-    for env, ms, host_ms in foreign:
+    for env, ms, host_ms, g in foreign:
         what = " ".join(f"{k}={v}" for k, v in env.items()) or "default settings"
         print(f"  wsync EngineWorker (Python), {what}: {ms:8.2f} ms  {gb / ms * 1e3:7.0f} GB/s "
-              f"(host time of apply before the GPU has the copy: {host_ms:.2f} ms)")
+              f"(apply {host_ms:.2f} ms host, copy alone on the GPU {g:.2f} ms)")
     print(f"  ratio wsync / flat copy: {flat_ms / wsync_ms:.3f} of the limit; "
           f"{loop_ms / wsync_ms:.2f}x faster than the copy_ loop")
     if args.foreign_only:
