@@ -70,7 +70,9 @@ FOREIGN_ENV = ({}, {"WSYNC_CUDA_CE_SHARE": "0"}, {"WSYNC_CUDA_CE_MIN_BYTES": "0"
                {"WSYNC_CUDA_CE_MIN_BYTES": "0", "WSYNC_CUDA_CE_PER_OP": "1"},
                {"WSYNC_CUDA_CE_MIN_BYTES": "0", "WSYNC_CUDA_CE_PER_OP": "1", "WSYNC_CUDA_CE_LANES": "1"})
 # staged syncs measured: (bucket MiB, buffer sets)
-STAGED = ((1280, 2), (2048, 2))  # 1280: the smallest bucket that holds embed_tokens
+STAGED = ((1280, 2), (2048, 2))
+C_BUCKET_MIB = 2048
+STAGED_MS = []  # (bucket MiB, sets, median ms), filled by main  # 1280: the smallest bucket that holds embed_tokens
 
 
 def plugin():
@@ -248,6 +250,7 @@ def main():
             a.send("ok")
         elif op == "staged":
             mib, nbuf, times, parts = m
+            STAGED_MS.append((mib, nbuf, statistics.median(times)))
             n_msgs = len(handle_ms)
             print(f"staged sync (Python Producer -> EngineWorker, {mib} MiB buckets, {nbuf} buffer set"
                   f"{'s' if nbuf > 1 else ''}, no digests): median {statistics.median(times):.2f} ms over "
@@ -264,8 +267,8 @@ def main():
 
 
 def c_path(iters):
-    """The C path in the same run: wsync-bench-cuda's dense sync (C trainer and engine, 1 GiB
-    buckets, two staging buffers, no digests), next to this program's figures."""
+    """The C path in the same run: wsync-bench-cuda's dense sync (C trainer and engine, the same
+    2 GiB buckets, two staging buffers, no digests), next to this program's figures."""
     import os
     import re
     import subprocess
@@ -274,14 +277,18 @@ def c_path(iters):
     if not exe or not os.path.exists(exe):
         print("C path: set WSYNC_BENCH_CUDA to the wsync-bench-cuda binary to run it here")
         return
-    out = subprocess.run([exe, "--layout", "dense", "--iters", str(iters), "--plugin", plugin()],
+    out = subprocess.run([exe, "--layout", "dense", "--iters", str(iters), "--plugin", plugin(),
+                          "--bucket-mib", str(C_BUCKET_MIB)],
                          capture_output=True, text=True, timeout=540).stdout
     for line in out.splitlines():
         if "(c) full sync" in line or "summary" in line:
             print("C path: " + line.strip())
     m = re.search(r"producer without digests \(WSYNC_STAGING_NO_DIGESTS\): median ([0-9.]+) ms", out)
     if m:
-        print(f"C path dense sync, 2 buffers, no digests: {float(m.group(1)):.2f} ms")
+        c_ms = float(m.group(1))
+        print(f"C path dense sync, {C_BUCKET_MIB} MiB buckets, 2 buffers, no digests: {c_ms:.2f} ms")
+        for mib, nbuf, ms in STAGED_MS:
+            print(f"  Python staged sync, {mib} MiB buckets, {nbuf} sets / C path: {ms / c_ms:.3f}x")
 
 if __name__ == "__main__":
     main()
