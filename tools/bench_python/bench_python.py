@@ -70,7 +70,7 @@ FOREIGN_ENV = ({}, {"WSYNC_CUDA_CE_SHARE": "0"}, {"WSYNC_CUDA_CE_MIN_BYTES": "0"
                {"WSYNC_CUDA_CE_MIN_BYTES": "0", "WSYNC_CUDA_CE_PER_OP": "1"},
                {"WSYNC_CUDA_CE_MIN_BYTES": "0", "WSYNC_CUDA_CE_PER_OP": "1", "WSYNC_CUDA_CE_LANES": "1"})
 # staged syncs measured: (bucket MiB, buffer sets)
-STAGED = ((1280, 2), (2048, 2))
+STAGED = ((2048, 2), (2048, 3), (1280, 3), (1280, 4))
 C_BUCKET_MIB = 2048
 STAGED_MS = []  # (bucket MiB, sets, median ms), filled by main  # 1280: the smallest bucket that holds embed_tokens
 
