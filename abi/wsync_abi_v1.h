@@ -32,10 +32,18 @@ extern "C" {
 #endif
 
 /* Version changelog:
- *   1 — first release: consumer vtable (open/close/copy/record/adapter/host_fn/finalize),
- *       producer table (create/stage/publish/wait/retire), manifest parse in the plugin.
- *       Buffer kinds cuda_ipc, host_shm, cuda_vmm_fd; torch_expandable (appended in 0.1.1, with
- *       torch's own handles as kind "torch" on the wire). */
+ *   1 — first release.
+ *       wsync_consumer_ops_v1_t: create, parse_manifest, manifest_free, open_handle,
+ *         close_handle, copy_weights, record_consumed, hot_load_adapter, enqueue_host_fn,
+ *         finalize; optional stream_create, stream_destroy, stream_synchronize, unload_adapter,
+ *         mem_alloc, mem_free, mem_copy.
+ *       wsync_producer_ops_v1_t: create, stage, publish, wait_consumed, retire; optional
+ *         stream_create, stream_destroy, stream_synchronize, read_back.
+ *       wsync_plugin_v1_t (name, version, consumer, producer) from wsync_plugin_init.
+ *       Buffer kinds: cuda_ipc (1), host_shm (2), cuda_vmm_fd (3), torch_expandable (4, appended
+ *         in 0.1.1, with torch's own handles as kind "torch" on the wire).
+ *       Results 0-17; WSYNC_ERR_BAD_REQUEST (18) appended in 0.1.1.
+ *       Flags: WSYNC_COPY_VERIFY; WSYNC_STAGING_FIXED_LAYOUT, WSYNC_STAGING_NO_DIGESTS. */
 #define WSYNC_ABI_VERSION_1 1u
 
 /* ------------------------------------------------------------------ results */
@@ -180,7 +188,10 @@ typedef struct wsync_manifest_v1 {
  * dst_extent is the size in bytes of the engine parameter region that contains dst, from dst:
  * the plugin refuses an op whose last byte would fall outside [dst, dst + dst_extent).
  * When the call asks for verification and has_digest is set, the wsync64 digest of the bytes the
- * op reads (rows concatenated in order) must equal `digest`. */
+ * op reads (rows concatenated in order) must equal `digest`.
+ * No struct_size: ops come in arrays indexed by the caller's sizeof, so the element size is part
+ * of v1 and never changes. A field it needs later comes with a new member that takes a new
+ * array type (or with v2), never by growing this struct. */
 typedef struct wsync_copy_op_v1 {
     uint64_t src_offset;
     uint64_t src_pitch;
@@ -202,7 +213,10 @@ typedef struct wsync_copy_op_v1 {
  * shadow copy while requests read the active one; *active (owned by the engine, read by it per
  * request) is switched by the plugin only after every byte of the shadow is written.
  * A packed module (qkv_proj, gate_up_proj) lists its parts: each part is an HF module suffix
- * (e.g. "q_proj") whose B rows start at out_offset. */
+ * (e.g. "q_proj") whose B rows start at out_offset.
+ * No struct_size, as for wsync_copy_op_v1_t: parts are an array element whose size is fixed in
+ * v1; growth is a new array type in a grown wsync_adapter_target (after its struct_size), never
+ * a bigger element. */
 typedef struct wsync_adapter_part_v1 {
     const char *hf_module; /* e.g. "model.layers.0.self_attn.q_proj" */
     int64_t out_offset;
