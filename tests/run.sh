@@ -8,10 +8,24 @@ wsync_install_missing clang-format
     -o -name '*.cu' -o -name '*.cuh' \) -print0 | xargs -0 clang-format --dry-run --Werror)
 echo "wsync: clang-format: every source is formatted"
 wsync_build
+# No suite may leave a wsync segment in /dev/shm (a crashed trainer's segment is the test's to
+# unlink): the segments there before the tests are the only ones allowed after each step.
+wsync_shm_list() { ls /dev/shm 2>/dev/null | grep '^wsync' | sort || true; }
+WSYNC_SHM_BEFORE="$(wsync_shm_list)"
+wsync_check_shm() {
+    local left
+    left="$(comm -13 <(echo "$WSYNC_SHM_BEFORE") <(wsync_shm_list) | grep . || true)"
+    if [ -n "$left" ]; then
+        echo "wsync: FAIL: $1 left $(echo "$left" | wc -l) segment(s) in /dev/shm:" $left
+        exit 1
+    fi
+    echo "wsync: /dev/shm: $1 left no wsync segment"
+}
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
     echo "wsync: no GPU on this machine: tests labelled 'gpu' will be reported as skipped"
 fi
 ctest --test-dir "$WSYNC_BUILD" --output-on-failure -j2 --timeout 600
+wsync_check_shm ctest
 # ctest lists skipped tests without their reason: print each one's own SKIPPED line.
 skipped="$(grep -h "SKIPPED:" "$WSYNC_BUILD/Testing/Temporary/LastTest.log" 2>/dev/null | sort | uniq -c || true)"
 if [ -n "$skipped" ]; then
@@ -25,6 +39,7 @@ wsync_python_env
 (cd "$WSYNC_ROOT" && "$WSYNC_PY" -m ruff check python tests/python)
 (cd "$WSYNC_ROOT" && "$WSYNC_PY" -m pytest -q -rs tests/python)
 (cd "$WSYNC_ROOT" && "$WSYNC_PY" -m pytest -q -s tests/python/test_integrations.py -k vllm_weight | grep "^vllm:" || true)
+wsync_check_shm pytest
 
 # Reliability (docs/RELIABILITY.md): the same suites under ASan+UBSan with leak checking, then
 # every parser fuzzed for a bounded time. WSYNC_SKIP_ASAN=1 / WSYNC_SKIP_FUZZ=1 skip a step
@@ -33,6 +48,7 @@ if [ "${WSYNC_SKIP_ASAN:-0}" = 1 ]; then
     echo "wsync: SKIPPED: ASan/UBSan build (WSYNC_SKIP_ASAN=1)"
 else
     wsync_test_asan
+    wsync_check_shm "the ASan suites"
 fi
 if [ "${WSYNC_SKIP_FUZZ:-0}" = 1 ]; then
     echo "wsync: SKIPPED: fuzzing (WSYNC_SKIP_FUZZ=1)"

@@ -237,6 +237,7 @@ static void test_producer_killed_mid_bucket(void **state)
     assert_int_equal(rel_wait_exit(pid, 10000), 0);
     close(fd);
     rel_engine_destroy(&e);
+    rel_unlink_shm_of(pid); /* it exited without retiring (as a crashed trainer would) */
 }
 
 /* Engine SIGKILLed while its copies run: the trainer's wait_consumed reports it within its
