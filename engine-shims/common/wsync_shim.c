@@ -84,6 +84,12 @@ wsync_result_t wsync_shim_apply(wsync_shim_ctx_t *ctx, json_t **manifests, size_
     return rc;
 }
 
+wsync_result_t wsync_shim_apply_text(wsync_shim_ctx_t *ctx, const char *text, size_t len,
+                                     uint64_t *generation, wsync_error_t *err)
+{
+    return wsync_driver_apply(ctx->driver, &text, &len, 1, generation, err);
+}
+
 json_t *wsync_shim_rank_buckets(const wsync_shim_encode_t *in, int with_buffer, wsync_error_t *err)
 {
     json_t *list = json_array();

@@ -75,9 +75,14 @@ char *wsync_shim_serve(const wsync_shim_t *s, wsync_shim_ctx_t *ctx, const char 
 wsync_result_t wsync_shim_apply(wsync_shim_ctx_t *ctx, json_t **manifests, size_t n,
                                 uint64_t *generation, wsync_error_t *err);
 
+/* For shims: hand one manifest, as publish returned it (JSON text, borrowed), to the driver: no
+ * decode and re-encode. *generation may be NULL. */
+wsync_result_t wsync_shim_apply_text(wsync_shim_ctx_t *ctx, const char *text, size_t len,
+                                     uint64_t *generation, wsync_error_t *err);
+
 /* For FlattenedTensorBucket requests (SGLang, LMDeploy): checks req's "load_format" is
  * "flattened_bucket" (when `format_required` is 0 it may also be absent) and sets *bucket to this
- * rank's entry of req[key] (borrowed from req). NOT_SUPPORTED for another format, BAD_MANIFEST
+ * rank's entry of req[key] (borrowed from req). NOT_SUPPORTED for another format, BAD_REQUEST
  * when req[key] has no entry for this rank; *bucket is untouched on failure. */
 wsync_result_t wsync_shim_flat_bucket(const wsync_shim_ctx_t *ctx, json_t *req, const char *key,
                                       int format_required, json_t **bucket, wsync_error_t *err);

@@ -2,7 +2,10 @@
  *   {"method": "update_weights_from_tensor",
  *    "serialized_named_tensors": [<bucket of TP rank 0>, <rank 1>, ...],   (or one for all)
  *    "load_format": "flattened_bucket", "flush_cache": true, "weight_version": "step-7"}
- * where a bucket is a FlattenedTensorBucket (wsync_request.h). Names are HF checkpoint names;
+ * where a bucket is a FlattenedTensorBucket (wsync_request.h), as any SGLang trainer sends it;
+ * or, with "load_format": "wsync_manifest" (what wsync's own encoder sends), each rank's entry is
+ * the manifest text publish returned, handed to the plugin as is (no decode, rebuild and
+ * re-parse of every tensor's description: docs/PERFORMANCE.md). Names are HF checkpoint names;
  * the engine maps them with its stacked_params_mapping (q/k/v -> qkv_proj, gate/up ->
  * gate_up_proj) and expert_params_mapping (experts -> w13_weight / w2_weight), then narrows for
  * its TP rank. flush_cache runs the engine's flush hook after the copies are done.
@@ -21,6 +24,8 @@
 #include "wsync_request.h"
 #include "wsync_shim.h"
 
+#define WSYNC_SGLANG_MANIFEST_FORMAT "wsync_manifest"
+
 static const wsync_map_table_t wsync_sglang_map = {
     .engine = "sglang", .rules = NULL, .n_rules = 0, .next = &wsync_map_fused_moe_w13};
 
@@ -29,16 +34,30 @@ static wsync_result_t wsync_sglang_update(wsync_shim_ctx_t *ctx, json_t *req, js
 {
     const char *version = json_string_value(json_object_get(req, "weight_version"));
     json_t *flush = json_object_get(req, "flush_cache");
+    const char *fmt = json_string_value(json_object_get(req, "load_format"));
     json_t *bucket, *manifest;
     uint64_t gen = 0;
     wsync_result_t rc;
 
-    rc = wsync_shim_flat_bucket(ctx, req, "serialized_named_tensors", 1, &bucket, err);
-    if (rc != WSYNC_OK)
-        return rc;
-    rc = wsync_req_bucket_decode(bucket, NULL, 0, &manifest, err);
-    if (rc == WSYNC_OK)
-        rc = wsync_shim_apply(ctx, &manifest, 1, &gen, err);
+    if (fmt != NULL && strcmp(fmt, WSYNC_SGLANG_MANIFEST_FORMAT) == 0) {
+        json_t *m =
+            wsync_req_pick_rank(json_object_get(req, "serialized_named_tensors"), ctx->tp_rank,
+                                ctx->tp_size, "serialized_named_tensors", err);
+        if (m == NULL)
+            return WSYNC_ERR_BAD_REQUEST;
+        if (!json_is_string(m))
+            return WSYNC_RECORD(err, WSYNC_ERR_BAD_REQUEST,
+                                "load_format \"%s\": each serialized_named_tensors entry is the "
+                                "manifest text publish returned, not a JSON %s",
+                                fmt, json_is_object(m) ? "object" : "value of another type");
+        rc = wsync_shim_apply_text(ctx, json_string_value(m), json_string_length(m), &gen, err);
+    } else {
+        rc = wsync_shim_flat_bucket(ctx, req, "serialized_named_tensors", 1, &bucket, err);
+        if (rc == WSYNC_OK)
+            rc = wsync_req_bucket_decode(bucket, NULL, 0, &manifest, err);
+        if (rc == WSYNC_OK)
+            rc = wsync_shim_apply(ctx, &manifest, 1, &gen, err);
+    }
     if (rc != WSYNC_OK)
         return rc;
     /* SGLang's default is flush_cache=True. */
@@ -99,12 +118,20 @@ static wsync_result_t wsync_sglang_handle(wsync_shim_ctx_t *ctx, const char *met
 static wsync_result_t wsync_sglang_encode(const wsync_shim_encode_t *in, json_t **msgs,
                                           wsync_error_t *err)
 {
-    json_t *buckets = wsync_shim_rank_buckets(in, 1, err);
+    json_t *buckets = json_array();
+    for (size_t r = 0; buckets != NULL && r < in->n_ranks; r++)
+        if (json_array_append_new(buckets, json_string(in->manifests[r])) != 0) {
+            json_decref(buckets);
+            buckets = NULL;
+        }
     if (buckets == NULL)
-        return err != NULL ? err->code : WSYNC_ERR_BAD_MANIFEST;
-    *msgs = json_pack("[{s:s, s:o, s:s, s:b, s:s?}]", "method", "update_weights_from_tensor",
-                      "serialized_named_tensors", buckets, "load_format", "flattened_bucket",
-                      "flush_cache", in->finished, "weight_version", in->weight_version);
+        return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+                            "sglang encode: a manifest is not UTF-8 text (or out of memory); "
+                            "pass what publish returned");
+    *msgs =
+        json_pack("[{s:s, s:o, s:s, s:b, s:s?}]", "method", "update_weights_from_tensor",
+                  "serialized_named_tensors", buckets, "load_format", WSYNC_SGLANG_MANIFEST_FORMAT,
+                  "flush_cache", in->finished, "weight_version", in->weight_version);
     return *msgs != NULL ? WSYNC_OK
                          : WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "sglang encode: OOM");
 }

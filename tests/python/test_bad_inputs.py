@@ -89,13 +89,51 @@ def test_request_without_method(setup):
 
 
 def test_bad_tensor_in_good_request(setup):
-    """The request reads, one tensor's description does not: BadManifest naming the tensor."""
+    """The request reads, one tensor's description in its manifest does not: BadManifest naming
+    the value, from the plugin's own parse of the manifest the request carries."""
     model, sd, params, w, prod, before = setup
     name = "model.norm.weight"
     (msg,) = prod.stage_bucket([(name, sd[name] + 1)], finished=True)
-    text = msg if isinstance(msg, str) else msg.decode()
-    assert '"bfloat16"' in text
-    refused(w, text.replace('"bfloat16"', '"bfloat17"', 1), errors.BadManifest, "bfloat17")
+    req = json.loads(msg)
+    assert req["load_format"] == "wsync_manifest"
+    manifest = req["serialized_named_tensors"][0]
+    assert '"bfloat16"' in manifest
+    req["serialized_named_tensors"][0] = manifest.replace('"bfloat16"', '"bfloat17"', 1)
+    refused(w, json.dumps(req), errors.BadManifest, "bfloat17")
+    unchanged(params, before)
+
+
+def flattened_request(msg: str, end_delta: int = 0) -> str:
+    """The same bucket as any SGLang trainer sends it: a FlattenedTensorBucket (metadata with
+    start_idx / end_idx / numel, the buffer in flattened_tensor) instead of the manifest."""
+    req = json.loads(msg)
+    m = json.loads(req["serialized_named_tensors"][0])
+    meta = [{"name": t["name"], "shape": t["shape"], "dtype": t["dtype"], "start_idx": t["offset"],
+             "end_idx": t["offset"] + t["nbytes"] + end_delta, "numel": int(torch.Size(t["shape"]).numel())}
+            for t in m["tensors"]]
+    req["serialized_named_tensors"] = [{"metadata": meta, "flattened_tensor": {"buffer": m["buffer"]},
+                                        "generation": m["generation"]}]
+    req["load_format"] = "flattened_bucket"
+    return json.dumps(req)
+
+
+def test_flattened_bucket_request(setup):
+    """SGLang's own FlattenedTensorBucket format is still served (a trainer that is not wsync's)."""
+    model, sd, params, w, prod, before = setup
+    name = "model.norm.weight"
+    (msg,) = prod.stage_bucket([(name, sd[name] + 1)], finished=True)
+    w.apply(flattened_request(msg))
+    w.drain()
+    assert torch.equal(params[name], sd[name] + 1)
+
+
+def test_flattened_bucket_truncated(setup):
+    """A FlattenedTensorBucket whose byte range does not hold its tensor: BadManifest naming it,
+    nothing written."""
+    model, sd, params, w, prod, before = setup
+    name = "model.norm.weight"
+    (msg,) = prod.stage_bucket([(name, sd[name] + 1)], finished=True)
+    refused(w, flattened_request(msg, end_delta=2), errors.BadManifest, name)
     unchanged(params, before)
 
 
