@@ -43,6 +43,8 @@ extern "C" {
  *       Buffer kinds: cuda_ipc (1), host_shm (2), cuda_vmm_fd (3), torch_expandable (4, appended
  *         in 0.1.1, with torch's own handles as kind "torch" on the wire).
  *       Results 0-17; WSYNC_ERR_BAD_REQUEST (18) appended in 0.1.1.
+ *       wsync_consumer_config_v1_t: device_ordinal, timeout_ms; max_manifest_bytes and
+ *         max_manifest_tensors appended in 0.1.1.
  *       Flags: WSYNC_COPY_VERIFY; WSYNC_STAGING_FIXED_LAYOUT, WSYNC_STAGING_NO_DIGESTS. */
 #define WSYNC_ABI_VERSION_1 1u
 
@@ -273,6 +275,11 @@ typedef struct wsync_consumer_config_v1 {
     size_t struct_size;
     int device_ordinal;  /* CUDA ordinal; ignored by the CPU backend */
     uint32_t timeout_ms; /* bound on any host-side wait (0 = 30000) */
+    /* Appended in 0.1.1. parse_manifest refuses a text over these limits before it parses
+     * (nothing is allocated for it): bytes of text (0 = 64 MiB) and JSON objects in it, the
+     * tensors being all but the root and its buffer (0 = 262144). */
+    uint64_t max_manifest_bytes;
+    uint64_t max_manifest_tensors;
 } wsync_consumer_config_v1_t;
 
 typedef struct wsync_consumer_ops_v1 {

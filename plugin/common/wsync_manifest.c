@@ -631,6 +631,41 @@ static wsync_result_t wsync_parse_root(const json_t *root, wsync_manifest_owned_
     return r;
 }
 
+wsync_result_t wsync_manifest_check_limits(const char *json, size_t len,
+                                           const wsync_manifest_limits_t *lim, wsync_error_t *err)
+{
+    const uint64_t max_bytes =
+        lim && lim->max_bytes ? lim->max_bytes : WSYNC_MANIFEST_DEFAULT_MAX_BYTES;
+    const uint64_t max_tensors =
+        lim && lim->max_tensors ? lim->max_tensors : WSYNC_MANIFEST_DEFAULT_MAX_TENSORS;
+    if ((uint64_t)len > max_bytes)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "manifest is %zu bytes, over this consumer's limit of %llu "
+                          "(max_manifest_bytes); send smaller buckets or raise the limit",
+                          len, (unsigned long long)max_bytes);
+    const uint64_t max_objects = max_tensors + 2; /* the root and its buffer */
+    uint64_t objects = 0;
+    int in_string = 0;
+    for (size_t i = 0; i < len; i++) {
+        const char ch = json[i];
+        if (in_string) {
+            if (ch == '\\')
+                i++; /* the escaped character is never a quote that ends the string */
+            else if (ch == '"')
+                in_string = 0;
+        } else if (ch == '"') {
+            in_string = 1;
+        } else if (ch == '{' && ++objects > max_objects) {
+            return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                              "manifest holds more than %llu JSON objects by byte %zu: over this "
+                              "consumer's limit of %llu tensors (max_manifest_tensors); send "
+                              "smaller buckets or raise the limit",
+                              (unsigned long long)max_objects, i, (unsigned long long)max_tensors);
+        }
+    }
+    return WSYNC_OK;
+}
+
 wsync_result_t wsync_manifest_parse(const char *json, size_t len, wsync_manifest_owned_t **out,
                                     wsync_error_t *err)
 {

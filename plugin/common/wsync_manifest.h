@@ -31,6 +31,22 @@ typedef struct wsync_manifest_owned {
  * `tensors[3] ("model.norm.weight"): offset 96 + nbytes 8192 exceeds buffer bytes 4096`. */
 wsync_result_t wsync_manifest_parse(const char *json, size_t len, wsync_manifest_owned_t **out,
                                     wsync_error_t *err);
+
+#define WSYNC_MANIFEST_DEFAULT_MAX_BYTES (64ull << 20)
+#define WSYNC_MANIFEST_DEFAULT_MAX_TENSORS (1ull << 18)
+
+/* What a consumer accepts before it parses (wsync_consumer_config_t; 0: the defaults above). */
+typedef struct wsync_manifest_limits {
+    uint64_t max_bytes;
+    uint64_t max_tensors;
+} wsync_manifest_limits_t;
+
+/* Refuse (BAD_MANIFEST, naming the size and the limit) a text longer than lim->max_bytes or
+ * holding more JSON objects than lim->max_tensors plus the root's and the buffer's, counted in one
+ * pass over the bytes outside strings: nothing is allocated, so a hostile manifest costs a scan,
+ * not a parse. NULL lim: the defaults. */
+wsync_result_t wsync_manifest_check_limits(const char *json, size_t len,
+                                           const wsync_manifest_limits_t *lim, wsync_error_t *err);
 void wsync_manifest_free(wsync_manifest_owned_t *m);
 
 static inline wsync_manifest_owned_t *wsync_manifest_owned_from_view(const wsync_manifest_t *v)

@@ -60,6 +60,7 @@ struct wsync_manifest_cache {
     wsync_mc_entry_t *lru[WSYNC_MANIFEST_CACHE_MAX_ENTRIES]; /* [0] most recently used */
     size_t count, bytes;
     uint64_t hits, misses;
+    wsync_manifest_limits_t limits;
 };
 
 static void wsync_mc_entry_free(wsync_mc_entry_t *e)
@@ -83,6 +84,24 @@ wsync_manifest_cache_t *wsync_manifest_cache_create(void)
     if (c != NULL)
         pthread_mutex_init(&c->lock, NULL);
     return c;
+}
+
+wsync_manifest_cache_t *wsync_manifest_cache_for(const wsync_consumer_config_t *config)
+{
+    wsync_manifest_limits_t lim = {0, 0};
+    if (WSYNC_HAS_FIELD(wsync_consumer_config_t, config, max_manifest_bytes))
+        lim.max_bytes = config->max_manifest_bytes;
+    if (WSYNC_HAS_FIELD(wsync_consumer_config_t, config, max_manifest_tensors))
+        lim.max_tensors = config->max_manifest_tensors;
+    wsync_manifest_cache_t *c = wsync_manifest_cache_create();
+    wsync_manifest_cache_set_limits(c, &lim);
+    return c;
+}
+
+void wsync_manifest_cache_set_limits(wsync_manifest_cache_t *c, const wsync_manifest_limits_t *lim)
+{
+    if (c != NULL && lim != NULL)
+        c->limits = *lim;
 }
 
 void wsync_manifest_cache_destroy(wsync_manifest_cache_t *c)
@@ -356,6 +375,13 @@ static void wsync_mc_insert(wsync_manifest_cache_t *c, wsync_mc_entry_t *e)
 wsync_result_t wsync_manifest_parse_cached(wsync_manifest_cache_t *c, const char *json, size_t len,
                                            wsync_manifest_owned_t **out, wsync_error_t *err)
 {
+    if (json != NULL && out != NULL) {
+        wsync_result_t r = wsync_manifest_check_limits(json, len, c ? &c->limits : NULL, err);
+        if (r != WSYNC_OK) {
+            *out = NULL;
+            return r;
+        }
+    }
     if (c == NULL || json == NULL || out == NULL)
         return wsync_manifest_parse(json, len, out, err);
     *out = NULL;

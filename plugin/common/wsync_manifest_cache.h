@@ -33,10 +33,17 @@ typedef struct wsync_manifest_cache_stats {
 
 /* NULL when out of memory. */
 wsync_manifest_cache_t *wsync_manifest_cache_create(void);
+/* A manifest cache with the size limits of a consumer's config (those of its fields that the
+ * caller's struct_size covers; 0 or absent: the defaults). NULL when out of memory. */
+wsync_manifest_cache_t *wsync_manifest_cache_for(const wsync_consumer_config_t *config);
+/* The size limits every parse through `c` checks first (wsync_manifest_check_limits); the
+ * defaults until set. Not thread safe with parses: set it at consumer create. */
+void wsync_manifest_cache_set_limits(wsync_manifest_cache_t *c, const wsync_manifest_limits_t *lim);
 /* Frees every entry. No parse may be running on `c`. NULL is a no-op. */
 void wsync_manifest_cache_destroy(wsync_manifest_cache_t *c);
 
-/* wsync_manifest_parse through the cache (c NULL: plain full parse). *out is freed with
+/* wsync_manifest_parse through the cache, after the size limits (c NULL: the default limits and
+ * a plain full parse). *out is freed with
  * wsync_manifest_free and does not depend on the cache (descriptors and names are copied). */
 wsync_result_t wsync_manifest_parse_cached(wsync_manifest_cache_t *c, const char *json, size_t len,
                                            wsync_manifest_owned_t **out, wsync_error_t *err);

@@ -42,7 +42,7 @@ static wsync_result_t consumer_create(const wsync_consumer_config_t *config,
         rc = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for the mapping cache");
         goto fail;
     }
-    c->manifests = wsync_manifest_cache_create();
+    c->manifests = wsync_manifest_cache_for(config);
     if (c->manifests == NULL) {
         rc = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for the manifest parse cache");
         goto fail;

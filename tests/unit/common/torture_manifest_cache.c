@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <time.h>
 
 /* Library results are malloc'd; cmocka replaces free() with its checker below this point. */
 static void real_free(void *p)
@@ -541,6 +543,109 @@ static void test_null_cache(void **state)
     real_free(ref);
 }
 
+/* A text of n tensor objects, every one named the same (a parse would refuse it only at the
+ * end): ~85 bytes a tensor. */
+static char *hostile(size_t n, size_t *len)
+{
+    static const char head[] = "{\"wsync\":1,\"generation\":1,\"finished\":true,\"buffer\":"
+                               "{\"kind\":\"host_shm\",\"handle\":\"L3dzeW5j\",\"bytes\":4096,"
+                               "\"pid\":1,\"device\":\"cpu\"},\"tensors\":[";
+    static const char one[] = "{\"name\":\"model.norm.weight\",\"dtype\":\"bfloat16\","
+                              "\"shape\":[64],\"offset\":0,\"nbytes\":128},";
+    const size_t cap = sizeof(head) + n * (sizeof(one) - 1) + 4;
+    char *t = malloc(cap), *p = t;
+    assert_non_null(t);
+    memcpy(p, head, sizeof(head) - 1);
+    p += sizeof(head) - 1;
+    for (size_t i = 0; i < n; i++, p += sizeof(one) - 1)
+        memcpy(p, one, sizeof(one) - 1);
+    p[-1] = ']';
+    *p++ = '}';
+    *len = (size_t)(p - t);
+    return t;
+}
+
+static long rss_kib(void)
+{
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return u.ru_maxrss;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* 10^6 tensors: refused by its size, then (with the byte limit raised) by its object count, each
+ * in well under a second and without an allocation that shows in the peak RSS. */
+static void test_huge_manifest_refused_before_parse(void **state)
+{
+    (void)state;
+    size_t len = 0;
+    char *text = hostile(1000000, &len);
+    assert_true(len > WSYNC_MANIFEST_DEFAULT_MAX_BYTES);
+    wsync_manifest_cache_t *c = wsync_manifest_cache_create();
+    const long rss0 = rss_kib();
+    const wsync_manifest_limits_t limits[] = {{0, 0}, {1ull << 30, 0}};
+    const char *needles[] = {"over this consumer's limit of 67108864 (max_manifest_bytes)",
+                             "limit of 262144 tensors (max_manifest_tensors)"};
+    for (int k = 0; k < 2; k++) {
+        wsync_manifest_cache_set_limits(c, &limits[k]);
+        wsync_error_t err = {.struct_size = sizeof(err)};
+        wsync_manifest_owned_t *m = (wsync_manifest_owned_t *)1;
+        const double t0 = now_s();
+        assert_int_equal(wsync_manifest_parse_cached(c, text, len, &m, &err),
+                         WSYNC_ERR_BAD_MANIFEST);
+        const double dt = now_s() - t0;
+        print_message("%zu-byte manifest of 10^6 tensors refused in %.1f ms: %s\n", len, dt * 1e3,
+                      err.message);
+        assert_null(m);
+        assert_true(dt < 0.5);
+        assert_non_null(strstr(err.message, needles[k]));
+    }
+    assert_true(rss_kib() - rss0 < 8 * 1024); /* no parse tree (a full parse grew ~1 GiB) */
+    wsync_manifest_cache_destroy(c);
+    free(text); /* cmocka's: hostile() allocated it below the include */
+}
+
+/* The consumer's limit on tensors: exactly the limit parses, one more is refused naming it;
+ * braces inside strings are not objects. */
+static void test_tensor_limit(void **state)
+{
+    (void)state;
+    wsync_consumer_config_t cfg = {.struct_size = sizeof(cfg), .max_manifest_tensors = 3};
+    wsync_manifest_cache_t *c = wsync_manifest_cache_for(&cfg);
+    for (size_t n = 3; n <= 4; n++) {
+        char *text = emit(n, "{weird}.weight", 1, 1, DIGESTS_NONE, 0);
+        wsync_error_t err = {.struct_size = sizeof(err)};
+        wsync_manifest_owned_t *m = NULL;
+        wsync_result_t r = wsync_manifest_parse_cached(c, text, strlen(text), &m, &err);
+        if (n == 3) {
+            assert_int_equal(r, WSYNC_OK);
+            assert_int_equal(m->view.n_tensors, 3);
+            wsync_manifest_free(m);
+        } else {
+            assert_int_equal(r, WSYNC_ERR_BAD_MANIFEST);
+            assert_non_null(strstr(err.message, "limit of 3 tensors"));
+        }
+        real_free(text);
+    }
+    /* a config too small to hold the fields keeps the defaults */
+    wsync_consumer_config_t old = {.struct_size =
+                                       offsetof(wsync_consumer_config_t, max_manifest_bytes)};
+    wsync_manifest_cache_t *d = wsync_manifest_cache_for(&old);
+    char *text = emit(4, "w", 1, 1, DIGESTS_NONE, 0);
+    wsync_manifest_owned_t *m = NULL;
+    assert_int_equal(wsync_manifest_parse_cached(d, text, strlen(text), &m, NULL), WSYNC_OK);
+    wsync_manifest_free(m);
+    real_free(text);
+    wsync_manifest_cache_destroy(d);
+    wsync_manifest_cache_destroy(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -554,6 +659,8 @@ int main(void)
         cmocka_unit_test(test_bounded),
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_null_cache),
+        cmocka_unit_test(test_huge_manifest_refused_before_parse),
+        cmocka_unit_test(test_tensor_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
