@@ -42,7 +42,7 @@ extern "C" {
  *       wsync_plugin_v1_t (name, version, consumer, producer) from wsync_plugin_init.
  *       Buffer kinds: cuda_ipc (1), host_shm (2), cuda_vmm_fd (3), torch_expandable (4, appended
  *         in 0.1.1, with torch's own handles as kind "torch" on the wire).
- *       Results 0-17; WSYNC_ERR_BAD_REQUEST (18) appended in 0.1.1.
+ *       Results 0-17; WSYNC_ERR_BAD_REQUEST (18), WSYNC_ERR_BAD_ADAPTER (19) appended in 0.1.1.
  *       wsync_consumer_config_v1_t: device_ordinal, timeout_ms; max_manifest_bytes and
  *         max_manifest_tensors appended in 0.1.1.
  *       Flags: WSYNC_COPY_VERIFY; WSYNC_STAGING_FIXED_LAYOUT, WSYNC_STAGING_NO_DIGESTS. */
@@ -70,8 +70,10 @@ typedef enum wsync_result {
     WSYNC_ERR_PEER_GONE = 15,       /* the other process exited or closed the buffer */
     WSYNC_ERR_INTERNAL = 16,        /* a bug in wsync; please report with the message */
     WSYNC_ERR_PERMISSION = 17,      /* another user's object, or a mode other than 0600 */
-    WSYNC_ERR_BAD_REQUEST = 18      /* an engine request (shims): not JSON, no method, a field
+    WSYNC_ERR_BAD_REQUEST = 18,     /* an engine request (shims): not JSON, no method, a field
                                        missing or of the wrong type; appended in 0.1.1 */
+    WSYNC_ERR_BAD_ADAPTER = 19      /* a LoRA adapter's files or tensors (adapter_config.json,
+                                       safetensors, PEFT names) are malformed; appended in 0.1.1 */
 } wsync_result_t;
 
 /* --------------------------------------------------------- error and logging */

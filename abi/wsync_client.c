@@ -42,6 +42,8 @@ const char *wsync_strerror(wsync_result_t r)
         return "permission denied";
     case WSYNC_ERR_BAD_REQUEST:
         return "malformed request";
+    case WSYNC_ERR_BAD_ADAPTER:
+        return "malformed adapter";
     }
     return "unknown wsync result";
 }

@@ -80,13 +80,13 @@ static wsync_result_t wsync_adapter_classify(const char *name, wsync_adapter_ent
         e->is_b = 1;
         cut = len - strlen(sb);
     } else {
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                           "tensor \"%s\" is not a LoRA weight (expected "
                           "base_model.model.<module>.lora_A.weight or .lora_B.weight)",
                           name);
     }
     if (cut == 0)
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "tensor \"%s\" names no module", name);
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER, "tensor \"%s\" names no module", name);
     e->module = strndup(m, cut);
     if (e->module == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "tensor \"%s\"", name);
@@ -98,13 +98,13 @@ static wsync_result_t wsync_adapter_check_tensor(const wsync_adapter_tensor_t *t
 {
     uint64_t want;
     if (t->name == NULL || t->name[0] == '\0')
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "an adapter tensor has no name");
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER, "an adapter tensor has no name");
     if (wsync_tensor_nbytes(t->dtype, t->ndim, t->shape, &want) != 0)
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                           "tensor \"%s\": bad dtype %d or shape (ndim %u)", t->name, (int)t->dtype,
                           t->ndim);
     if (want != t->nbytes || (want > 0 && t->data == NULL))
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                           "tensor \"%s\": nbytes %llu but %s x shape is %llu bytes", t->name,
                           (unsigned long long)t->nbytes, wsync_dtype_name(t->dtype),
                           (unsigned long long)want);
@@ -119,7 +119,7 @@ static wsync_result_t wsync_adapter_module_init(const wsync_peft_config_t *cfg,
 {
     const char *name = mod->hf_module;
     if (!wsync_peft_config_targets(cfg, name))
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                           "module \"%s\" has LoRA tensors but adapter_config.json target_modules "
                           "(minus exclude_modules) does not name it",
                           name);
@@ -127,11 +127,11 @@ static wsync_result_t wsync_adapter_module_init(const wsync_peft_config_t *cfg,
     mod->alpha = wsync_peft_config_alpha(cfg, name);
     mod->scaling = wsync_peft_config_scaling(cfg, mod->rank, mod->alpha);
     if (a->ndim != 2 || b->ndim != 2)
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                           "module \"%s\": lora_A and lora_B must be 2-D (got %u-D and %u-D)", name,
                           a->ndim, b->ndim);
     if (a->shape[0] != (int64_t)mod->rank || b->shape[1] != (int64_t)mod->rank)
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                           "module \"%s\": lora_A [%lld, %lld] and lora_B [%lld, %lld] do not have "
                           "rank %u from adapter_config.json (r / rank_pattern)",
                           name, (long long)a->shape[0], (long long)a->shape[1],
@@ -164,13 +164,13 @@ static wsync_result_t wsync_adapter_group(wsync_adapter_t *ad, wsync_adapter_ent
         for (; j < n && strcmp(e[j].module, e[i].module) == 0; j++) {
             const wsync_adapter_tensor_t **slot = e[j].is_b ? &b : &a;
             if (*slot != NULL)
-                return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                                   "module \"%s\": two lora_%c tensors (\"%s\" and \"%s\")",
                                   e[i].module, e[j].is_b ? 'B' : 'A', (*slot)->name, e[j].t->name);
             *slot = e[j].t;
         }
         if (a == NULL || b == NULL)
-            return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+            return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                               "module \"%s\": lora_%c.weight is missing (only \"%s\" present)",
                               e[i].module, a == NULL ? 'A' : 'B', (a ? a : b)->name);
         p->names[nm] = e[i].module;
@@ -204,7 +204,7 @@ static wsync_result_t wsync_adapter_build(wsync_adapter_t *ad, const wsync_adapt
         e[ne].t = &t[ne];
     }
     if (rc == WSYNC_OK && n == 0)
-        rc = WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "the adapter has no tensors");
+        rc = WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER, "the adapter has no tensors");
     if (rc == WSYNC_OK) {
         qsort(e, n, sizeof(*e), wsync_adapter_entry_cmp);
         rc = wsync_adapter_group(ad, e, n, err);
@@ -268,7 +268,7 @@ static wsync_result_t wsync_read_small_file(const char *path, char **out, size_t
     fclose(f);
     if (bad || n > WSYNC_ADAPTER_CONFIG_MAX) {
         free(buf);
-        return WSYNC_FAIL(err, bad ? WSYNC_ERR_SYSTEM : WSYNC_ERR_BAD_MANIFEST, "%s: %s", path,
+        return WSYNC_FAIL(err, bad ? WSYNC_ERR_SYSTEM : WSYNC_ERR_BAD_ADAPTER, "%s: %s", path,
                           bad ? "read failed" : "larger than 16 MiB");
     }
     buf[n] = '\0';

@@ -62,7 +62,7 @@ static wsync_result_t wsync_peft_parse_match(json_t *v, const char *key, int all
         return wsync_pyregex_compile(&m->rx, NULL, json_string_value(v), what, err);
     }
     if (!json_is_array(v))
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                           WSYNC_PEFT_WHAT ": \"%s\" must be a list of module names or a regex "
                                           "string",
                           key);
@@ -74,7 +74,7 @@ static wsync_result_t wsync_peft_parse_match(json_t *v, const char *key, int all
     for (size_t i = 0; i < m->n_names; i++) {
         json_t *e = json_array_get(v, i);
         if (!json_is_string(e) || json_string_length(e) == 0)
-            return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+            return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                               WSYNC_PEFT_WHAT ": \"%s\"[%zu] is not a non-empty string", key, i);
         m->names[i] = json_string_value(e);
     }
@@ -113,7 +113,7 @@ static wsync_result_t wsync_peft_parse_patterns(json_t *v, const char *key, int 
     if (v == NULL || json_is_null(v))
         return WSYNC_OK;
     if (!json_is_object(v))
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                           WSYNC_PEFT_WHAT ": \"%s\" must be an object of module pattern -> %s", key,
                           integral ? "rank" : "alpha");
     size_t cap = json_object_size(v);
@@ -128,7 +128,7 @@ static wsync_result_t wsync_peft_parse_patterns(json_t *v, const char *key, int 
         if (integral ? !(json_is_integer(e) && json_integer_value(e) > 0 &&
                          json_integer_value(e) <= UINT32_MAX)
                      : !(json_is_number(e) && isfinite(json_number_value(e))))
-            return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+            return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                               WSYNC_PEFT_WHAT ": %s[\"%s\"] must be %s", key, k,
                               integral ? "an integer > 0" : "a finite number");
         char what[96];
@@ -150,7 +150,7 @@ static wsync_result_t wsync_peft_refuse_true(json_t *root, const char *key, cons
     if (v == NULL || json_is_null(v) || json_is_false(v))
         return WSYNC_OK;
     if (!json_is_boolean(v))
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, WSYNC_PEFT_WHAT ": \"%s\" must be a bool",
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER, WSYNC_PEFT_WHAT ": \"%s\" must be a bool",
                           key);
     return WSYNC_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
                       WSYNC_PEFT_WHAT ": %s true is not supported: %s", key, why);
@@ -212,7 +212,7 @@ static wsync_result_t wsync_peft_parse_root(wsync_peft_config_t *cfg, wsync_erro
 
     json_t *v = json_object_get(root, "r");
     if (v == NULL)
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, WSYNC_PEFT_WHAT ": \"r\" is missing");
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER, WSYNC_PEFT_WHAT ": \"r\" is missing");
     if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > UINT32_MAX) {
         char got[48];
         if (json_is_number(v))
@@ -220,29 +220,29 @@ static wsync_result_t wsync_peft_parse_root(wsync_peft_config_t *cfg, wsync_erro
                      json_number_value(v));
         else
             snprintf(got, sizeof(got), "a JSON %s", json_is_string(v) ? "string" : "non-number");
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                           WSYNC_PEFT_WHAT ": \"r\" must be an integer > 0 (got %s)", got);
     }
     cfg->r = (uint32_t)json_integer_value(v);
 
     v = json_object_get(root, "lora_alpha");
     if (v == NULL)
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                           WSYNC_PEFT_WHAT ": \"lora_alpha\" is missing");
     if (!json_is_number(v) || !isfinite(json_number_value(v)))
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                           WSYNC_PEFT_WHAT ": \"lora_alpha\" must be a finite number");
     cfg->alpha = json_number_value(v);
 
     v = json_object_get(root, "use_rslora");
     if (v != NULL && !json_is_null(v) && !json_is_boolean(v))
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                           WSYNC_PEFT_WHAT ": \"use_rslora\" must be a bool");
     cfg->use_rslora = json_is_true(v);
 
     v = json_object_get(root, "target_modules");
     if (v == NULL || json_is_null(v))
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                           WSYNC_PEFT_WHAT ": \"target_modules\" is missing; list the modules the "
                                           "adapter trains");
     rc = wsync_peft_parse_match(v, "target_modules", 1, &cfg->targets, err);
@@ -271,11 +271,11 @@ wsync_result_t wsync_peft_config_parse(const char *json, size_t len, wsync_peft_
     cfg->root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &jerr);
     wsync_result_t rc;
     if (cfg->root == NULL)
-        rc = WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+        rc = WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                         WSYNC_PEFT_WHAT " is not valid JSON: %s (line %d, column %d)", jerr.text,
                         jerr.line, jerr.column);
     else if (!json_is_object(cfg->root))
-        rc = WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, WSYNC_PEFT_WHAT " is not a JSON object");
+        rc = WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER, WSYNC_PEFT_WHAT " is not a JSON object");
     else
         rc = wsync_peft_parse_root(cfg, err);
     if (rc != WSYNC_OK) {

@@ -14,7 +14,7 @@
 
 typedef struct wsync_peft_config wsync_peft_config_t;
 
-/* Parse and validate `len` bytes of JSON. Errors: BAD_MANIFEST naming the field and value,
+/* Parse and validate `len` bytes of JSON. Errors: BAD_ADAPTER naming the field and value,
  * NOT_SUPPORTED for a valid PEFT feature wsync cannot serve, OUT_OF_MEMORY. *out is owned by
  * the caller (wsync_peft_config_free). */
 wsync_result_t wsync_peft_config_parse(const char *json, size_t len, wsync_peft_config_t **out,

@@ -201,7 +201,7 @@ wsync_result_t wsync_pyregex_compile(wsync_pyregex_t *rx, const char *prefix_pat
         why = "out of memory";
     if (why) {
         free(b.s);
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                           "%s: regex \"%s\" uses %s; use plain names or simple patterns", what,
                           pattern, why);
     }
@@ -210,7 +210,7 @@ wsync_result_t wsync_pyregex_compile(wsync_pyregex_t *rx, const char *prefix_pat
     if (rc != 0) {
         char msg[96];
         regerror(rc, &rx->re, msg, sizeof(msg));
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "%s: regex \"%s\" is invalid: %s", what,
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER, "%s: regex \"%s\" is invalid: %s", what,
                           pattern, msg);
     }
     rx->compiled = 1;

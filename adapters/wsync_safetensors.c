@@ -66,36 +66,36 @@ static wsync_result_t wsync_st_entry(wsync_safetensors_t *st, const char *label,
                                      json_t *v, wsync_st_tensor_t *t, wsync_error_t *err)
 {
     if (!json_is_object(v))
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                           "%s: tensor \"%s\": header entry is not an object", label, name);
     json_t *jdt = json_object_get(v, "dtype");
     json_t *jshape = json_object_get(v, "shape");
     json_t *joff = json_object_get(v, "data_offsets");
     if (!json_is_string(jdt))
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                           "%s: tensor \"%s\": \"dtype\" missing or not a string", label, name);
     t->dtype = wsync_st_dtype_parse(json_string_value(jdt));
     if (t->dtype == WSYNC_DTYPE_INVALID)
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                           "%s: tensor \"%s\": unknown dtype \"%s\" (known: BF16 F16 F32 F64 I8 U8 "
                           "I16 I32 I64 BOOL F8_E4M3 F8_E5M2)",
                           label, name, json_string_value(jdt));
     if (!json_is_array(jshape) || json_array_size(jshape) > WSYNC_MAX_DIMS)
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                           "%s: tensor \"%s\": \"shape\" must be an array of at most %d integers",
                           label, name, WSYNC_MAX_DIMS);
     t->ndim = (uint32_t)json_array_size(jshape);
     for (uint32_t d = 0; d < t->ndim; d++) {
         json_t *e = json_array_get(jshape, d);
         if (!json_is_integer(e) || json_integer_value(e) < 0)
-            return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+            return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                               "%s: tensor \"%s\": shape[%u] is not a non-negative integer", label,
                               name, d);
         t->shape[d] = json_integer_value(e);
     }
     if (!json_is_array(joff) || json_array_size(joff) != 2 ||
         !json_is_integer(json_array_get(joff, 0)) || !json_is_integer(json_array_get(joff, 1)))
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                           "%s: tensor \"%s\": \"data_offsets\" must be [begin, end] integers",
                           label, name);
     json_int_t begin = json_integer_value(json_array_get(joff, 0));
@@ -107,10 +107,10 @@ static wsync_result_t wsync_st_entry(wsync_safetensors_t *st, const char *label,
             (long long)begin, (long long)end, (unsigned long long)st->data_len);
     uint64_t want;
     if (wsync_tensor_nbytes(t->dtype, t->ndim, t->shape, &want) != 0)
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                           "%s: tensor \"%s\": shape overflows 64-bit byte counts", label, name);
     if ((uint64_t)(end - begin) != want)
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                           "%s: tensor \"%s\": data_offsets [%lld, %lld] hold %llu bytes but %s x "
                           "shape needs %llu",
                           label, name, (long long)begin, (long long)end,
@@ -126,14 +126,14 @@ static wsync_result_t wsync_st_metadata(wsync_safetensors_t *st, const char *lab
                                         wsync_error_t *err)
 {
     if (!json_is_object(meta))
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                           "%s: \"__metadata__\" must be an object of strings", label);
     const char *k;
     json_t *v;
     json_object_foreach(meta, k, v)
     {
         if (!json_is_string(v))
-            return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+            return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                               "%s: \"__metadata__\" value of \"%s\" is not a string", label, k);
     }
     st->metadata = meta;
@@ -161,7 +161,7 @@ static wsync_result_t wsync_st_check_extents(wsync_safetensors_t *st, const char
                               (unsigned long long)(b + t->nbytes), prev->name,
                               (unsigned long long)pos);
         if (b > pos)
-            return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+            return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                               "%s: bytes [%llu, %llu) before tensor \"%s\" belong to no tensor "
                               "(safetensors data must be fully indexed)",
                               label, (unsigned long long)pos, (unsigned long long)b, t->name);
@@ -169,7 +169,7 @@ static wsync_result_t wsync_st_check_extents(wsync_safetensors_t *st, const char
         prev = t;
     }
     if (pos != st->data_len)
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                           "%s: data is %llu bytes but tensors end at byte %llu (trailing bytes "
                           "belong to no tensor)",
                           label, (unsigned long long)st->data_len, (unsigned long long)pos);
@@ -180,7 +180,7 @@ static wsync_result_t wsync_st_parse(wsync_safetensors_t *st, const uint8_t *byt
                                      const char *label, wsync_error_t *err)
 {
     if (len < 8)
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                           "%s: %zu bytes is too short for a safetensors file (8-byte header "
                           "length missing)",
                           label, len);
@@ -188,7 +188,7 @@ static wsync_result_t wsync_st_parse(wsync_safetensors_t *st, const uint8_t *byt
     for (int i = 7; i >= 0; i--)
         hlen = (hlen << 8) | bytes[i];
     if (hlen > WSYNC_SAFETENSORS_MAX_HEADER)
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                           "%s: header length %llu exceeds the %u-byte limit (corrupt file?)", label,
                           (unsigned long long)hlen, WSYNC_SAFETENSORS_MAX_HEADER);
     if (hlen > len - 8)
@@ -201,11 +201,11 @@ static wsync_result_t wsync_st_parse(wsync_safetensors_t *st, const uint8_t *byt
     json_error_t jerr;
     st->header = json_loadb((const char *)bytes + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
     if (st->header == NULL)
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
                           "%s: header is not valid JSON (%s at byte %d)", label, jerr.text,
                           jerr.position);
     if (!json_is_object(st->header))
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "%s: header is not a JSON object", label);
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER, "%s: header is not a JSON object", label);
 
     size_t cap = json_object_size(st->header);
     st->tensors = calloc(cap ? cap : 1, sizeof(*st->tensors));

@@ -28,7 +28,7 @@ typedef wsync_tensor_view_t wsync_st_tensor_t;
  * WSYNC_MAX_DIMS non-negative integers, data_offsets [begin, end] with begin <= end <= data size
  * and end - begin == dtype size x prod(shape), entries neither overlapping nor leaving holes
  * (the safetensors format requires the data to be fully indexed), __metadata__ an object of
- * strings. Errors: NOT_FOUND (no file), SYSTEM (open/mmap), BAD_MANIFEST (format),
+ * strings. Errors: NOT_FOUND (no file), SYSTEM (open/mmap), BAD_ADAPTER (format),
  * OUT_OF_BOUNDS (offsets), OUT_OF_MEMORY. *out is owned by the caller. Blocking (file I/O). */
 wsync_result_t wsync_safetensors_open(const char *path, wsync_safetensors_t **out,
                                       wsync_error_t *err);

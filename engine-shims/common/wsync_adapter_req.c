@@ -76,7 +76,7 @@ json_t *wsync_adapter_req_config(const char *config, wsync_error_t *err)
     json_t *c = config != NULL ? json_loads(config, 0, &jerr) : NULL;
     if (!json_is_object(c)) {
         json_decref(c);
-        WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST, "adapter_config.json is not a JSON object");
+        WSYNC_RECORD(err, WSYNC_ERR_BAD_ADAPTER, "adapter_config.json is not a JSON object");
         return NULL;
     }
     return c;

@@ -37,6 +37,7 @@ RESULT_NAMES = {
     16: "INTERNAL",
     17: "PERMISSION",
     18: "BAD_REQUEST",
+    19: "BAD_ADAPTER",
 }
 
 
@@ -95,6 +96,12 @@ class BadRequest(WsyncError):
     code = 18
 
 
+class BadAdapter(WsyncError):
+    """A LoRA adapter's files or tensors are malformed (adapter_config.json, safetensors)."""
+
+    code = 19
+
+
 class PluginUnavailable(WsyncError):
     """No usable plugin: missing, incompatible, or no device for it."""
 
@@ -117,6 +124,7 @@ _BY_CODE = {
         NotFound,
         PeerGone,
         BadRequest,
+        BadAdapter,
     )
 }
 

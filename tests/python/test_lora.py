@@ -95,3 +95,28 @@ def test_peft_adapter_hot_load(tmp_path):
             assert torch.equal(after[m][0], a) and torch.equal(after[m][1], b), m
         w.apply('{"method":"unload_lora_adapter","lora_name":"math"}')
         assert slots.active("math") is None
+
+
+@pytest.mark.parametrize("damage, exc", [("truncated_safetensors", errors.OutOfBounds),
+                                         ("config_not_json", errors.BadAdapter)])
+def test_damaged_adapter_files(tmp_path, damage, exc):
+    """A PEFT directory whose files are damaged is refused with the adapter's own codes (offsets
+    past the file: OutOfBounds; malformed content: BadAdapter) naming the file, never as a bad
+    manifest, and the adapter already loaded stays active byte for byte."""
+    d1, sd1, cfg = save_adapter(tmp_path, 1)
+    d2, _, _ = save_adapter(tmp_path, 2)
+    if damage == "truncated_safetensors":
+        f = d2 / "adapter_model.safetensors"
+        f.write_bytes(f.read_bytes()[:100])
+    else:
+        f = d2 / "adapter_config.json"
+        f.write_text(f.read_text()[:-20])
+    slots = LoraSlots(targets(cfg), max_rank=32)
+    params = models.zeros_like_layout(models.engine_layout(dict(models.tiny_model("dense").state_dict()), "sglang", 0, 1))
+    with wsync.EngineWorker(params, engine="sglang", config=cfg, plugin=plugin_for("cpu"), lora=slots) as w:
+        load(w, "math", d1)
+        with pytest.raises(exc) as e:
+            load(w, "math", d2)
+        assert f.name in str(e.value), str(e.value)
+        assert not isinstance(e.value, errors.BadManifest)
+        check(slots, "math", sd1, 16 / 8)

@@ -371,8 +371,8 @@ static void test_logging_respects_host_struct(void **state)
 static void test_strerror_covers_every_code(void **state)
 {
     (void)state;
-    const char *seen[WSYNC_ERR_BAD_REQUEST + 1];
-    for (int r = WSYNC_OK; r <= WSYNC_ERR_BAD_REQUEST; r++) {
+    const char *seen[WSYNC_ERR_BAD_ADAPTER + 1];
+    for (int r = WSYNC_OK; r <= WSYNC_ERR_BAD_ADAPTER; r++) {
         const char *s = wsync_strerror((wsync_result_t)r);
         assert_non_null(s);
         assert_string_not_equal(s, "unknown wsync result");
@@ -383,7 +383,7 @@ static void test_strerror_covers_every_code(void **state)
     assert_string_equal(wsync_strerror(WSYNC_OK), "success");
     assert_string_equal(wsync_strerror(WSYNC_ERR_INCOMPATIBLE), "incompatible ABI version");
     assert_string_equal(wsync_strerror(WSYNC_ERR_PERMISSION), "permission denied");
-    assert_string_equal(wsync_strerror((wsync_result_t)(WSYNC_ERR_BAD_REQUEST + 1)),
+    assert_string_equal(wsync_strerror((wsync_result_t)(WSYNC_ERR_BAD_ADAPTER + 1)),
                         "unknown wsync result");
     assert_string_equal(wsync_strerror((wsync_result_t)-1), "unknown wsync result");
     /* Values are fixed forever. */
@@ -391,6 +391,7 @@ static void test_strerror_covers_every_code(void **state)
     assert_int_equal(WSYNC_ERR_INTERNAL, 16);
     assert_int_equal(WSYNC_ERR_PERMISSION, 17);
     assert_int_equal(WSYNC_ERR_BAD_REQUEST, 18);
+    assert_int_equal(WSYNC_ERR_BAD_ADAPTER, 19);
 }
 
 static void test_fail_first_error_wins(void **state)

@@ -132,14 +132,14 @@ static void test_from_tensors(void **state)
     wsync_adapter_free(a);
 
     wsync_adapter_tensor_t only_a[1] = {ok[0]};
-    expect_tensors_error(only_a, 1, WSYNC_ERR_BAD_MANIFEST, "lora_B.weight is missing");
+    expect_tensors_error(only_a, 1, WSYNC_ERR_BAD_ADAPTER, "lora_B.weight is missing");
     wsync_adapter_tensor_t dup[3] = {
         ok[0], ok[1],
         tensor("model.layers.0.self_attn.q_proj.lora_A.weight", WSYNC_DTYPE_F32, 2, 8, buf)};
-    expect_tensors_error(dup, 3, WSYNC_ERR_BAD_MANIFEST, "two lora_A tensors");
+    expect_tensors_error(dup, 3, WSYNC_ERR_BAD_ADAPTER, "two lora_A tensors");
     wsync_adapter_tensor_t head[3] = {
         ok[0], ok[1], tensor("base_model.model.lm_head.weight", WSYNC_DTYPE_F32, 4, 2, buf)};
-    expect_tensors_error(head, 3, WSYNC_ERR_BAD_MANIFEST,
+    expect_tensors_error(head, 3, WSYNC_ERR_BAD_ADAPTER,
                          "\"base_model.model.lm_head.weight\" is not a LoRA weight");
     wsync_adapter_tensor_t emb[1] = {
         tensor("base_model.model.model.embed_tokens.lora_embedding_A", WSYNC_DTYPE_F32, 2, 8, buf)};
@@ -151,18 +151,18 @@ static void test_from_tensors(void **state)
     expect_tensors_error(dora, 3, WSYNC_ERR_NOT_SUPPORTED, "DoRA");
     wsync_adapter_tensor_t rank[2] = {tensor(QA, WSYNC_DTYPE_F32, 3, 8, buf),
                                       tensor(QB, WSYNC_DTYPE_F32, 4, 3, buf)};
-    expect_tensors_error(rank, 2, WSYNC_ERR_BAD_MANIFEST, "do not have rank 2");
+    expect_tensors_error(rank, 2, WSYNC_ERR_BAD_ADAPTER, "do not have rank 2");
     wsync_adapter_tensor_t untargeted[2] = {
         tensor("base_model.model.model.layers.0.mlp.up_proj.lora_A.weight", WSYNC_DTYPE_F32, 2, 8,
                buf),
         tensor("base_model.model.model.layers.0.mlp.up_proj.lora_B.weight", WSYNC_DTYPE_F32, 4, 2,
                buf)};
-    expect_tensors_error(untargeted, 2, WSYNC_ERR_BAD_MANIFEST,
+    expect_tensors_error(untargeted, 2, WSYNC_ERR_BAD_ADAPTER,
                          "\"model.layers.0.mlp.up_proj\" has LoRA tensors but");
     wsync_adapter_tensor_t badsize[2] = {ok[0], ok[1]};
     badsize[1].nbytes = 12;
-    expect_tensors_error(badsize, 2, WSYNC_ERR_BAD_MANIFEST, "nbytes 12");
-    expect_tensors_error(NULL, 0, WSYNC_ERR_BAD_MANIFEST, "no tensors");
+    expect_tensors_error(badsize, 2, WSYNC_ERR_BAD_ADAPTER, "nbytes 12");
+    expect_tensors_error(NULL, 0, WSYNC_ERR_BAD_ADAPTER, "no tensors");
 }
 
 int main(void)

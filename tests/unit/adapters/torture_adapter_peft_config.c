@@ -103,12 +103,12 @@ static void test_pyregex(void **state)
     assert_false(wsync_pyregex_match(&rx, "ab7-xZ"));
     wsync_pyregex_free(&rx);
     assert_int_equal(wsync_pyregex_compile(&rx, NULL, "q_proj(?=x)", "t", &err),
-                     WSYNC_ERR_BAD_MANIFEST);
+                     WSYNC_ERR_BAD_ADAPTER);
     assert_non_null(strstr(err.message, "look-around"));
     wsync_error_clear(&err);
-    assert_int_equal(wsync_pyregex_compile(&rx, NULL, "(a)\\1", "t", &err), WSYNC_ERR_BAD_MANIFEST);
+    assert_int_equal(wsync_pyregex_compile(&rx, NULL, "(a)\\1", "t", &err), WSYNC_ERR_BAD_ADAPTER);
     wsync_error_clear(&err);
-    assert_int_equal(wsync_pyregex_compile(&rx, NULL, "a(b", "t", &err), WSYNC_ERR_BAD_MANIFEST);
+    assert_int_equal(wsync_pyregex_compile(&rx, NULL, "a(b", "t", &err), WSYNC_ERR_BAD_ADAPTER);
     assert_non_null(strstr(err.message, "a(b"));
 }
 
@@ -120,23 +120,23 @@ typedef struct bad_cfg {
 
 #define BASE "\"target_modules\":[\"q_proj\"]"
 static const bad_cfg_t bad_cfgs[] = {
-    {"{\"r\":8, \"lora_alpha\":16", WSYNC_ERR_BAD_MANIFEST, "not valid JSON"},
-    {"[8]", WSYNC_ERR_BAD_MANIFEST, "not a JSON object"},
-    {"{\"lora_alpha\":16," BASE "}", WSYNC_ERR_BAD_MANIFEST, "\"r\" is missing"},
-    {"{\"r\":0,\"lora_alpha\":16," BASE "}", WSYNC_ERR_BAD_MANIFEST,
+    {"{\"r\":8, \"lora_alpha\":16", WSYNC_ERR_BAD_ADAPTER, "not valid JSON"},
+    {"[8]", WSYNC_ERR_BAD_ADAPTER, "not a JSON object"},
+    {"{\"lora_alpha\":16," BASE "}", WSYNC_ERR_BAD_ADAPTER, "\"r\" is missing"},
+    {"{\"r\":0,\"lora_alpha\":16," BASE "}", WSYNC_ERR_BAD_ADAPTER,
      "\"r\" must be an integer > 0"},
-    {"{\"r\":\"8\",\"lora_alpha\":16," BASE "}", WSYNC_ERR_BAD_MANIFEST, "\"r\" must be"},
-    {"{\"r\":8.5,\"lora_alpha\":16," BASE "}", WSYNC_ERR_BAD_MANIFEST, "non-integer 8.5"},
-    {"{\"r\":8," BASE "}", WSYNC_ERR_BAD_MANIFEST, "\"lora_alpha\" is missing"},
-    {"{\"r\":8,\"lora_alpha\":\"16\"," BASE "}", WSYNC_ERR_BAD_MANIFEST, "\"lora_alpha\" must"},
-    {"{\"r\":8,\"lora_alpha\":16}", WSYNC_ERR_BAD_MANIFEST, "\"target_modules\" is missing"},
-    {"{\"r\":8,\"lora_alpha\":16,\"target_modules\":[\"q_proj\",3]}", WSYNC_ERR_BAD_MANIFEST,
+    {"{\"r\":\"8\",\"lora_alpha\":16," BASE "}", WSYNC_ERR_BAD_ADAPTER, "\"r\" must be"},
+    {"{\"r\":8.5,\"lora_alpha\":16," BASE "}", WSYNC_ERR_BAD_ADAPTER, "non-integer 8.5"},
+    {"{\"r\":8," BASE "}", WSYNC_ERR_BAD_ADAPTER, "\"lora_alpha\" is missing"},
+    {"{\"r\":8,\"lora_alpha\":\"16\"," BASE "}", WSYNC_ERR_BAD_ADAPTER, "\"lora_alpha\" must"},
+    {"{\"r\":8,\"lora_alpha\":16}", WSYNC_ERR_BAD_ADAPTER, "\"target_modules\" is missing"},
+    {"{\"r\":8,\"lora_alpha\":16,\"target_modules\":[\"q_proj\",3]}", WSYNC_ERR_BAD_ADAPTER,
      "\"target_modules\"[1]"},
-    {"{\"r\":8,\"lora_alpha\":16,\"target_modules\":{}}", WSYNC_ERR_BAD_MANIFEST,
+    {"{\"r\":8,\"lora_alpha\":16,\"target_modules\":{}}", WSYNC_ERR_BAD_ADAPTER,
      "\"target_modules\" must be a list"},
-    {"{\"r\":8,\"lora_alpha\":16,\"target_modules\":\"(?!lm_head).*\"}", WSYNC_ERR_BAD_MANIFEST,
+    {"{\"r\":8,\"lora_alpha\":16,\"target_modules\":\"(?!lm_head).*\"}", WSYNC_ERR_BAD_ADAPTER,
      "look-around"},
-    {"{\"r\":8,\"lora_alpha\":16," BASE ",\"use_rslora\":1}", WSYNC_ERR_BAD_MANIFEST,
+    {"{\"r\":8,\"lora_alpha\":16," BASE ",\"use_rslora\":1}", WSYNC_ERR_BAD_ADAPTER,
      "\"use_rslora\" must be a bool"},
     {"{\"r\":8,\"lora_alpha\":16," BASE ",\"bias\":\"all\"}", WSYNC_ERR_NOT_SUPPORTED,
      "bias \"all\" is not supported"},
@@ -154,13 +154,13 @@ static const bad_cfg_t bad_cfgs[] = {
      "peft_type IA3"},
     {"{\"r\":8,\"lora_alpha\":16," BASE ",\"layer_replication\":[[0,4]]}", WSYNC_ERR_NOT_SUPPORTED,
      "layer_replication"},
-    {"{\"r\":8,\"lora_alpha\":16," BASE ",\"rank_pattern\":{\"q_proj\":0}}", WSYNC_ERR_BAD_MANIFEST,
+    {"{\"r\":8,\"lora_alpha\":16," BASE ",\"rank_pattern\":{\"q_proj\":0}}", WSYNC_ERR_BAD_ADAPTER,
      "rank_pattern[\"q_proj\"] must be an integer > 0"},
-    {"{\"r\":8,\"lora_alpha\":16," BASE ",\"rank_pattern\":[]}", WSYNC_ERR_BAD_MANIFEST,
+    {"{\"r\":8,\"lora_alpha\":16," BASE ",\"rank_pattern\":[]}", WSYNC_ERR_BAD_ADAPTER,
      "\"rank_pattern\" must be an object"},
     {"{\"r\":8,\"lora_alpha\":16," BASE ",\"alpha_pattern\":{\"q_proj\":\"x\"}}",
-     WSYNC_ERR_BAD_MANIFEST, "alpha_pattern[\"q_proj\"] must be a finite number"},
-    {"{\"r\":8,\"r\":4,\"lora_alpha\":16," BASE "}", WSYNC_ERR_BAD_MANIFEST, "duplicate"},
+     WSYNC_ERR_BAD_ADAPTER, "alpha_pattern[\"q_proj\"] must be a finite number"},
+    {"{\"r\":8,\"r\":4,\"lora_alpha\":16," BASE "}", WSYNC_ERR_BAD_ADAPTER, "duplicate"},
 };
 
 static void test_refused(void **state)

@@ -117,13 +117,13 @@ typedef struct bad_case {
 static const bad_case_t bad_cases[] = {
     {"header past EOF", "{}", 4096, 0, WSYNC_ERR_OUT_OF_BOUNDS, "header length 4096",
      "past the end"},
-    {"absurd header", "{}", 200u * 1024 * 1024, 0, WSYNC_ERR_BAD_MANIFEST, "209715200", "limit"},
-    {"non-JSON", "{not json", 0, 0, WSYNC_ERR_BAD_MANIFEST, "not valid JSON", ""},
-    {"not an object", "[1,2]", 0, 0, WSYNC_ERR_BAD_MANIFEST, "not a JSON object", ""},
+    {"absurd header", "{}", 200u * 1024 * 1024, 0, WSYNC_ERR_BAD_ADAPTER, "209715200", "limit"},
+    {"non-JSON", "{not json", 0, 0, WSYNC_ERR_BAD_ADAPTER, "not valid JSON", ""},
+    {"not an object", "[1,2]", 0, 0, WSYNC_ERR_BAD_ADAPTER, "not a JSON object", ""},
     {"duplicate names",
      "{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
      "\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
-     0, 8, WSYNC_ERR_BAD_MANIFEST, "duplicate", "not valid JSON"},
+     0, 8, WSYNC_ERR_BAD_ADAPTER, "duplicate", "not valid JSON"},
     {"overlap",
      "{\"p\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
      "\"q\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
@@ -135,30 +135,30 @@ static const bad_case_t bad_cases[] = {
     {"negative offset", "{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-4,0]}}", 0, 8,
      WSYNC_ERR_OUT_OF_BOUNDS, "\"t\"", "[-4, 0]"},
     {"size mismatch", "{\"t\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 0, 8,
-     WSYNC_ERR_BAD_MANIFEST, "\"t\"", "hold 8 bytes but F32 x shape needs 12"},
+     WSYNC_ERR_BAD_ADAPTER, "\"t\"", "hold 8 bytes but F32 x shape needs 12"},
     {"unknown dtype", "{\"t\":{\"dtype\":\"C64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 0, 8,
-     WSYNC_ERR_BAD_MANIFEST, "\"t\"", "unknown dtype \"C64\""},
+     WSYNC_ERR_BAD_ADAPTER, "\"t\"", "unknown dtype \"C64\""},
     {"torch dtype spelling", "{\"t\":{\"dtype\":\"float32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
-     0, 4, WSYNC_ERR_BAD_MANIFEST, "\"t\"", "unknown dtype \"float32\""},
+     0, 4, WSYNC_ERR_BAD_ADAPTER, "\"t\"", "unknown dtype \"float32\""},
     {"negative shape", "{\"t\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 0, 4,
-     WSYNC_ERR_BAD_MANIFEST, "\"t\"", "shape[0]"},
+     WSYNC_ERR_BAD_ADAPTER, "\"t\"", "shape[0]"},
     {"float shape", "{\"t\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}", 0, 4,
-     WSYNC_ERR_BAD_MANIFEST, "\"t\"", "shape[0]"},
+     WSYNC_ERR_BAD_ADAPTER, "\"t\"", "shape[0]"},
     {"three offsets", "{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]}}", 0, 8,
-     WSYNC_ERR_BAD_MANIFEST, "\"t\"", "data_offsets"},
+     WSYNC_ERR_BAD_ADAPTER, "\"t\"", "data_offsets"},
     {"missing dtype", "{\"t\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 0, 4,
-     WSYNC_ERR_BAD_MANIFEST, "\"t\"", "dtype"},
+     WSYNC_ERR_BAD_ADAPTER, "\"t\"", "dtype"},
     {"metadata not strings",
      "{\"__metadata__\":{\"format\":1},\"t\":{\"dtype\":\"F32\",\"shape\":[1],"
      "\"data_offsets\":[0,4]}}",
-     0, 4, WSYNC_ERR_BAD_MANIFEST, "__metadata__", "\"format\" is not a string"},
-    {"metadata not object", "{\"__metadata__\":[]}", 0, 0, WSYNC_ERR_BAD_MANIFEST, "__metadata__",
+     0, 4, WSYNC_ERR_BAD_ADAPTER, "__metadata__", "\"format\" is not a string"},
+    {"metadata not object", "{\"__metadata__\":[]}", 0, 0, WSYNC_ERR_BAD_ADAPTER, "__metadata__",
      "object of strings"},
     {"hole", "{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 0, 8,
-     WSYNC_ERR_BAD_MANIFEST, "bytes [0, 4) before tensor \"t\"", "fully indexed"},
+     WSYNC_ERR_BAD_ADAPTER, "bytes [0, 4) before tensor \"t\"", "fully indexed"},
     {"trailing bytes", "{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 0, 8,
-     WSYNC_ERR_BAD_MANIFEST, "data is 8 bytes", "end at byte 4"},
-    {"entry not object", "{\"t\":5}", 0, 0, WSYNC_ERR_BAD_MANIFEST, "\"t\"", "not an object"},
+     WSYNC_ERR_BAD_ADAPTER, "data is 8 bytes", "end at byte 4"},
+    {"entry not object", "{\"t\":5}", 0, 0, WSYNC_ERR_BAD_ADAPTER, "\"t\"", "not an object"},
 };
 
 static void test_malformed(void **state)
@@ -188,7 +188,7 @@ static void test_short_and_missing(void **state)
     fx_write_text(g_dir, "short.safetensors", "abc");
     wsync_safetensors_t *st = NULL;
     wsync_error_t err = {.struct_size = sizeof(err)};
-    assert_int_equal(wsync_safetensors_open(path, &st, &err), WSYNC_ERR_BAD_MANIFEST);
+    assert_int_equal(wsync_safetensors_open(path, &st, &err), WSYNC_ERR_BAD_ADAPTER);
     assert_non_null(strstr(err.message, "too short"));
     wsync_error_clear(&err);
     snprintf(path, sizeof(path), "%s/none.safetensors", g_dir);
@@ -201,7 +201,7 @@ static void test_short_and_missing(void **state)
     assert_int_equal(wsync_safetensors_count(st), 0);
     wsync_safetensors_close(st);
     assert_int_equal(wsync_safetensors_open_memory(img, 5, "img", &st, &err),
-                     WSYNC_ERR_BAD_MANIFEST);
+                     WSYNC_ERR_BAD_ADAPTER);
 }
 
 int main(void)
