@@ -128,9 +128,8 @@ static wsync_result_t wsync_peft_parse_patterns(json_t *v, const char *key, int 
         if (integral ? !(json_is_integer(e) && json_integer_value(e) > 0 &&
                          json_integer_value(e) <= UINT32_MAX)
                      : !(json_is_number(e) && isfinite(json_number_value(e))))
-            return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER,
-                              WSYNC_PEFT_WHAT ": %s[\"%s\"] must be %s", key, k,
-                              integral ? "an integer > 0" : "a finite number");
+            return WSYNC_FAIL(err, WSYNC_ERR_BAD_ADAPTER, WSYNC_PEFT_WHAT ": %s[\"%s\"] must be %s",
+                              key, k, integral ? "an integer > 0" : "a finite number");
         char what[96];
         snprintf(what, sizeof(what), WSYNC_PEFT_WHAT " %s key", key);
         wsync_result_t rc = wsync_pyregex_compile(&p->rx, "(.*\\.)?", k, what, err);

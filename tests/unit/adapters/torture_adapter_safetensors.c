@@ -146,8 +146,8 @@ static const bad_case_t bad_cases[] = {
      WSYNC_ERR_BAD_ADAPTER, "\"t\"", "shape[0]"},
     {"three offsets", "{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]}}", 0, 8,
      WSYNC_ERR_BAD_ADAPTER, "\"t\"", "data_offsets"},
-    {"missing dtype", "{\"t\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 0, 4,
-     WSYNC_ERR_BAD_ADAPTER, "\"t\"", "dtype"},
+    {"missing dtype", "{\"t\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 0, 4, WSYNC_ERR_BAD_ADAPTER,
+     "\"t\"", "dtype"},
     {"metadata not strings",
      "{\"__metadata__\":{\"format\":1},\"t\":{\"dtype\":\"F32\",\"shape\":[1],"
      "\"data_offsets\":[0,4]}}",
