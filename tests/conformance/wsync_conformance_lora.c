@@ -247,6 +247,22 @@ static void conf_lora_run(conf_lora_t *l)
     conf_lora_bad(l, "unknown module", &l->a, WSYNC_DTYPE_F32, "foo_proj", WSYNC_ERR_NOT_FOUND,
                   "foo_proj");
     conf_lora_bad(l, "dtype int32", &l->a, WSYNC_DTYPE_I32, NULL, WSYNC_ERR_NOT_SUPPORTED, "int32");
+    /* A's or B's shape disagrees with the slot's module: refused naming the module. */
+    for (int b = 0; b < 2 && l->a.n > 1; b++) {
+        wsync_lora_t bad = l->a;
+        bad.modules = malloc(l->a.n * sizeof(*bad.modules));
+        if (bad.modules == NULL)
+            break;
+        memcpy(bad.modules, l->a.modules, l->a.n * sizeof(*bad.modules));
+        wsync_lora_module_t *m = &bad.modules[b];
+        if (b)
+            m->out += 8; /* B [out + 8, r] */
+        else
+            m->in += 8; /* A [r, in + 8] */
+        conf_lora_bad(l, b ? "wrong B shape" : "wrong A shape", &bad, WSYNC_DTYPE_F32, NULL,
+                      WSYNC_ERR_LAYOUT_MISMATCH, m->module);
+        free(bad.modules);
+    }
 
     conf_lora_tensors(l);
 
