@@ -55,6 +55,7 @@ for kind in ipc vmm; do
   grep -E "tests passed|tests failed|Failed|Not Run|\*\*\*|buckets torn|equals" "$OUT/ctest.log" | tail -12
   (cd "$BUILD" && WSYNC_CUDA_STAGING_KIND=$kind ./tests/torture_gpu_torn 2>&1 | grep -E "torn|PASSED|FAILED") | tee -a "$OUT/ctest.log"
 done
+bash "$ROOT/tests/gpu/check_no_device_skips.sh" "$OUT/ctest.log" "$BUILD/Testing/Temporary/LastTest.log" || status=1
 echo "ctest: $(( $(date +%s) - t0 )) s"
 if command -v compute-sanitizer >/dev/null; then
   for t in torture_gpu_digest torture_gpu_adapter; do
