@@ -258,7 +258,8 @@ class Producer:
         ``send`` (to all engine ranks), check the replies, and wait for *consumed*. Returns the
         number of buckets. Tensors go under their HF checkpoint names (checkpoint_tensors).
 
-        ``send`` may return the replies, or a callable that returns them once they arrive: the
+        ``send`` may return the replies, or a callable (or a future: its ``result``) that returns
+        them once they arrive: the
         trainer then stages the next bucket into the other buffer set while the engines copy
         this one, and checks each set's replies before the set is reused (a refused bucket
         raises there, before anything else is written into that buffer)."""
@@ -277,6 +278,8 @@ class Producer:
                     r = send(m)
                     if callable(r):
                         pending.append((turn, r))
+                    elif callable(getattr(r, "result", None)):  # a concurrent.futures.Future
+                        pending.append((turn, r.result))
                     else:
                         check_replies(r)
             while pending:

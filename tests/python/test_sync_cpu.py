@@ -69,6 +69,23 @@ def test_sglang_sync_after_new_storage(engine_ranks):
         ranks.release()
 
 
+def test_sglang_sync_future_replies(engine_ranks):
+    """send returns a concurrent.futures.Future (a thread pool delivering to the engines)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    model = models.tiny_model("dense")
+    ranks = engine_ranks("sglang", "dense", 1)
+    with ThreadPoolExecutor(1) as pool, wsync.Producer("sglang", bucket_bytes=96 << 10,
+                                                       plugin=plugin_for("cpu")) as prod:
+        for k in range(2):
+            sd = models.step(model, k)
+            assert prod.sync(sd, lambda m: pool.submit(ranks.send, m)) > 1
+            got, same = ranks.state()[0]
+            want = models.engine_layout(sd, "sglang", 0, 1)
+            assert same and all(torch.equal(got[n], want[n]) for n in want)
+        ranks.release()
+
+
 @pytest.mark.parametrize("tp", [1, 2])
 def test_sglang_sync_deferred_replies(engine_ranks, tp):
     """send returns a callable: the trainer stages bucket k+1 while the engines copy bucket k,
