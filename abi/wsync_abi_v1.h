@@ -312,8 +312,8 @@ typedef struct wsync_consumer_ops_v1 {
 
     /* Enqueue on `stream`: wait for the producer's *ready* of `generation`, then every op (one
      * launch on CUDA). Every op is validated (source inside the buffer, destination inside its
-     * dst_extent, generation newer than the last one copied from this buffer) BEFORE anything is
-     * enqueued; on error nothing is written. Non-blocking: returns once enqueued. With
+     * dst_extent, no two ops writing a common destination byte, generation newer than the last
+     * one copied from this buffer) BEFORE anything is enqueued; on error nothing is written. Non-blocking: returns once enqueued. With
      * WSYNC_COPY_VERIFY a digest mismatch is reported by record_consumed (the stream-ordered
      * result), and the bytes of that op are written anyway: callers that need all-or-nothing copy
      * into a shadow first. Thread safe per handle only with distinct streams.

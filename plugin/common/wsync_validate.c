@@ -2,6 +2,9 @@
  * byte is written). Pure functions; thread safe. */
 #include "wsync_validate.h"
 
+#include <stdint.h>
+#include <stdlib.h>
+
 #include "wsync_cache.h"
 
 #include "wsync_error.h"
@@ -69,6 +72,101 @@ static wsync_result_t wsync_validate_op(const wsync_copy_op_t *op, size_t i, uin
     return WSYNC_OK;
 }
 
+/* The destination bytes of one op: rows of row_bytes, pitch apart, from start (validated). */
+typedef struct wsync_dst_span {
+    uint64_t start, end, pitch, rows, row_bytes;
+    size_t op;
+} wsync_dst_span_t;
+
+static int wsync_span_cmp(const void *a, const void *b)
+{
+    const wsync_dst_span_t *x = a, *y = b;
+    return x->start < y->start ? -1 : x->start > y->start ? 1 : (x->op > y->op) - (x->op < y->op);
+}
+
+/* Does row interval [lo, hi) meet any row of s? The rows k with a byte in [lo, hi) satisfy
+ * s.start + k pitch < hi and lo < s.start + k pitch + row_bytes. */
+static int wsync_span_meets(const wsync_dst_span_t *s, uint64_t lo, uint64_t hi)
+{
+    if (hi <= s->start || lo >= s->end)
+        return 0;
+    if (s->rows == 1 || s->pitch == s->row_bytes)
+        return 1; /* contiguous: the extents meet */
+    /* first row that may end after lo, last row that starts before hi */
+    uint64_t k0 = lo + 1 > s->start + s->row_bytes
+                      ? (lo + 1 - s->start - s->row_bytes + s->pitch - 1) / s->pitch
+                      : 0;
+    uint64_t k1 = (hi - 1 - s->start) / s->pitch;
+    if (k1 >= s->rows)
+        k1 = s->rows - 1;
+    return k0 <= k1;
+}
+
+/* Do two spans with meeting extents write a common byte? Walk the rows of the one with fewer. */
+static int wsync_spans_overlap(const wsync_dst_span_t *a, const wsync_dst_span_t *b)
+{
+    if (a->rows > b->rows) {
+        const wsync_dst_span_t *t = a;
+        a = b;
+        b = t;
+    }
+    for (uint64_t k = 0; k < a->rows; k++) {
+        uint64_t lo = a->start + k * a->pitch;
+        if (lo >= b->end)
+            break;
+        if (wsync_span_meets(b, lo, lo + a->row_bytes))
+            return 1;
+    }
+    return 0;
+}
+
+/* No two ops write a common destination byte (on a GPU the result would be undefined). Sorted by
+ * start, each op is compared exactly with the earlier ops whose extent reaches it, which for the
+ * ops of real plans (disjoint parameters and row ranges) is none. */
+static wsync_result_t wsync_validate_disjoint(const wsync_copy_op_t *ops, size_t n,
+                                              wsync_error_t *err)
+{
+    if (n < 2)
+        return WSYNC_OK;
+    wsync_dst_span_t *s = malloc(n * sizeof(*s));
+    if (s == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory to check %zu ops", n);
+    size_t m = 0;
+    int sorted = 1;
+    for (size_t i = 0; i < n; i++) {
+        const wsync_copy_op_t *o = &ops[i];
+        if (o->rows == 0 || o->row_bytes == 0)
+            continue;
+        uint64_t pitch = o->rows > 1 ? o->dst_pitch : o->row_bytes, end = 0;
+        uint64_t start = (uint64_t)(uintptr_t)o->dst;
+        (void)wsync_region_end(start, o->rows, pitch, o->row_bytes, &end); /* validated */
+        s[m] = (wsync_dst_span_t){start, end, pitch, o->rows, o->row_bytes, i};
+        sorted &= m == 0 || s[m - 1].start <= start;
+        m++;
+    }
+    if (!sorted)
+        qsort(s, m, sizeof(*s), wsync_span_cmp);
+    wsync_result_t rc = WSYNC_OK;
+    uint64_t reach = 0; /* the largest end of the spans before */
+    for (size_t i = 1; i < m && rc == WSYNC_OK; i++) {
+        reach = s[i - 1].end > reach ? s[i - 1].end : reach;
+        if (s[i].start >= reach)
+            continue; /* nothing before reaches it */
+        for (size_t j = i; j-- > 0 && rc == WSYNC_OK;) {
+            if (s[j].end > s[i].start && wsync_spans_overlap(&s[j], &s[i])) {
+                const size_t a = s[j].op < s[i].op ? s[j].op : s[i].op;
+                const size_t b = s[j].op < s[i].op ? s[i].op : s[j].op;
+                rc = WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                                "ops %zu and %zu write overlapping destination bytes (dst %p and "
+                                "%p); each destination byte takes one op",
+                                a, b, ops[a].dst, ops[b].dst);
+            }
+        }
+    }
+    free(s);
+    return rc;
+}
+
 wsync_result_t wsync_validate_copy_ops(const wsync_copy_op_t *ops, size_t n, uint64_t src_bytes,
                                        wsync_error_t *err)
 {
@@ -79,7 +177,7 @@ wsync_result_t wsync_validate_copy_ops(const wsync_copy_op_t *ops, size_t n, uin
         if (r != WSYNC_OK)
             return r;
     }
-    return WSYNC_OK;
+    return wsync_validate_disjoint(ops, n, err);
 }
 
 wsync_result_t wsync_validate_generation(uint64_t last, uint64_t generation, wsync_error_t *err)

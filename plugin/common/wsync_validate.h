@@ -6,8 +6,10 @@
 #include "wsync_abi.h"
 
 /* Every op: dst non-NULL when it moves bytes; pitches >= row_bytes when rows > 1; last source
- * byte < src_bytes; last destination byte < dst_extent; no arithmetic overflow. Zero-byte ops
- * are allowed (empty tensors). Message names the op index and the offending numbers. */
+ * byte < src_bytes; last destination byte < dst_extent; no arithmetic overflow; no two ops write
+ * a common destination byte (exactly, rows and pitches counted: interleaved rows that do not
+ * touch are fine). Zero-byte ops are allowed (empty tensors). Message names the op indexes and
+ * the offending numbers. */
 wsync_result_t wsync_validate_copy_ops(const wsync_copy_op_t *ops, size_t n, uint64_t src_bytes,
                                        wsync_error_t *err);
 
