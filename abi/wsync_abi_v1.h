@@ -313,12 +313,12 @@ typedef struct wsync_consumer_ops_v1 {
     /* Enqueue on `stream`: wait for the producer's *ready* of `generation`, then every op (one
      * launch on CUDA). Every op is validated (source inside the buffer, destination inside its
      * dst_extent, no two ops writing a common destination byte, generation newer than the last
-     * one copied from this buffer) BEFORE anything is enqueued; on error nothing is written. Non-blocking: returns once enqueued. With
-     * WSYNC_COPY_VERIFY a digest mismatch is reported by record_consumed (the stream-ordered
-     * result), and the bytes of that op are written anyway: callers that need all-or-nothing copy
-     * into a shadow first. Thread safe per handle only with distinct streams.
-     * Stream: the copies run on `stream` itself (NULL: the legacy default stream), after the
-     * caller's work queued there; *consumed* follows them (record_consumed). */
+     * one copied from this buffer) BEFORE anything is enqueued; on error nothing is written.
+     * Non-blocking: returns once enqueued. With WSYNC_COPY_VERIFY a digest mismatch is reported by
+     * record_consumed (the stream-ordered result), and the bytes of that op are written anyway:
+     * callers that need all-or-nothing copy into a shadow first. Thread safe per handle only with
+     * distinct streams. Stream: the copies run on `stream` itself (NULL: the legacy default
+     * stream), after the caller's work queued there; *consumed* follows them (record_consumed). */
     wsync_result_t (*copy_weights)(struct wsync_consumer *c, struct wsync_handle *h,
                                    wsync_stream_t stream, uint64_t generation,
                                    const wsync_copy_op_v1_t *ops, size_t n_ops, uint32_t flags,
