@@ -143,37 +143,6 @@ static void test_shm_unlinked_on_producer_exit(void **state)
     rel_engine_destroy(&e);
 }
 
-/* chmod 0644: open_handle refuses with PERMISSION; restored, it opens. */
-static void test_open_refuses_foreign_segments(void **state)
-{
-    rel_producer_t p;
-    rel_engine_t e;
-    wsync_error_t err = rel_err();
-    wsync_handle_t *h = NULL;
-    char path[256];
-    (void)state;
-
-    rel_producer_create(&p, &plugin, 2, 1000, 2000);
-    rel_engine_create(&e, &plugin, 2, 1000, 2000, NULL);
-    assert_int_equal(rel_producer_bucket(&p, &err), WSYNC_OK);
-    const wsync_manifest_t *m = parse(&e, p.manifest);
-    shm_path(&m->buffer, path, sizeof(path));
-
-    assert_int_equal(chmod(path, 0644), 0);
-    wsync_result_t r = plugin.C->open_handle(e.c, &m->buffer, &h, &err);
-    print_message("segment chmod 0644: %s: %s\n", wsync_strerror(r), err.message);
-    assert_int_equal(r, WSYNC_ERR_PERMISSION);
-    assert_non_null(strstr(err.message, "0644"));
-    assert_int_equal(chmod(path, 0600), 0);
-
-    err = rel_err();
-    assert_int_equal(plugin.C->open_handle(e.c, &m->buffer, &h, &err), WSYNC_OK);
-    assert_int_equal(plugin.C->close_handle(e.c, h, &err), WSYNC_OK);
-    e.pl->C->manifest_free(e.c, m);
-    rel_engine_destroy(&e);
-    rel_producer_destroy(&p, 1);
-}
-
 /* Skipped checks are counted: a run with any exits with WSYNC_TEST_SKIPPED, so ctest lists the
  * executable as skipped (with the reasons printed here) instead of as passed. */
 #define WSYNC_TEST_SKIPPED 77
@@ -185,35 +154,67 @@ static int skipped_checks;
         skip();                                                                                    \
     } while (0)
 
-/* A segment owned by another uid: open_handle refuses with PERMISSION naming the uid. */
-static void test_open_refuses_foreign_owner(void **state)
+/* One published bucket whose segment is altered by `alter` (`what` says how, `needle` is in the
+ * refusal): open_handle refuses with PERMISSION; `restore` undone, it opens. */
+static void foreign_segment(int (*alter)(const char *path), int (*restore)(const char *path),
+                            const char *what, const char *needle)
 {
     rel_producer_t p;
     rel_engine_t e;
     wsync_error_t err = rel_err();
     wsync_handle_t *h = NULL;
     char path[256];
-    (void)state;
 
-    if (geteuid() != 0)
-        SKIP_BECAUSE("a segment owned by uid %u needs root to chown\n", NOBODY);
     rel_producer_create(&p, &plugin, 2, 1000, 2000);
     rel_engine_create(&e, &plugin, 2, 1000, 2000, NULL);
     assert_int_equal(rel_producer_bucket(&p, &err), WSYNC_OK);
     const wsync_manifest_t *m = parse(&e, p.manifest);
     shm_path(&m->buffer, path, sizeof(path));
-    assert_int_equal(chown(path, NOBODY, NOBODY), 0);
+    assert_int_equal(alter(path), 0);
     wsync_result_t r = plugin.C->open_handle(e.c, &m->buffer, &h, &err);
-    print_message("segment owned by uid %u: %s: %s\n", NOBODY, wsync_strerror(r), err.message);
+    print_message("segment %s: %s: %s\n", what, wsync_strerror(r), err.message);
     assert_int_equal(r, WSYNC_ERR_PERMISSION);
-    assert_non_null(strstr(err.message, "65534"));
-    assert_int_equal(chown(path, 0, 0), 0);
+    assert_non_null(strstr(err.message, needle));
+    assert_int_equal(restore(path), 0);
     err = rel_err();
     assert_int_equal(plugin.C->open_handle(e.c, &m->buffer, &h, &err), WSYNC_OK);
     assert_int_equal(plugin.C->close_handle(e.c, h, &err), WSYNC_OK);
     e.pl->C->manifest_free(e.c, m);
     rel_engine_destroy(&e);
     rel_producer_destroy(&p, 1);
+}
+
+static int mode_0644(const char *path)
+{
+    return chmod(path, 0644);
+}
+static int mode_0600(const char *path)
+{
+    return chmod(path, 0600);
+}
+static int owner_nobody(const char *path)
+{
+    return chown(path, NOBODY, NOBODY);
+}
+static int owner_root(const char *path)
+{
+    return chown(path, 0, 0);
+}
+
+/* chmod 0644: open_handle refuses with PERMISSION naming the mode; restored, it opens. */
+static void test_open_refuses_foreign_segments(void **state)
+{
+    (void)state;
+    foreign_segment(mode_0644, mode_0600, "chmod 0644", "0644");
+}
+
+/* A segment owned by another uid: refused naming the uid (needs root to chown). */
+static void test_open_refuses_foreign_owner(void **state)
+{
+    (void)state;
+    if (geteuid() != 0)
+        SKIP_BECAUSE("a segment owned by uid %u needs root to chown\n", NOBODY);
+    foreign_segment(owner_nobody, owner_root, "owned by uid 65534", "65534");
 }
 
 #ifdef REL_HAVE_WIRE
