@@ -269,6 +269,38 @@ static wsync_result_t wsync_driver_execute(wsync_driver_t *d, const wsync_manife
     return rc;
 }
 
+/* A request refused by validation read none of its buffers: give each parsed manifest's
+ * generation back as consumed (an empty copy_weights, which waits for *ready*, then
+ * record_consumed), so the trainer may reuse that buffer instead of waiting for a *consumed*
+ * that would never come. A replay (not newer than the last generation taken) is left alone.
+ * Best effort: the request's own error is what the caller sees. */
+static void wsync_driver_release_unread(wsync_driver_t *d, const wsync_manifest_t *const *m,
+                                        size_t n)
+{
+    for (size_t i = 0; d->ops != NULL && i < n; i++) {
+        if (m[i] == NULL)
+            continue;
+        wsync_driver_buffer_t *e = wsync_driver_remember(d, &m[i]->buffer);
+        if (e == NULL || m[i]->generation <= e->last_generation)
+            continue;
+        wsync_error_t local = {.struct_size = sizeof(local)};
+        wsync_result_t rc = WSYNC_OK;
+        if (e->handle == NULL)
+            rc = d->ops->open_handle(d->consumer, &m[i]->buffer, &e->handle, &local);
+        if (rc == WSYNC_OK)
+            rc = d->ops->copy_weights(d->consumer, e->handle, wsync_driver_stream(d),
+                                      m[i]->generation, NULL, 0, 0, &local);
+        if (rc == WSYNC_OK)
+            rc = d->ops->record_consumed(d->consumer, e->handle, 0, &local);
+        if (rc == WSYNC_OK)
+            e->last_generation = m[i]->generation;
+        wsync_driver_log(d, rc == WSYNC_OK ? WSYNC_LOG_INFO : WSYNC_LOG_WARN,
+                         "wsync: generation %llu of a refused request given back unread: %s%s%s",
+                         (unsigned long long)m[i]->generation, wsync_strerror(rc),
+                         rc == WSYNC_OK ? "" : ": ", rc == WSYNC_OK ? "" : local.message);
+    }
+}
+
 wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifests,
                                   const size_t *lens, size_t n, uint64_t *generation,
                                   wsync_error_t *err)
@@ -294,8 +326,11 @@ wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifest
         if (ops == NULL)
             rc = WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "apply: %zu ops", total);
     }
-    if (rc == WSYNC_OK)
+    if (rc == WSYNC_OK) {
         rc = wsync_driver_validate(d, m, n, ops, err);
+        if (rc != WSYNC_OK)
+            wsync_driver_release_unread(d, m, n);
+    }
     for (size_t i = 0; i < n && rc == WSYNC_OK; i++) {
         rc = wsync_driver_execute(d, m[i], ops + k, err);
         k += m[i]->n_tensors;

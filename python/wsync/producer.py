@@ -50,10 +50,6 @@ def encode_bucket(engine: str, manifests: Sequence[str], *, first: bool, finishe
     return [json.dumps(m, separators=(",", ":")) for m in json.loads(text)]
 
 
-def _resolve(replies: Callable[[], Union[str, bytes, Sequence[str]]]) -> None:
-    check_replies(replies())
-
-
 class _Buffers:
     """One set of staging buffers (one per engine rank) and what was published through it."""
 
@@ -262,7 +258,8 @@ class Producer:
         them once they arrive: the
         trainer then stages the next bucket into the other buffer set while the engines copy
         this one, and checks each set's replies before the set is reused (a refused bucket
-        raises there, before anything else is written into that buffer)."""
+        raises there, before anything else is written into that buffer). An engine gives a
+        bucket it refused back as consumed (the shims' driver does), so the next sync goes on."""
         pairs = list(checkpoint_tensors(named))
         by_name = dict(pairs)
         plan = self.plan(pairs)
@@ -270,7 +267,7 @@ class Producer:
         try:
             for b, names in enumerate(plan):
                 while pending and (len(pending) >= len(self._sets) or pending[0][0] == self._turn):
-                    _resolve(pending.popleft()[1])
+                    check_replies(pending.popleft()[1]())
                 turn = self._turn
                 msgs = self.stage_bucket([(n, by_name[n]) for n in names], finished=b == len(plan) - 1,
                                          weight_version=weight_version, stream=stream)
@@ -283,7 +280,7 @@ class Producer:
                     else:
                         check_replies(r)
             while pending:
-                _resolve(pending.popleft()[1])
+                check_replies(pending.popleft()[1]())
         finally:
             for _, r in pending:  # a failure above: collect what is still in flight, quietly
                 try:

@@ -5,6 +5,8 @@ is unchanged. CPU plugin, CPU torch."""
 
 from __future__ import annotations
 
+import time
+
 import models
 import pytest
 import torch
@@ -98,7 +100,7 @@ def test_deferred_refusal_raises_before_reuse(engine_ranks):
     set that carried it is written again; the engine's parameters keep the last good sync."""
     model = models.tiny_model("dense")
     ranks = engine_ranks("sglang", "dense", 1)
-    with wsync.Producer("sglang", bucket_bytes=96 << 10, plugin=plugin_for("cpu")) as prod:
+    with wsync.Producer("sglang", bucket_bytes=96 << 10, plugin=plugin_for("cpu"), timeout_ms=10000) as prod:
         sd = models.step(model, 0)
         prod.sync(sd, ranks.send_deferred)
         good, _ = ranks.state()[0]
@@ -111,4 +113,12 @@ def test_deferred_refusal_raises_before_reuse(engine_ranks):
         got, same = ranks.state()[0]
         assert same
         assert torch.equal(got[name], good[name])  # the refused tensor was not written
+        # the engine gave the refused bucket back as consumed: the next sync goes on at once
+        sd = models.step(model, 2)
+        t = time.monotonic()
+        prod.sync(sd, ranks.send_deferred)
+        assert time.monotonic() - t < 5
+        got, same = ranks.state()[0]
+        want = models.engine_layout(sd, "sglang", 0, 1)
+        assert same and all(torch.equal(got[n], want[n]) for n in want)
         ranks.release()
