@@ -631,7 +631,35 @@ static wsync_result_t wsync_parse_root(const json_t *root, wsync_manifest_owned_
     return r;
 }
 
-wsync_result_t wsync_manifest_check_limits(const char *json, size_t len,
+/* Objects in json[0, len) (a span that starts outside a string), stopping once there are more than
+ * `stop`. */
+static uint64_t wsync_objects_upto(const char *json, size_t len, uint64_t stop)
+{
+    uint64_t objects = 0;
+    int in_string = 0;
+    for (size_t i = 0; i < len && objects <= stop; i++) {
+        const char ch = json[i];
+        if (in_string) {
+            if (ch == '\\')
+                i++; /* the escaped character is never a quote that ends the string */
+            else if (ch == '"')
+                in_string = 0;
+        } else if (ch == '"') {
+            in_string = 1;
+        } else if (ch == '{') {
+            objects++;
+        }
+    }
+    return objects;
+}
+
+uint64_t wsync_manifest_objects(const char *json, size_t len)
+{
+    return wsync_objects_upto(json, len, UINT64_MAX);
+}
+
+wsync_result_t wsync_manifest_check_limits(const char *json, size_t len, size_t tail_len,
+                                           uint64_t tail_objects,
                                            const wsync_manifest_limits_t *lim, wsync_error_t *err)
 {
     const uint64_t max_bytes =
@@ -644,25 +672,14 @@ wsync_result_t wsync_manifest_check_limits(const char *json, size_t len,
                           "(max_manifest_bytes); send smaller buckets or raise the limit",
                           len, (unsigned long long)max_bytes);
     const uint64_t max_objects = max_tensors + 2; /* the root and its buffer */
-    uint64_t objects = 0;
-    int in_string = 0;
-    for (size_t i = 0; i < len; i++) {
-        const char ch = json[i];
-        if (in_string) {
-            if (ch == '\\')
-                i++; /* the escaped character is never a quote that ends the string */
-            else if (ch == '"')
-                in_string = 0;
-        } else if (ch == '"') {
-            in_string = 1;
-        } else if (ch == '{' && ++objects > max_objects) {
-            return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                              "manifest holds more than %llu JSON objects by byte %zu: over this "
-                              "consumer's limit of %llu tensors (max_manifest_tensors); send "
-                              "smaller buckets or raise the limit",
-                              (unsigned long long)max_objects, i, (unsigned long long)max_tensors);
-        }
-    }
+    if (tail_objects > max_objects ||
+        wsync_objects_upto(json, len - tail_len, max_objects - tail_objects) >
+            max_objects - tail_objects)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "manifest holds more than %llu JSON objects: over this consumer's limit "
+                          "of %llu tensors (max_manifest_tensors); send smaller buckets or raise "
+                          "the limit",
+                          (unsigned long long)max_objects, (unsigned long long)max_tensors);
     return WSYNC_OK;
 }
 

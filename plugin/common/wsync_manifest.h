@@ -44,9 +44,14 @@ typedef struct wsync_manifest_limits {
 /* Refuse (BAD_MANIFEST, naming the size and the limit) a text longer than lim->max_bytes or
  * holding more JSON objects than lim->max_tensors plus the root's and the buffer's, counted in one
  * pass over the bytes outside strings: nothing is allocated, so a hostile manifest costs a scan,
- * not a parse. NULL lim: the defaults. */
-wsync_result_t wsync_manifest_check_limits(const char *json, size_t len,
+ * not a parse. NULL lim: the defaults. The last `tail_len` bytes are known to hold
+ * `tail_objects` objects (a cached tail, counted when stored; 0 and 0 for a text seen whole), so
+ * only the bytes before them are scanned, with the answer a whole scan gives. */
+wsync_result_t wsync_manifest_check_limits(const char *json, size_t len, size_t tail_len,
+                                           uint64_t tail_objects,
                                            const wsync_manifest_limits_t *lim, wsync_error_t *err);
+/* JSON objects ('{' outside strings) in json[0, len) that starts and ends outside a string. */
+uint64_t wsync_manifest_objects(const char *json, size_t len);
 void wsync_manifest_free(wsync_manifest_owned_t *m);
 
 static inline wsync_manifest_owned_t *wsync_manifest_owned_from_view(const wsync_manifest_t *v)

@@ -47,6 +47,7 @@
 typedef struct wsync_mc_entry {
     char *tail;
     size_t tail_len;
+    uint64_t tail_objects; /* its JSON objects, for the size limits of a hit's head */
     wsync_tensor_desc_t *tensors;
     size_t n;
     char *names; /* NUL-separated; tensors[i].name points in here */
@@ -337,6 +338,7 @@ static wsync_mc_entry_t *wsync_mc_entry_new(const char *json, size_t len,
         }
     }
     e->tail_len = tail_len;
+    e->tail_objects = wsync_manifest_objects(e->tail, tail_len);
     e->n = n;
     e->names_len = names_len;
     e->bytes = bytes;
@@ -375,30 +377,36 @@ static void wsync_mc_insert(wsync_manifest_cache_t *c, wsync_mc_entry_t *e)
 wsync_result_t wsync_manifest_parse_cached(wsync_manifest_cache_t *c, const char *json, size_t len,
                                            wsync_manifest_owned_t **out, wsync_error_t *err)
 {
-    if (json != NULL && out != NULL) {
-        wsync_result_t r = wsync_manifest_check_limits(json, len, c ? &c->limits : NULL, err);
-        if (r != WSYNC_OK) {
-            *out = NULL;
+    if (json == NULL || out == NULL)
+        return wsync_manifest_parse(json, len, out, err);
+    *out = NULL;
+    wsync_result_t r;
+    if (c == NULL) {
+        r = wsync_manifest_check_limits(json, len, 0, 0, NULL, err);
+        return r == WSYNC_OK ? wsync_manifest_parse(json, len, out, err) : r;
+    }
+
+    /* The limits before any parse; a hit's tail was counted when it was stored. */
+    wsync_mc_entry_t *e = wsync_mc_lookup(c, json, len);
+    r = wsync_manifest_check_limits(json, len, e ? e->tail_len : 0, e ? e->tail_objects : 0,
+                                    &c->limits, err);
+    if (r == WSYNC_OK && e != NULL) {
+        int fallback = 0;
+        r = wsync_mc_hit(e, json, len, out, &fallback, err);
+        if (!fallback) {
+            wsync_mc_release(c, e);
             return r;
         }
     }
-    if (c == NULL || json == NULL || out == NULL)
-        return wsync_manifest_parse(json, len, out, err);
-    *out = NULL;
-
-    wsync_mc_entry_t *e = wsync_mc_lookup(c, json, len);
-    if (e != NULL) {
-        int fallback = 0;
-        wsync_result_t r = wsync_mc_hit(e, json, len, out, &fallback, err);
+    if (e != NULL)
         wsync_mc_release(c, e);
-        if (!fallback)
-            return r;
-    }
+    if (r != WSYNC_OK)
+        return r;
 
     size_t members = 0;
     int had_blob = 0;
     wsync_manifest_owned_t *m = NULL;
-    wsync_result_t r = wsync_manifest_parse_ex(json, len, &m, &members, &had_blob, err);
+    r = wsync_manifest_parse_ex(json, len, &m, &members, &had_blob, err);
     if (r != WSYNC_OK)
         return r;
     if (e == NULL) {

@@ -36,7 +36,8 @@ wsync_manifest_cache_t *wsync_manifest_cache_create(void);
 /* A manifest cache with the size limits of a consumer's config (those of its fields that the
  * caller's struct_size covers; 0 or absent: the defaults). NULL when out of memory. */
 wsync_manifest_cache_t *wsync_manifest_cache_for(const wsync_consumer_config_t *config);
-/* The size limits every parse through `c` checks first (wsync_manifest_check_limits); the
+/* The size limits every parse through `c` checks first (wsync_manifest_check_limits; a hit
+ * scans only the head, its tail's objects counted when it was stored); the
  * defaults until set. Not thread safe with parses: set it at consumer create. */
 void wsync_manifest_cache_set_limits(wsync_manifest_cache_t *c, const wsync_manifest_limits_t *lim);
 /* Frees every entry. No parse may be running on `c`. NULL is a no-op. */

@@ -618,6 +618,7 @@ static void test_tensor_limit(void **state)
     (void)state;
     wsync_consumer_config_t cfg = {.struct_size = sizeof(cfg), .max_manifest_tensors = 3};
     wsync_manifest_cache_t *c = wsync_manifest_cache_for(&cfg);
+    wsync_manifest_owned_t *m_unused = NULL;
     for (size_t n = 3; n <= 4; n++) {
         char *text = emit(n, "{weird}.weight", 1, 1, DIGESTS_NONE, 0);
         wsync_error_t err = {.struct_size = sizeof(err)};
@@ -633,6 +634,26 @@ static void test_tensor_limit(void **state)
         }
         real_free(text);
     }
+    /* A hit scans only its head, the tail's objects counted when it was stored: a head with one
+     * more object tips the same 3-tensor text over, refused as a whole scan refuses it. */
+    char *three = emit(3, "{weird}.weight", 2, 1, DIGESTS_NONE, 0);
+    size_t tlen = strlen(three);
+    char *more = calloc(1, tlen + 16);
+    assert_non_null(more);
+    memcpy(more, "{\"x\":{},", 8);
+    memcpy(more + 8, three + 1, tlen - 1);
+    wsync_error_t hit = {.struct_size = sizeof(hit)}, whole = {.struct_size = sizeof(whole)};
+    wsync_manifest_limits_t three_tensors = {0, 3};
+    assert_int_equal(wsync_manifest_parse_cached(c, more, strlen(more), &m_unused, &hit),
+                     WSYNC_ERR_BAD_MANIFEST);
+    assert_int_equal(wsync_manifest_check_limits(more, strlen(more), 0, 0, &three_tensors, &whole),
+                     WSYNC_ERR_BAD_MANIFEST);
+    assert_string_equal(hit.message, whole.message);
+    wsync_manifest_cache_stats_t st;
+    wsync_manifest_cache_stats(c, &st);
+    assert_int_equal(st.entries, 1); /* the 3-tensor tail: the text above met it */
+    free(more);
+    real_free(three);
     /* a config too small to hold the fields keeps the defaults */
     wsync_consumer_config_t old = {.struct_size =
                                        offsetof(wsync_consumer_config_t, max_manifest_bytes)};
