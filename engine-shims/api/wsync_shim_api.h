@@ -77,7 +77,8 @@ wsync_result_t wsync_shim_worker_release(wsync_shim_worker_t *w, wsync_error_t *
 /* Trainer side: the request messages (a JSON array, in send order) that carry one bucket to
  * `engine`, from what publish returned for each engine TP rank (n_ranks manifests, or one for
  * all). first / finished: first and last bucket of a weight version; weight_version may be NULL;
- * packed (vLLM): packed buckets; with_buffer (LMDeploy): the first bucket a buffer carries. */
+ * packed: vLLM's packed buckets (0: per-tensor handles), SGLang's manifest as published (0: its
+ * FlattenedTensorBucket); with_buffer (LMDeploy): the first bucket a buffer carries. */
 char *wsync_shim_encode_bucket(const char *engine, const char *const *manifests, size_t n_ranks,
                                int first, int finished, const char *weight_version, int packed,
                                int with_buffer, wsync_error_t *err);

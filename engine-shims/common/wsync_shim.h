@@ -28,7 +28,8 @@ typedef struct wsync_shim_encode {
     int first;                  /* first bucket of a weight version */
     int finished;               /* last bucket of a weight version */
     const char *weight_version; /* NULL: none */
-    int packed;                 /* vLLM: packed bucket (1) or per-tensor IPC handles (0) */
+    int packed;                 /* vLLM: packed bucket (1) or per-tensor IPC handles (0);
+                                   SGLang: manifest as published (1) or FlattenedTensorBucket (0) */
     int with_buffer;            /* LMDeploy: send the flattened tensor (first use of a buffer) */
 } wsync_shim_encode_t;
 

@@ -115,23 +115,32 @@ static wsync_result_t wsync_sglang_handle(wsync_shim_ctx_t *ctx, const char *met
                         method);
 }
 
+/* packed (the default): each rank's manifest as published, load_format "wsync_manifest";
+ * packed 0: SGLang's own FlattenedTensorBucket, as its trainers send it. */
 static wsync_result_t wsync_sglang_encode(const wsync_shim_encode_t *in, json_t **msgs,
                                           wsync_error_t *err)
 {
-    json_t *buckets = json_array();
-    for (size_t r = 0; buckets != NULL && r < in->n_ranks; r++)
-        if (json_array_append_new(buckets, json_string(in->manifests[r])) != 0) {
-            json_decref(buckets);
-            buckets = NULL;
-        }
-    if (buckets == NULL)
-        return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
-                            "sglang encode: a manifest is not UTF-8 text (or out of memory); "
-                            "pass what publish returned");
-    *msgs =
-        json_pack("[{s:s, s:o, s:s, s:b, s:s?}]", "method", "update_weights_from_tensor",
-                  "serialized_named_tensors", buckets, "load_format", WSYNC_SGLANG_MANIFEST_FORMAT,
-                  "flush_cache", in->finished, "weight_version", in->weight_version);
+    json_t *buckets;
+    if (!in->packed) {
+        buckets = wsync_shim_rank_buckets(in, 1, err);
+        if (buckets == NULL)
+            return err != NULL ? err->code : WSYNC_ERR_BAD_MANIFEST;
+    } else {
+        buckets = json_array();
+        for (size_t r = 0; buckets != NULL && r < in->n_ranks; r++)
+            if (json_array_append_new(buckets, json_string(in->manifests[r])) != 0) {
+                json_decref(buckets);
+                buckets = NULL;
+            }
+        if (buckets == NULL)
+            return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+                                "sglang encode: a manifest is not UTF-8 text (or out of memory); "
+                                "pass what publish returned");
+    }
+    *msgs = json_pack("[{s:s, s:o, s:s, s:b, s:s?}]", "method", "update_weights_from_tensor",
+                      "serialized_named_tensors", buckets, "load_format",
+                      in->packed ? WSYNC_SGLANG_MANIFEST_FORMAT : "flattened_bucket", "flush_cache",
+                      in->finished, "weight_version", in->weight_version);
     return *msgs != NULL ? WSYNC_OK
                          : WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "sglang encode: OOM");
 }

@@ -105,15 +105,14 @@ def test_bad_tensor_in_good_request(setup):
 
 def flattened_request(msg: str, end_delta: int = 0) -> str:
     """The same bucket as any SGLang trainer sends it: a FlattenedTensorBucket (metadata with
-    start_idx / end_idx / numel, the buffer in flattened_tensor) instead of the manifest."""
-    req = json.loads(msg)
-    m = json.loads(req["serialized_named_tensors"][0])
-    meta = [{"name": t["name"], "shape": t["shape"], "dtype": t["dtype"], "start_idx": t["offset"],
-             "end_idx": t["offset"] + t["nbytes"] + end_delta, "numel": int(torch.Size(t["shape"]).numel())}
-            for t in m["tensors"]]
-    req["serialized_named_tensors"] = [{"metadata": meta, "flattened_tensor": {"buffer": m["buffer"]},
-                                        "generation": m["generation"]}]
-    req["load_format"] = "flattened_bucket"
+    start_idx / end_idx / numel, the buffer in flattened_tensor), by the C encoder (packed=False),
+    each tensor's end_idx moved by `end_delta`."""
+    manifest = json.loads(msg)["serialized_named_tensors"][0]
+    (flat,) = wsync.producer.encode_bucket("sglang", [manifest], first=True, finished=True, packed=False)
+    req = json.loads(flat)
+    assert req["load_format"] == "flattened_bucket"
+    for t in req["serialized_named_tensors"][0]["metadata"]:
+        t["end_idx"] += end_delta
     return json.dumps(req)
 
 

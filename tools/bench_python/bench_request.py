@@ -26,15 +26,11 @@ SCALE = 64
 
 
 def flattened(msg: str) -> str:
-    req = json.loads(msg)
-    m = json.loads(req["serialized_named_tensors"][0])
-    meta = [{"name": t["name"], "shape": t["shape"], "dtype": t["dtype"], "start_idx": t["offset"],
-             "end_idx": t["offset"] + t["nbytes"], "numel": int(torch.Size(t["shape"]).numel())}
-            for t in m["tensors"]]
-    req["serialized_named_tensors"] = [{"metadata": meta, "flattened_tensor": {"buffer": m["buffer"]},
-                                        "generation": m["generation"]}]
-    req["load_format"] = "flattened_bucket"
-    return json.dumps(req)
+    """The same bucket as SGLang's FlattenedTensorBucket, by the C encoder (packed=False)."""
+    import wsync
+
+    manifest = json.loads(msg)["serialized_named_tensors"][0]
+    return wsync.producer.encode_bucket("sglang", [manifest], first=True, finished=True, packed=False)[0]
 
 
 def main() -> None:
