@@ -284,6 +284,18 @@ static void test_bad_ops_leave_destination_untouched(void **state)
     assert_non_null(strstr(err.message, "overflows"));
     assert_untouched(f);
 
+    /* Two ops writing a common destination byte: the second starts on the last byte of the
+     * first, inside tensor 0's parameter (so an unchecked copy would stay in bounds). */
+    wsync_test_ops(f->m, f->dst, ops);
+    ops[1].row_bytes = 1;
+    ops[1].dst = (char *)ops[0].dst + ops[0].row_bytes - 1;
+    ops[1].dst_extent = 1;
+    err = (wsync_error_t){.struct_size = sizeof(err)};
+    assert_int_equal(P.c->copy_weights(f->c, f->h, NULL, 1, ops, NT, 0, &err),
+                     WSYNC_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(err.message, "ops 0 and 1 write overlapping destination bytes"));
+    assert_untouched(f);
+
     /* Unknown flag. */
     wsync_test_ops(f->m, f->dst, ops);
     assert_int_equal(P.c->copy_weights(f->c, f->h, NULL, 1, ops, NT, 0x80, NULL),
