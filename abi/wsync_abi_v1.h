@@ -45,7 +45,10 @@ extern "C" {
  *       Results 0-17; WSYNC_ERR_BAD_REQUEST (18), WSYNC_ERR_BAD_ADAPTER (19) appended in 0.1.1.
  *       wsync_consumer_config_v1_t: device_ordinal, timeout_ms; max_manifest_bytes and
  *         max_manifest_tensors appended in 0.1.1.
- *       Flags: WSYNC_COPY_VERIFY; WSYNC_STAGING_FIXED_LAYOUT, WSYNC_STAGING_NO_DIGESTS. */
+ *       Flags: WSYNC_COPY_VERIFY; WSYNC_STAGING_FIXED_LAYOUT, WSYNC_STAGING_NO_DIGESTS.
+ *       Appended in 0.1.2 (direct mode): WSYNC_STAGING_DIRECT; buffer kind host_pid (5);
+ *         wsync_manifest_v1_t.n_segments, segments, tensor_segment;
+ *         wsync_consumer_ops_v1_t.copy_segments (optional). */
 #define WSYNC_ABI_VERSION_1 1u
 
 /* ------------------------------------------------------------------ results */
@@ -134,7 +137,11 @@ typedef enum wsync_buffer_kind {
     /* PyTorch expandable segments: torch's share of cuMem allocations (a header and one POSIX fd
      * per segment, mapped back to back). Manifests name a torch handle as kind "torch" (torch's
      * bytes verbatim, 'c' or 'e'); parse_manifest turns 'c' into CUDA_IPC and 'e' into this. */
-    WSYNC_BUFFER_TORCH_EXPANDABLE = 4
+    WSYNC_BUFFER_TORCH_EXPANDABLE = 4,
+    /* Appended in 0.1.2, a segment kind only (direct mode): the producer process's own memory,
+     * read by the CPU backend with process_vm_readv; handle bytes are the segment's address in
+     * that process (8 bytes, little-endian). */
+    WSYNC_BUFFER_HOST_PID = 5
 } wsync_buffer_kind_t;
 
 /* ------------------------------------------------------------ manifest view */
@@ -183,6 +190,18 @@ typedef struct wsync_manifest_v1 {
     wsync_buffer_desc_v1_t buffer;
     size_t n_tensors;
     const wsync_tensor_desc_v1_t *tensors;
+    /* Appended in 0.1.2 (direct mode, WSYNC_STAGING_DIRECT): the producer's own memory that the
+     * tensors live in, each segment an allocation of its own (cuda_ipc: a cudaMalloc segment,
+     * its handle the 64 IPC bytes then the producer's 8-byte allocation id, so memory freed and
+     * re-made at the same address is another buffer; host_pid on the CPU backend). `buffer` is
+     * then the bucket's synchronisation object alone (ready, consumed, generations): its few
+     * bytes hold no tensor, so copy_weights of these tensors against it is refused as out of
+     * bounds, and copy_segments reads them. n_segments is 0 otherwise. tensor_segment[i] is
+     * the segment of tensors[i] (its offset counts from that segment's start): a parallel array,
+     * since the tensor array's element size is fixed in v1. NULL without segments. */
+    size_t n_segments;
+    const wsync_buffer_desc_v1_t *segments;
+    const uint32_t *tensor_segment;
 } wsync_manifest_v1_t;
 
 /* ------------------------------------------------------------ copy operations */
@@ -369,6 +388,19 @@ typedef struct wsync_consumer_ops_v1 {
     /* Blocking copy between host memory and plugin memory. kind: 0 host→plugin, 1 plugin→host. */
     wsync_result_t (*mem_copy)(struct wsync_consumer *c, void *dst, const void *src, size_t bytes,
                                int kind, wsync_error_v1_t *err);
+
+    /* Appended in 0.1.2 (optional). copy_weights for a manifest with segments (direct mode):
+     * `h` is the open handle of the manifest's buffer (ready, consumed and the generation rule
+     * are its), segs[k] the open handle of segments[k] (open_handle of each), and ops[i] reads
+     * from segs[op_segment[i]] (src_offset from that segment's start). One launch for every op
+     * of every segment; validated as copy_weights validates (each source inside its segment,
+     * destinations in extent and disjoint) before anything is enqueued. record_consumed(h)
+     * follows. */
+    wsync_result_t (*copy_segments)(struct wsync_consumer *c, struct wsync_handle *h,
+                                    struct wsync_handle *const *segs, size_t n_segs,
+                                    wsync_stream_t stream, uint64_t generation,
+                                    const wsync_copy_op_v1_t *ops, const uint32_t *op_segment,
+                                    size_t n_ops, uint32_t flags, wsync_error_v1_t *err);
 } wsync_consumer_ops_v1_t;
 
 /* --------------------------------------------------------------- producer */
@@ -380,6 +412,13 @@ struct wsync_staging; /* a retained staging buffer; opaque */
  * verification for this buffer. publish still waits for the stage copy (a manifest never
  * precedes its bytes). */
 #define WSYNC_STAGING_NO_DIGESTS 0x2u
+/* Appended in 0.1.2. Direct mode: the buffer holds no bytes of the bucket (`bytes` is ignored);
+ * stage names the tensors where they live, in the caller's own memory (no copy), finding the
+ * allocation that holds each one and exporting it once (cached by address and allocation id);
+ * publish records *ready* after the caller's work on the stream and emits a manifest with
+ * segments (wsync_manifest_v1_t). The caller must not write the tensors between publish and
+ * wait_consumed of that generation. No digests are computed. */
+#define WSYNC_STAGING_DIRECT 0x4u
 
 typedef struct wsync_staging_config_v1 {
     size_t struct_size;

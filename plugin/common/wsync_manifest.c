@@ -30,6 +30,8 @@ const char *wsync_buffer_kind_name(wsync_buffer_kind_t k)
         return "cuda_vmm_fd";
     case WSYNC_BUFFER_TORCH_EXPANDABLE:
         return "torch_expandable";
+    case WSYNC_BUFFER_HOST_PID:
+        return "host_pid";
     case WSYNC_BUFFER_INVALID:
         break;
     }
@@ -48,6 +50,8 @@ wsync_buffer_kind_t wsync_buffer_kind_from_name(const char *name)
         return WSYNC_BUFFER_CUDA_VMM_FD;
     if (strcmp(name, "torch_expandable") == 0)
         return WSYNC_BUFFER_TORCH_EXPANDABLE;
+    if (strcmp(name, "host_pid") == 0)
+        return WSYNC_BUFFER_HOST_PID;
     return WSYNC_BUFFER_INVALID;
 }
 
@@ -182,19 +186,25 @@ static wsync_result_t wsync_read_base64(const json_t *v, const wsync_mpath_t *p,
 
 /* ------------------------------------------------------------------ buffer */
 
-static wsync_result_t wsync_parse_buffer(const json_t *b, wsync_buffer_desc_t *d,
+/* The manifest's "buffer" (segment < 0) or its segments[segment] (direct mode). */
+static wsync_result_t wsync_parse_buffer(const json_t *b, long segment, wsync_buffer_desc_t *d,
                                          wsync_error_t *err)
 {
-    wsync_mpath_t p = {"buffer", -1, NULL, -1};
+    wsync_mpath_t p = {segment < 0 ? "buffer" : "segments", segment, NULL, -1};
+    char what[40];
+    if (segment < 0)
+        snprintf(what, sizeof(what), "buffer");
+    else
+        snprintf(what, sizeof(what), "segments[%ld]", segment);
     wsync_result_t r;
     const char *s;
     size_t n;
 
     d->struct_size = sizeof(*d);
     if (b == NULL)
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "buffer: missing (required object)");
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "%s: missing (required object)", what);
     if (!json_is_object(b))
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "buffer: must be an object, got %s",
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "%s: must be an object, got %s", what,
                           wsync_json_type_name(b));
 
     p.field = "kind";
@@ -205,9 +215,9 @@ static wsync_result_t wsync_parse_buffer(const json_t *b, wsync_buffer_desc_t *d
     d->kind = torch ? WSYNC_BUFFER_CUDA_IPC : wsync_buffer_kind_from_name(s);
     if (d->kind == WSYNC_BUFFER_INVALID)
         return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                          "buffer.kind: unknown kind \"%.64s\" (expected cuda_ipc, host_shm, "
-                          "cuda_vmm_fd, torch or torch_expandable)",
-                          s);
+                          "%s.kind: unknown kind \"%.64s\" (expected cuda_ipc, host_shm, "
+                          "cuda_vmm_fd, torch, torch_expandable or host_pid)",
+                          what, s);
 
     p.field = "handle";
     if ((r = wsync_read_base64(json_object_get(b, "handle"), &p, 1, d->handle, &d->handle_len, NULL,
@@ -217,25 +227,33 @@ static wsync_result_t wsync_parse_buffer(const json_t *b, wsync_buffer_desc_t *d
     if (torch ||
         (d->kind == WSYNC_BUFFER_CUDA_IPC && d->handle_len == 2 + WSYNC_CUDA_IPC_HANDLE_BYTES &&
          wsync_torch_handle_is(d->handle, d->handle_len))) {
-        if ((r = wsync_torch_handle_decode(d->handle, d->handle_len, "buffer.handle", d, err)) !=
-            WSYNC_OK)
+        char field[48];
+        snprintf(field, sizeof(field), "%s.handle", what);
+        if ((r = wsync_torch_handle_decode(d->handle, d->handle_len, field, d, err)) != WSYNC_OK)
             return r;
     } else if (d->kind == WSYNC_BUFFER_TORCH_EXPANDABLE) { /* its payload, named directly */
         wsync_torch_segments_t seg;
         if ((r = wsync_torch_segments_decode(d->handle, d->handle_len, &seg, err)) != WSYNC_OK)
             return r;
     }
-    if (d->kind == WSYNC_BUFFER_CUDA_IPC && d->handle_len != WSYNC_CUDA_IPC_HANDLE_BYTES)
+    if (d->kind == WSYNC_BUFFER_HOST_PID && (segment < 0 || d->handle_len != 8))
         return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                          "buffer.handle: a cuda_ipc handle is 64 bytes, got %u (torch's 66-byte "
+                          "%s: a host_pid buffer is a segment of a direct manifest whose handle is "
+                          "its 8-byte address, got %s with %u handle bytes",
+                          what, segment < 0 ? "the buffer" : "a segment", d->handle_len);
+    /* a segment's cuda_ipc handle may carry the producer's allocation id after the 64 bytes */
+    if (d->kind == WSYNC_BUFFER_CUDA_IPC && d->handle_len != WSYNC_CUDA_IPC_HANDLE_BYTES &&
+        !(segment >= 0 && d->handle_len == WSYNC_CUDA_IPC_HANDLE_BYTES + 8))
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "%s.handle: a cuda_ipc handle is 64 bytes, got %u (torch's 66-byte "
                           "form is version 2, 'c', then the 64)",
-                          d->handle_len);
+                          what, d->handle_len);
 
     p.field = "bytes";
     if ((r = wsync_read_uint(json_object_get(b, "bytes"), &p, &d->bytes, err)) != WSYNC_OK)
         return r;
     if (d->bytes == 0)
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "buffer.bytes: must be > 0, got 0");
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "%s.bytes: must be > 0, got 0", what);
 
     uint64_t pid;
     p.field = "pid";
@@ -248,10 +266,10 @@ static wsync_result_t wsync_parse_buffer(const json_t *b, wsync_buffer_desc_t *d
         return r;
     if (n == 0)
         return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                          "buffer.device: is empty (expected \"GPU-<uuid>\" or \"cpu\")");
+                          "%s.device: is empty (expected \"GPU-<uuid>\" or \"cpu\")", what);
     if (n >= WSYNC_DEVICE_MAX)
         return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                          "buffer.device: \"%.40s...\" is %zu bytes, the limit is %d", s, n,
+                          "%s.device: \"%.40s...\" is %zu bytes, the limit is %d", what, s, n,
                           WSYNC_DEVICE_MAX - 1);
     memcpy(d->device, s, n + 1);
 
@@ -266,12 +284,12 @@ static wsync_result_t wsync_parse_buffer(const json_t *b, wsync_buffer_desc_t *d
     if (d->kind == WSYNC_BUFFER_CUDA_IPC && d->has_ready &&
         d->ready_len != WSYNC_CUDA_IPC_HANDLE_BYTES)
         return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                          "buffer.ready: a cuda_ipc event handle is 64 bytes, got %u",
+                          "%s.ready: a cuda_ipc event handle is 64 bytes, got %u", what,
                           d->ready_len);
     if (d->kind == WSYNC_BUFFER_CUDA_IPC && d->has_consumed &&
         d->consumed_len != WSYNC_CUDA_IPC_HANDLE_BYTES)
         return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                          "buffer.consumed: a cuda_ipc event handle is 64 bytes, got %u",
+                          "%s.consumed: a cuda_ipc event handle is 64 bytes, got %u", what,
                           d->consumed_len);
 
     const json_t *off = json_object_get(b, "offset");
@@ -282,7 +300,7 @@ static wsync_result_t wsync_parse_buffer(const json_t *b, wsync_buffer_desc_t *d
         uint64_t end;
         if (__builtin_add_overflow(d->base_offset, d->bytes, &end))
             return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_BOUNDS,
-                              "buffer: offset %llu + bytes %llu overflows 64 bits",
+                              "%s: offset %llu + bytes %llu overflows 64 bits", what,
                               (unsigned long long)d->base_offset, (unsigned long long)d->bytes);
     }
 
@@ -292,7 +310,7 @@ static wsync_result_t wsync_parse_buffer(const json_t *b, wsync_buffer_desc_t *d
     if (s != NULL) {
         if (n >= WSYNC_HANDLE_MAX)
             return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                              "buffer.control: \"%.40s...\" is %zu bytes, the limit is %d", s, n,
+                              "%s.control: \"%.40s...\" is %zu bytes, the limit is %d", what, s, n,
                               WSYNC_HANDLE_MAX - 1);
         memcpy(d->control, s, n + 1);
     }
@@ -349,9 +367,26 @@ wsync_result_t wsync_manifest_check_extent(const wsync_tensor_desc_t *t, size_t 
     return WSYNC_OK;
 }
 
-static wsync_result_t wsync_parse_tensor(const json_t *jt, size_t i, uint64_t buffer_bytes,
-                                         wsync_tensor_desc_t *t, size_t *name_len,
-                                         wsync_error_t *err)
+wsync_result_t wsync_manifest_check_tensor_extent(const wsync_manifest_t *m,
+                                                  const wsync_tensor_desc_t *t, size_t i,
+                                                  uint32_t segment, wsync_error_t *err)
+{
+    if (m->n_segments == 0)
+        return wsync_manifest_check_extent(t, i, m->buffer.bytes, err);
+    uint64_t end;
+    const uint64_t bytes = m->segments[segment].bytes;
+    if (__builtin_add_overflow(t->offset, t->nbytes, &end) || end > bytes)
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_BOUNDS,
+                          "tensors[%zu] (\"%.80s\"): offset %llu + nbytes %llu exceeds the %llu "
+                          "bytes of segments[%u]",
+                          i, t->name, (unsigned long long)t->offset, (unsigned long long)t->nbytes,
+                          (unsigned long long)bytes, segment);
+    return WSYNC_OK;
+}
+
+static wsync_result_t wsync_parse_tensor(const json_t *jt, size_t i, const wsync_manifest_t *mv,
+                                         wsync_tensor_desc_t *t, uint32_t *segment,
+                                         size_t *name_len, wsync_error_t *err)
 {
     wsync_mpath_t p = {"tensors", (long)i, NULL, -1};
     wsync_result_t r;
@@ -425,7 +460,24 @@ static wsync_result_t wsync_parse_tensor(const json_t *jt, size_t i, uint64_t bu
                           i, t->name, (unsigned long long)t->nbytes, wsync_dtype_name(t->dtype),
                           wsync_dtype_size(t->dtype), (unsigned long long)expect);
 
-    if ((r = wsync_manifest_check_extent(t, i, buffer_bytes, err)) != WSYNC_OK)
+    const json_t *sg = json_object_get(jt, "segment");
+    if (sg != NULL || mv->n_segments > 0) {
+        uint64_t k;
+        p.field = "segment";
+        if (mv->n_segments == 0)
+            return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                              "tensors[%zu] (\"%.80s\").segment: this manifest has no segments", i,
+                              t->name);
+        if ((r = wsync_read_uint(sg, &p, &k, err)) != WSYNC_OK)
+            return r;
+        if (k >= mv->n_segments)
+            return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                              "tensors[%zu] (\"%.80s\").segment: %llu, the manifest has %zu "
+                              "segments",
+                              i, t->name, (unsigned long long)k, mv->n_segments);
+        *segment = (uint32_t)k;
+    }
+    if ((r = wsync_manifest_check_tensor_extent(mv, t, i, *segment, err)) != WSYNC_OK)
         return r;
 
     const json_t *dg = json_object_get(jt, "digest");
@@ -463,9 +515,14 @@ static wsync_result_t wsync_parse_tensors(const json_t *arr, wsync_manifest_owne
                           WSYNC_MANIFEST_MAX_TENSORS);
 
     size_t cap = 16;
+    uint32_t zero = 0;
     while (cap < 2 * n)
         cap <<= 1;
     m->tensors = calloc(n ? n : 1, sizeof(*m->tensors));
+    if (m->view.n_segments > 0 && (m->segment_of = calloc(n ? n : 1, sizeof(uint32_t))) == NULL) {
+        r = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "cannot allocate %zu segment indices", n);
+        goto out;
+    }
     lens = malloc((n ? n : 1) * sizeof(*lens));
     set.slots = calloc(cap, sizeof(*set.slots));
     set.mask = cap - 1;
@@ -475,8 +532,8 @@ static wsync_result_t wsync_parse_tensors(const json_t *arr, wsync_manifest_owne
     }
 
     for (size_t i = 0; i < n; i++) {
-        r = wsync_parse_tensor(json_array_get(arr, i), i, m->view.buffer.bytes, &m->tensors[i],
-                               &lens[i], err);
+        r = wsync_parse_tensor(json_array_get(arr, i), i, &m->view, &m->tensors[i],
+                               m->segment_of != NULL ? &m->segment_of[i] : &zero, &lens[i], err);
         if (r != WSYNC_OK)
             goto out;
         long dup = wsync_name_set_insert(&set, m->tensors, i, lens[i]);
@@ -505,6 +562,7 @@ static wsync_result_t wsync_parse_tensors(const json_t *arr, wsync_manifest_owne
     }
     m->view.n_tensors = n;
     m->view.tensors = m->tensors;
+    m->view.tensor_segment = m->segment_of;
 out:
     free(set.slots);
     free(lens);
@@ -578,6 +636,38 @@ wsync_result_t wsync_manifest_apply_digests(wsync_manifest_owned_t *m,
     return WSYNC_OK;
 }
 
+/* "segments" (direct mode): 1..WSYNC_MANIFEST_MAX_SEGMENTS buffer objects, absent otherwise. */
+static wsync_result_t wsync_parse_segments(const json_t *arr, wsync_manifest_owned_t *m,
+                                           wsync_error_t *err)
+{
+    if (arr == NULL)
+        return WSYNC_OK;
+    if (!json_is_array(arr))
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "segments: must be an array, got %s",
+                          wsync_json_type_name(arr));
+    size_t n = json_array_size(arr);
+    if (n == 0 || n > WSYNC_MANIFEST_MAX_SEGMENTS)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "segments: %zu entries; a direct manifest names 1..%u", n,
+                          WSYNC_MANIFEST_MAX_SEGMENTS);
+    if (m->view.buffer.kind == WSYNC_BUFFER_TORCH_EXPANDABLE)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "segments: the buffer of a direct manifest is its producer's "
+                          "synchronisation object, not a torch share");
+    m->segments = calloc(n, sizeof(*m->segments));
+    if (m->segments == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "cannot allocate %zu segments", n);
+    for (size_t k = 0; k < n; k++) {
+        wsync_result_t r =
+            wsync_parse_buffer(json_array_get(arr, k), (long)k, &m->segments[k], err);
+        if (r != WSYNC_OK)
+            return r;
+    }
+    m->view.n_segments = n;
+    m->view.segments = m->segments;
+    return WSYNC_OK;
+}
+
 wsync_result_t wsync_manifest_parse_head(const json_t *root, wsync_manifest_owned_t *m,
                                          wsync_manifest_blob_t *blob, wsync_error_t *err)
 {
@@ -612,7 +702,10 @@ wsync_result_t wsync_manifest_parse_head(const json_t *root, wsync_manifest_owne
                           wsync_json_type_name(fin));
     m->view.finished = fin != NULL && json_is_true(fin);
 
-    if ((r = wsync_parse_buffer(json_object_get(root, "buffer"), &m->view.buffer, err)) != WSYNC_OK)
+    if ((r = wsync_parse_buffer(json_object_get(root, "buffer"), -1, &m->view.buffer, err)) !=
+        WSYNC_OK)
+        return r;
+    if ((r = wsync_parse_segments(json_object_get(root, "segments"), m, err)) != WSYNC_OK)
         return r;
     return wsync_parse_digest_blob(json_object_get(root, "digests"), blob, err);
 }
@@ -731,5 +824,7 @@ void wsync_manifest_free(wsync_manifest_owned_t *m)
         return;
     free(m->tensors);
     free(m->names);
+    free(m->segments);
+    free(m->segment_of);
     free(m);
 }

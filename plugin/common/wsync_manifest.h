@@ -11,6 +11,7 @@
 #define WSYNC_MANIFEST_SCHEMA 1u
 #define WSYNC_MANIFEST_MAX_TENSORS (1u << 20) /* a bigger array is refused, not parsed */
 #define WSYNC_MANIFEST_MAX_NAME 1024          /* bytes in one tensor name */
+#define WSYNC_MANIFEST_MAX_SEGMENTS 65536u    /* segments of one direct manifest */
 
 /* A parsed manifest and the storage behind its view. `view` is first, so the pointer handed out
  * through the ABI (&m->view) converts back with wsync_manifest_owned_from_view. */
@@ -18,6 +19,8 @@ typedef struct wsync_manifest_owned {
     wsync_manifest_t view;
     wsync_tensor_desc_t *tensors;
     char *names; /* every name, NUL-separated; view.tensors[i].name points in here */
+    wsync_buffer_desc_t *segments; /* direct mode; NULL otherwise */
+    uint32_t *segment_of;          /* view.tensor_segment */
 } wsync_manifest_owned_t;
 
 /* Parse `len` bytes of JSON. On success every field has been checked: schema, generation >= 1,
@@ -53,6 +56,12 @@ wsync_result_t wsync_manifest_check_limits(const char *json, size_t len, size_t 
 /* JSON objects ('{' outside strings) in json[0, len) that starts and ends outside a string. */
 uint64_t wsync_manifest_objects(const char *json, size_t len);
 void wsync_manifest_free(wsync_manifest_owned_t *m);
+
+/* tensors[i] of m lies inside its buffer, or, with segments, inside segments[segment]
+ * (OUT_OF_BOUNDS naming both otherwise). */
+wsync_result_t wsync_manifest_check_tensor_extent(const wsync_manifest_t *m,
+                                                  const wsync_tensor_desc_t *t, size_t i,
+                                                  uint32_t segment, wsync_error_t *err);
 
 static inline wsync_manifest_owned_t *wsync_manifest_owned_from_view(const wsync_manifest_t *v)
 {

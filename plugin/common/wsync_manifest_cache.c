@@ -273,13 +273,17 @@ static wsync_result_t wsync_mc_hit(const wsync_mc_entry_t *e, const char *json, 
         blob_copy[blob_len] = '\0';
         r = wsync_manifest_decode_digests(blob_copy, blob_len, &blob, err);
     }
+    if (r == WSYNC_OK && m->view.n_segments > 0) { /* direct manifests are never cached */
+        *fallback = 1;
+        goto out;
+    }
     if (r == WSYNC_OK)
         r = wsync_mc_fill(e, m, &blob, err);
 out:
     free(blob_copy);
     wsync_manifest_blob_free(&blob);
     json_decref(root);
-    if (r != WSYNC_OK) {
+    if (r != WSYNC_OK || *fallback) {
         wsync_manifest_free(m);
         return r;
     }
@@ -305,7 +309,7 @@ static wsync_mc_entry_t *wsync_mc_entry_new(const char *json, size_t len,
     int ok = head != NULL && head_members + 1 == root_members &&
              (blob_text == NULL || json_object_get(head, "digests") == NULL);
     json_decref(head);
-    if (!ok)
+    if (!ok || m->view.n_segments > 0) /* direct manifests: segment indices live in the tail */
         return NULL;
 
     size_t n = m->view.n_tensors, names_len = 0;

@@ -132,6 +132,16 @@ static wsync_result_t wsync_check_emit(const wsync_manifest_t *m, wsync_error_t 
     if (m->n_tensors > 0 && m->tensors == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "%zu tensors but tensors is NULL",
                           m->n_tensors);
+    const int direct = WSYNC_HAS_FIELD(wsync_manifest_t, m, tensor_segment) && m->n_segments > 0;
+    if (direct && (m->segments == NULL || m->tensor_segment == NULL ||
+                   m->n_segments > WSYNC_MANIFEST_MAX_SEGMENTS))
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "%zu segments (at most %u) need segments and tensor_segment",
+                          m->n_segments, WSYNC_MANIFEST_MAX_SEGMENTS);
+    for (size_t i = 0; direct && i < m->n_tensors; i++)
+        if (m->tensor_segment[i] >= m->n_segments)
+            return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "tensors[%zu]: segment %u of %zu", i,
+                              m->tensor_segment[i], m->n_segments);
     for (size_t i = 0; i < m->n_tensors; i++) {
         const wsync_tensor_desc_t *t = &m->tensors[i];
         if (t->name == NULL || t->ndim > WSYNC_MAX_DIMS || wsync_dtype_size(t->dtype) == 0 ||
@@ -220,6 +230,14 @@ static char *wsync_emit_head(const wsync_manifest_t *m, int blob)
               wsync_set(root, "generation", json_integer((json_int_t)m->generation)) |
               wsync_set(root, "finished", json_boolean(m->finished)) |
               wsync_set(root, "buffer", wsync_emit_buffer(&m->buffer));
+    if (WSYNC_HAS_FIELD(wsync_manifest_t, m, tensor_segment) && m->n_segments > 0) {
+        json_t *segs = json_array();
+        bad |= wsync_set(root, "segments", segs);
+        for (size_t k = 0; segs != NULL && k < m->n_segments; k++) {
+            json_t *o = wsync_emit_buffer(&m->segments[k]);
+            bad |= o == NULL || json_array_append_new(segs, o) != 0;
+        }
+    }
     if (blob)
         bad |= wsync_set(root, "digests", digests);
     char *text = bad ? NULL : json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
@@ -231,7 +249,8 @@ static char *wsync_emit_head(const wsync_manifest_t *m, int blob)
 
 /* {"name":..,"dtype":..,"shape":[..],"offset":..,"nbytes":..[,"digest":..]}; 0 on a name that
  * is not valid UTF-8. */
-static int wsync_emit_tensor(wsync_text_t *t, const wsync_tensor_desc_t *d, int with_digest)
+static int wsync_emit_tensor(wsync_text_t *t, const wsync_tensor_desc_t *d, int with_digest,
+                             long segment)
 {
     wsync_text_str(t, "{\"name\":");
     if (!wsync_text_json_str(t, d->name))
@@ -244,7 +263,13 @@ static int wsync_emit_tensor(wsync_text_t *t, const wsync_tensor_desc_t *d, int 
             wsync_text_put(t, ",", 1);
         wsync_text_int(t, (long long)d->shape[k]);
     }
-    wsync_text_str(t, "],\"offset\":");
+    if (segment >= 0) {
+        wsync_text_str(t, "],\"segment\":");
+        wsync_text_int(t, segment);
+        wsync_text_str(t, ",\"offset\":");
+    } else {
+        wsync_text_str(t, "],\"offset\":");
+    }
     wsync_text_int(t, (long long)d->offset);
     wsync_text_str(t, ",\"nbytes\":");
     wsync_text_int(t, (long long)d->nbytes);
@@ -288,7 +313,10 @@ wsync_result_t wsync_manifest_emit(const wsync_manifest_t *m, char **out, wsync_
     for (size_t i = 0; i < m->n_tensors; i++) {
         if (i > 0)
             wsync_text_put(&t, ",", 1);
-        if (!wsync_emit_tensor(&t, &m->tensors[i], !blob)) {
+        const long seg = WSYNC_HAS_FIELD(wsync_manifest_t, m, tensor_segment) && m->n_segments > 0
+                             ? (long)m->tensor_segment[i]
+                             : -1;
+        if (!wsync_emit_tensor(&t, &m->tensors[i], !blob, seg)) {
             free(t.p);
             return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                               "tensors[%zu]: name is not valid UTF-8", i);

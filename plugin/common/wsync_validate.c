@@ -246,3 +246,50 @@ wsync_result_t wsync_validate_copy_args(const wsync_copy_op_t *ops, size_t n_ops
                           "%zu ops in one call; at most %u: split the bucket", n_ops, UINT32_MAX);
     return WSYNC_OK;
 }
+
+wsync_result_t wsync_validate_segment_ops(const wsync_copy_op_t *ops, const uint32_t *op_segment,
+                                          size_t n, const uint64_t *seg_bytes,
+                                          const uint64_t *seg_base, size_t n_segs,
+                                          wsync_copy_op_t **out, wsync_error_t *err)
+{
+    *out = NULL;
+    if (n > 0 && op_segment == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "%zu ops but op_segment is NULL", n);
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t k = op_segment[i];
+        if (k >= n_segs)
+            return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                              "op %zu: op_segment %u, but %zu segments were given", i, k, n_segs);
+        wsync_result_t r = wsync_validate_op(&ops[i], i, seg_bytes[k], err);
+        if (r != WSYNC_OK)
+            return r;
+    }
+    /* The destination rules across every op: the same check as one buffer's ops, on ops moved
+     * to disjoint places of one virtual source (each segment after the one before). */
+    wsync_copy_op_t *v = malloc((n ? n : 1) * sizeof(*v));
+    uint64_t *start = malloc((n_segs ? n_segs : 1) * sizeof(*start));
+    if (v == NULL || start == NULL) {
+        free(v);
+        free(start);
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory to check %zu ops", n);
+    }
+    uint64_t total = 0;
+    for (size_t k = 0; k < n_segs; k++) {
+        start[k] = total;
+        total = seg_bytes[k] > UINT64_MAX - total ? UINT64_MAX : total + seg_bytes[k];
+    }
+    for (size_t i = 0; i < n; i++) {
+        v[i] = ops[i];
+        v[i].src_offset += start[op_segment[i]];
+    }
+    wsync_result_t r = wsync_validate_copy_ops(v, n, total, err);
+    for (size_t i = 0; r == WSYNC_OK && i < n; i++)
+        v[i].src_offset = seg_base[op_segment[i]] + ops[i].src_offset;
+    free(start);
+    if (r != WSYNC_OK) {
+        free(v);
+        return r;
+    }
+    *out = v;
+    return WSYNC_OK;
+}

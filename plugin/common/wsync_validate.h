@@ -13,6 +13,15 @@
 wsync_result_t wsync_validate_copy_ops(const wsync_copy_op_t *ops, size_t n, uint64_t src_bytes,
                                        wsync_error_t *err);
 
+/* copy_segments' ops: op_segment[i] < n_segs, op i inside segment op_segment[i] (seg_bytes)
+ * with the per-op rules above, and no two ops of any segments writing a common destination
+ * byte. On success *out (malloc'd; the caller frees) holds the ops with src_offset moved to
+ * seg_base[op_segment[i]] + src_offset: the address the backend reads. */
+wsync_result_t wsync_validate_segment_ops(const wsync_copy_op_t *ops, const uint32_t *op_segment,
+                                          size_t n, const uint64_t *seg_bytes,
+                                          const uint64_t *seg_base, size_t n_segs,
+                                          wsync_copy_op_t **out, wsync_error_t *err);
+
 /* copy_weights' arguments, for every backend: ops non-NULL when n_ops > 0, n_ops at most
  * UINT32_MAX (one launch indexes ops with 32 bits), no flag but WSYNC_COPY_VERIFY.
  * INVALID_ARGUMENT naming the offending value. */

@@ -37,6 +37,11 @@ wsync_result_t wsync_cpu_copy_weights(struct wsync_consumer *c, struct wsync_han
     if (c == NULL || h == NULL || h->consumer != c)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "handle %p is not an open handle of consumer %p", (void *)h, (void *)c);
+    if (h->is_segment)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "handle %p is a segment of a direct manifest: copy with copy_segments "
+                          "and the manifest buffer's handle",
+                          (void *)h);
     if ((r = wsync_validate_copy_args(ops, n_ops, flags, err)) != WSYNC_OK)
         return r;
     if ((r = wsync_validate_copy_ops(ops, n_ops, h->bytes, err)) != WSYNC_OK)
@@ -66,6 +71,70 @@ wsync_result_t wsync_cpu_copy_weights(struct wsync_consumer *c, struct wsync_han
     h->pending_generation = generation;
 out:
     pthread_mutex_unlock(&h->lock);
+    return r;
+}
+
+wsync_result_t wsync_cpu_copy_segments(struct wsync_consumer *c, struct wsync_handle *h,
+                                       struct wsync_handle *const *segs, size_t n_segs,
+                                       wsync_stream_t stream, uint64_t generation,
+                                       const wsync_copy_op_t *ops, const uint32_t *op_segment,
+                                       size_t n_ops, uint32_t flags, wsync_error_t *err)
+{
+    wsync_result_t r;
+    uint64_t seq = 0;
+
+    if (c == NULL || h == NULL || h->consumer != c || h->is_segment)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "handle %p is not an open buffer handle of consumer %p", (void *)h,
+                          (void *)c);
+    if (n_segs == 0 || segs == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "copy_segments needs the segments' handles (%zu given)", n_segs);
+    if ((r = wsync_validate_copy_args(ops, n_ops, flags, err)) != WSYNC_OK)
+        return r;
+    uint64_t *bytes = malloc(n_segs * sizeof(*bytes)), *base = malloc(n_segs * sizeof(*base));
+    wsync_copy_op_t *moved = NULL;
+    if (bytes == NULL || base == NULL) {
+        r = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu segments", n_segs);
+        goto out;
+    }
+    for (size_t k = 0; k < n_segs; k++) {
+        if (segs[k] == NULL || segs[k]->consumer != c || !segs[k]->is_segment ||
+            segs[k]->peer_pid != h->peer_pid) {
+            r = WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                           "segs[%zu] is not an open host_pid segment of producer %lld", k,
+                           (long long)h->peer_pid);
+            goto out;
+        }
+        bytes[k] = segs[k]->bytes;
+        base[k] = segs[k]->remote;
+    }
+    if ((r = wsync_validate_segment_ops(ops, op_segment, n_ops, bytes, base, n_segs, &moved,
+                                        err)) != WSYNC_OK)
+        goto out;
+    wsync_cpu_stream_t *s = wsync_cpu_consumer_stream(c, stream);
+    pthread_mutex_lock(&h->lock);
+    if (h->pending_generation == 0 || generation != h->pending_generation)
+        r = wsync_validate_generation(wsync_cpu_handle_last_generation(h), generation, err);
+    if (r == WSYNC_OK)
+        r = wsync_cpu_stream_wait_ready(s, h->control, generation, c->timeout_ms, h->peer_pid,
+                                        &h->sink, NULL, err);
+    if (r == WSYNC_OK)
+        r = wsync_cpu_stream_copy_remote(s, h->peer_pid, moved, n_ops, generation, &h->sink, &seq,
+                                         err);
+    if (r == WSYNC_OK)
+        r = wsync_cpu_note_carrier(h, s, seq, err);
+    if (r == WSYNC_OK) {
+        h->entry->last_generation = generation;
+        h->pending_generation = generation;
+    } else {
+        wsync_cpu_stream_synchronize(s);
+    }
+    pthread_mutex_unlock(&h->lock);
+out:
+    free(moved);
+    free(bytes);
+    free(base);
     return r;
 }
 

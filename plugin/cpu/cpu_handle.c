@@ -65,6 +65,34 @@ static wsync_result_t wsync_cpu_check_mapping(const wsync_buffer_desc_t *d, cons
     return WSYNC_OK;
 }
 
+/* A host_pid segment of a direct manifest: nothing to map; copies read it by address. */
+static wsync_result_t wsync_cpu_segment_map(struct wsync_consumer *c,
+                                            const wsync_buffer_desc_t *desc, void **mapping,
+                                            wsync_error_t *err)
+{
+    if (desc->handle_len != 8 || desc->pid <= 0)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "host_pid segment: handle of %u bytes (want 8), pid %lld",
+                          desc->handle_len, (long long)desc->pid);
+    struct wsync_handle *h = calloc(1, sizeof(*h));
+    if (h == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for a handle");
+    for (int k = 0; k < 8; k++)
+        h->remote |= (uint64_t)desc->handle[k] << (8 * k);
+    h->consumer = c;
+    h->bytes = desc->bytes;
+    h->peer_pid = desc->pid;
+    h->is_segment = 1;
+    pthread_mutex_init(&h->lock, NULL);
+    wsync_cpu_sink_init(&h->sink);
+    pthread_mutex_lock(&c->lock);
+    h->next = c->handles;
+    c->handles = h;
+    pthread_mutex_unlock(&c->lock);
+    *mapping = h;
+    return WSYNC_OK;
+}
+
 wsync_result_t wsync_cpu_handle_map(void *user, const wsync_buffer_desc_t *desc, void **mapping,
                                     wsync_error_t *err)
 {
@@ -72,6 +100,8 @@ wsync_result_t wsync_cpu_handle_map(void *user, const wsync_buffer_desc_t *desc,
     char name[WSYNC_SHM_NAME_MAX];
     wsync_result_t r;
 
+    if (desc->kind == WSYNC_BUFFER_HOST_PID)
+        return wsync_cpu_segment_map(c, desc, mapping, err);
     if ((r = wsync_cpu_desc_name(desc, name, err)) != WSYNC_OK)
         return r;
     struct wsync_handle *h = calloc(1, sizeof(*h));
@@ -116,8 +146,10 @@ void wsync_cpu_handle_unmap(void *user, void *mapping)
         }
     }
     pthread_mutex_unlock(&c->lock);
-    wsync_control_detach(h->control);
-    wsync_shm_close(&h->shm);
+    if (!h->is_segment) {
+        wsync_control_detach(h->control);
+        wsync_shm_close(&h->shm);
+    }
     wsync_cpu_sink_destroy(&h->sink);
     pthread_mutex_destroy(&h->lock);
     free(h);

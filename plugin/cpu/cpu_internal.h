@@ -36,6 +36,8 @@ struct wsync_handle {
     wsync_carriers_t carriers;   /* mark: the last task on that stream that reads the mapping */
     uint64_t pending_generation; /* copied, not yet recorded (0 = none) */
     wsync_cpu_sink_t sink;
+    uint64_t remote;           /* host_pid segment: its address in peer_pid (no mapping) */
+    int is_segment;            /* host_pid: no shm, no control block */
     struct wsync_handle *next; /* consumer's list of live handles */
 };
 
@@ -80,6 +82,11 @@ wsync_result_t wsync_cpu_copy_weights(struct wsync_consumer *c, struct wsync_han
                                       wsync_stream_t stream, uint64_t generation,
                                       const wsync_copy_op_t *ops, size_t n_ops, uint32_t flags,
                                       wsync_error_t *err);
+wsync_result_t wsync_cpu_copy_segments(struct wsync_consumer *c, struct wsync_handle *h,
+                                       struct wsync_handle *const *segs, size_t n_segs,
+                                       wsync_stream_t stream, uint64_t generation,
+                                       const wsync_copy_op_t *ops, const uint32_t *op_segment,
+                                       size_t n_ops, uint32_t flags, wsync_error_t *err);
 wsync_result_t wsync_cpu_record_consumed(struct wsync_consumer *c, struct wsync_handle *h, int wait,
                                          wsync_error_t *err);
 wsync_result_t wsync_cpu_hot_load_adapter(struct wsync_consumer *c,

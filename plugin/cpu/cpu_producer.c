@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cpu_direct.h"
 #include "cpu_internal.h"
 #include "cpu_unlink.h"
 #include "wsync_error.h"
@@ -29,7 +30,13 @@ struct wsync_staging {
     wsync_cpu_stream_t **streams;
     size_t n_streams, cap_streams;
     wsync_cpu_unlink_t unlink_node;
+    wsync_direct_t direct; /* WSYNC_STAGING_DIRECT: the bucket named in place */
+    int has_direct;
 };
+
+/* A direct staging's segment holds only its control block and these few bytes: no tensor fits,
+ * so a consumer that ignored the manifest's segments would be refused, not fed wrong bytes. */
+#define WSYNC_CPU_DIRECT_BYTES 64u
 
 static wsync_cpu_stream_t *wsync_cpu_staging_stream(struct wsync_staging *s, wsync_stream_t st)
 {
@@ -48,23 +55,26 @@ wsync_result_t wsync_cpu_staging_create(const wsync_staging_config_t *config,
                           "bytes");
     *out = NULL;
     uint32_t flags = WSYNC_HAS_FIELD(wsync_staging_config_t, config, flags) ? config->flags : 0;
-    const uint32_t known = WSYNC_STAGING_FIXED_LAYOUT | WSYNC_STAGING_NO_DIGESTS;
+    const uint32_t known =
+        WSYNC_STAGING_FIXED_LAYOUT | WSYNC_STAGING_NO_DIGESTS | WSYNC_STAGING_DIRECT;
     if ((flags & ~known) != 0)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                          "unknown staging flags 0x%x; only WSYNC_STAGING_FIXED_LAYOUT (0x1) and "
-                          "WSYNC_STAGING_NO_DIGESTS (0x2) are defined",
+                          "unknown staging flags 0x%x; only WSYNC_STAGING_FIXED_LAYOUT (0x1), "
+                          "WSYNC_STAGING_NO_DIGESTS (0x2) and WSYNC_STAGING_DIRECT (0x4) are "
+                          "defined",
                           flags & ~known);
-    if (config->bytes == 0 || config->bytes > SIZE_MAX - WSYNC_CONTROL_SIZE)
+    const uint64_t bytes = (flags & WSYNC_STAGING_DIRECT) ? WSYNC_CPU_DIRECT_BYTES : config->bytes;
+    if (bytes == 0 || bytes > SIZE_MAX - WSYNC_CONTROL_SIZE)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "staging bytes %llu; ask for 1..%zu bytes",
                           (unsigned long long)config->bytes, SIZE_MAX - WSYNC_CONTROL_SIZE);
-    size = WSYNC_CONTROL_SIZE + (size_t)config->bytes;
+    size = WSYNC_CONTROL_SIZE + (size_t)bytes;
 
     struct wsync_staging *s = calloc(1, sizeof(*s));
     if (s == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for a staging buffer");
     pthread_mutex_init(&s->lock, NULL);
-    s->capacity = config->bytes;
+    s->capacity = bytes;
     s->flags = flags;
     s->timeout_ms =
         WSYNC_HAS_FIELD(wsync_staging_config_t, config, timeout_ms) && config->timeout_ms != 0
@@ -87,6 +97,42 @@ fail:
     return r;
 }
 
+/* The exporter-storage rule (docs/DESIGN.md §1.2): the last published generation may still be
+ * read until its *consumed* fires. Caller holds s->lock. */
+static wsync_result_t wsync_cpu_check_consumed(struct wsync_staging *s, wsync_error_t *err)
+{
+    uint64_t consumed = atomic_load(&s->control->consumed_generation);
+    if (consumed < s->generation)
+        return WSYNC_FAIL(err, WSYNC_ERR_BUSY,
+                          "generation %llu of %s published but not yet consumed (consumed %llu); "
+                          "call wait_consumed after the consumer's ack before staging again",
+                          (unsigned long long)s->generation, s->shm.name,
+                          (unsigned long long)consumed);
+    return WSYNC_OK;
+}
+
+/* Direct mode: name the tensors where they are (the caller's CPU work is done when it calls). */
+static wsync_result_t wsync_cpu_stage_direct(struct wsync_staging *s,
+                                             const wsync_stage_tensor_t *tensors, size_t n,
+                                             wsync_error_t *err)
+{
+    wsync_direct_t next;
+    wsync_result_t r = wsync_cpu_direct_build(tensors, n, &next, err);
+    if (r != WSYNC_OK)
+        return r;
+    pthread_mutex_lock(&s->lock);
+    if ((r = wsync_cpu_check_consumed(s, err)) == WSYNC_OK) {
+        if (s->has_direct)
+            wsync_direct_free(&s->direct);
+        s->direct = next;
+        s->has_direct = 1;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (r != WSYNC_OK)
+        wsync_direct_free(&next);
+    return r;
+}
+
 wsync_result_t wsync_cpu_stage(struct wsync_staging *s, wsync_stream_t stream,
                                const wsync_stage_tensor_t *tensors, size_t n, wsync_error_t *err)
 {
@@ -102,21 +148,14 @@ wsync_result_t wsync_cpu_stage(struct wsync_staging *s, wsync_stream_t stream,
                               "tensors[%zu].struct_size %zu; set it to sizeof(wsync_stage_tensor_t)"
                               " (%zu)",
                               i, tensors[i].struct_size, sizeof(wsync_stage_tensor_t));
+    if (s->flags & WSYNC_STAGING_DIRECT)
+        return wsync_cpu_stage_direct(s, tensors, n, err);
     if ((r = wsync_layout_build(tensors, n, s->capacity, &next, err)) != WSYNC_OK)
         return r;
     pthread_mutex_lock(&s->lock);
-    /* The exporter-storage failure (docs/DESIGN.md §1.2): reused storage may still be read by the
-     * consumer of the last published generation until its *consumed* fires. Refuse rather than
-     * overwrite it. */
-    uint64_t consumed = atomic_load(&s->control->consumed_generation);
-    if (consumed < s->generation) {
-        r = WSYNC_FAIL(err, WSYNC_ERR_BUSY,
-                       "generation %llu of %s published but not yet consumed (consumed %llu); "
-                       "call wait_consumed after the consumer's ack before staging again",
-                       (unsigned long long)s->generation, s->shm.name,
-                       (unsigned long long)consumed);
+    /* Reused storage may still be read by the consumer of the last published generation. */
+    if ((r = wsync_cpu_check_consumed(s, err)) != WSYNC_OK)
         goto fail;
-    }
     if ((s->flags & WSYNC_STAGING_FIXED_LAYOUT) && s->has_layout &&
         (r = wsync_layout_compare(&s->layout, &next, err)) != WSYNC_OK)
         goto fail;
@@ -167,13 +206,14 @@ wsync_result_t wsync_cpu_publish(struct wsync_staging *s, wsync_stream_t stream,
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "staging and manifest_json must not be NULL");
     pthread_mutex_lock(&s->lock);
-    if (!s->has_layout) {
+    if (!s->has_layout && !s->has_direct) {
         pthread_mutex_unlock(&s->lock);
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "nothing staged in %s; call stage before publish", s->shm.name);
     }
     /* The manifest carries the digests the stage task computes. */
-    wsync_cpu_stream_wait(s->stage_stream, s->stage_seq);
+    if (s->has_layout)
+        wsync_cpu_stream_wait(s->stage_stream, s->stage_seq);
     uint64_t g = s->generation + 1;
     wsync_manifest_t m = {.struct_size = sizeof(m),
                           .schema = WSYNC_MANIFEST_SCHEMA,
@@ -191,7 +231,9 @@ wsync_result_t wsync_cpu_publish(struct wsync_staging *s, wsync_stream_t stream,
     b->pid = (int64_t)getpid();
     memcpy(b->device, "cpu", 4);
     memcpy(b->control, s->shm.name, b->handle_len + 1);
-    if ((r = wsync_manifest_emit(&m, &json, err)) != WSYNC_OK)
+    r = s->has_direct ? wsync_direct_emit(&s->direct, b, g, finished, &json, err)
+                      : wsync_manifest_emit(&m, &json, err);
+    if (r != WSYNC_OK)
         goto out;
     r = wsync_cpu_stream_signal_ready(wsync_cpu_staging_stream(s, stream), s->control, g, NULL,
                                       err);
@@ -243,6 +285,8 @@ wsync_result_t wsync_cpu_retire(struct wsync_staging *s, wsync_error_t *err)
     wsync_shm_close(&s->shm);
     if (s->has_layout)
         wsync_layout_free(&s->layout);
+    if (s->has_direct)
+        wsync_direct_free(&s->direct);
     free(s->manifest);
     free(s->streams);
     pthread_mutex_destroy(&s->lock);

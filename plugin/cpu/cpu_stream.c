@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_direct.h"
 #include "cpu_memcpy.h"
 #include "wsync_error.h"
 
@@ -34,6 +35,7 @@ typedef struct wsync_cpu_task {
         } wait;
         struct {
             const uint8_t *src_base;
+            int64_t remote_pid; /* > 0: op src_offset is an address in that process */
             uint32_t flags;
             uint64_t total_bytes; /* sum over ops (validated: no overflow) */
             size_t n;
@@ -140,7 +142,19 @@ static void wsync_cpu_run_copy(wsync_cpu_task_t *t)
     uint64_t first_want = 0, first_got = 0;
 
     if (wsync_cpu_sink_failed(t->sink, t->generation))
-        return; /* no ready: never copy a half-written bucket */
+        return;                     /* no ready: never copy a half-written bucket */
+    if (t->u.copy.remote_pid > 0) { /* direct mode: the producer's own memory */
+        wsync_error_t e = {.struct_size = sizeof(e)};
+        if (wsync_cpu_read_remote(t->u.copy.remote_pid, t->u.copy.ops, t->u.copy.n, &e) !=
+                WSYNC_OK &&
+            t->sink != NULL) {
+            pthread_mutex_lock(&t->sink->lock);
+            wsync_fail(&t->sink->error, e.code, "copy_segments", "generation %llu: %s",
+                       (unsigned long long)t->generation, e.message);
+            pthread_mutex_unlock(&t->sink->lock);
+        }
+        return;
+    }
     const int streaming = t->u.copy.total_bytes >= WSYNC_CPU_STREAMING_MIN_TASK;
     for (size_t i = 0; i < t->u.copy.n; i++) {
         const wsync_copy_op_t *op = &t->u.copy.ops[i];
@@ -337,19 +351,22 @@ wsync_result_t wsync_cpu_stream_wait_ready(wsync_cpu_stream_t *s, wsync_control_
     return wsync_cpu_submit(s, t, seq);
 }
 
-wsync_result_t wsync_cpu_stream_copy(wsync_cpu_stream_t *s, const uint8_t *src_base,
-                                     const wsync_copy_op_t *ops, size_t n, uint32_t flags,
-                                     uint64_t generation, wsync_cpu_sink_t *sink, uint64_t *seq,
-                                     wsync_error_t *err)
+static wsync_cpu_task_t *wsync_cpu_copy_task(const uint8_t *src_base, int64_t remote_pid,
+                                             const wsync_copy_op_t *ops, size_t n, uint32_t flags,
+                                             uint64_t generation, wsync_cpu_sink_t *sink,
+                                             wsync_error_t *err)
 {
-    if (n > (SIZE_MAX - sizeof(wsync_cpu_task_t)) / sizeof(*ops))
-        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "%zu copy ops do not fit in memory", n);
+    if (n > (SIZE_MAX - sizeof(wsync_cpu_task_t)) / sizeof(*ops)) {
+        WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "%zu copy ops do not fit in memory", n);
+        return NULL;
+    }
     wsync_cpu_task_t *t = wsync_cpu_task_new(WSYNC_CPU_TASK_COPY, n * sizeof(*ops), err);
     if (t == NULL)
-        return WSYNC_ERR_OUT_OF_MEMORY;
+        return NULL;
     t->generation = generation;
     t->sink = sink;
     t->u.copy.src_base = src_base;
+    t->u.copy.remote_pid = remote_pid;
     t->u.copy.flags = flags;
     t->u.copy.n = n;
     t->u.copy.ops = (wsync_copy_op_t *)(void *)(t + 1);
@@ -357,7 +374,25 @@ wsync_result_t wsync_cpu_stream_copy(wsync_cpu_stream_t *s, const uint8_t *src_b
         memcpy(t->u.copy.ops, ops, n * sizeof(*ops));
     for (size_t i = 0; i < n; i++)
         t->u.copy.total_bytes += ops[i].rows * ops[i].row_bytes;
-    return wsync_cpu_submit(s, t, seq);
+    return t;
+}
+
+wsync_result_t wsync_cpu_stream_copy(wsync_cpu_stream_t *s, const uint8_t *src_base,
+                                     const wsync_copy_op_t *ops, size_t n, uint32_t flags,
+                                     uint64_t generation, wsync_cpu_sink_t *sink, uint64_t *seq,
+                                     wsync_error_t *err)
+{
+    wsync_cpu_task_t *t = wsync_cpu_copy_task(src_base, 0, ops, n, flags, generation, sink, err);
+    return t != NULL ? wsync_cpu_submit(s, t, seq) : WSYNC_ERR_OUT_OF_MEMORY;
+}
+
+wsync_result_t wsync_cpu_stream_copy_remote(wsync_cpu_stream_t *s, int64_t pid,
+                                            const wsync_copy_op_t *ops, size_t n,
+                                            uint64_t generation, wsync_cpu_sink_t *sink,
+                                            uint64_t *seq, wsync_error_t *err)
+{
+    wsync_cpu_task_t *t = wsync_cpu_copy_task(NULL, pid, ops, n, 0, generation, sink, err);
+    return t != NULL ? wsync_cpu_submit(s, t, seq) : WSYNC_ERR_OUT_OF_MEMORY;
 }
 
 wsync_result_t wsync_cpu_stream_signal_consumed(wsync_cpu_stream_t *s, wsync_control_t *control,

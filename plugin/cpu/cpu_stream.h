@@ -64,6 +64,12 @@ wsync_result_t wsync_cpu_stream_copy(wsync_cpu_stream_t *s, const uint8_t *src_b
                                      const wsync_copy_op_t *ops, size_t n, uint32_t flags,
                                      uint64_t generation, wsync_cpu_sink_t *sink, uint64_t *seq,
                                      wsync_error_t *err);
+/* Direct mode: ops whose src_offset is an address in process `pid`, read with
+ * process_vm_readv (cpu_direct.h); an error goes to the sink. */
+wsync_result_t wsync_cpu_stream_copy_remote(wsync_cpu_stream_t *s, int64_t pid,
+                                            const wsync_copy_op_t *ops, size_t n,
+                                            uint64_t generation, wsync_cpu_sink_t *sink,
+                                            uint64_t *seq, wsync_error_t *err);
 /* Queue *consumed* of `generation` after everything on s. record_consumed's only caller (in
  * cpu_copy.c, another object file): the early-consumed fixture (tests/fixtures) replaces it at
  * link time (--wrap) with a signal that fires at once. */

@@ -1,0 +1,96 @@
+/* Direct mode, producer side: contract in wsync_direct.h. */
+#include "wsync_direct.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "wsync_error.h"
+#include "wsync_manifest.h"
+
+static int wsync_direct_same(const wsync_buffer_desc_t *a, const wsync_buffer_desc_t *b)
+{
+    return a->kind == b->kind && a->handle_len == b->handle_len &&
+           memcmp(a->handle, b->handle, a->handle_len) == 0 && a->bytes == b->bytes;
+}
+
+void wsync_direct_free(wsync_direct_t *d)
+{
+    if (d == NULL)
+        return;
+    wsync_layout_free(&d->layout);
+    free(d->segments);
+    free(d->tensor_segment);
+    memset(d, 0, sizeof(*d));
+}
+
+wsync_result_t wsync_direct_build(const wsync_stage_tensor_t *t, size_t n,
+                                  wsync_direct_locate_fn locate, void *user, wsync_direct_t *out,
+                                  wsync_error_t *err)
+{
+    memset(out, 0, sizeof(*out));
+    wsync_result_t r = wsync_layout_build(t, n, UINT64_MAX, &out->layout, err);
+    if (r != WSYNC_OK)
+        return r;
+    out->segments = calloc(n ? n : 1, sizeof(*out->segments));
+    out->tensor_segment = calloc(n ? n : 1, sizeof(*out->tensor_segment));
+    if (out->segments == NULL || out->tensor_segment == NULL) {
+        wsync_direct_free(out);
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu direct tensors", n);
+    }
+    for (size_t k = 0; k < out->layout.n; k++) {
+        wsync_tensor_desc_t *d = &out->layout.tensors[k];
+        const wsync_stage_tensor_t *src = &t[out->layout.from[k]];
+        d->offset = 0;
+        if (d->nbytes == 0)
+            continue;
+        wsync_buffer_desc_t seg;
+        memset(&seg, 0, sizeof(seg));
+        seg.struct_size = sizeof(seg);
+        r = locate(user, d->name, src->src, d->nbytes, &seg, &d->offset, err);
+        if (r != WSYNC_OK) {
+            wsync_direct_free(out);
+            return r;
+        }
+        size_t j = 0;
+        while (j < out->n_segments && !wsync_direct_same(&out->segments[j], &seg))
+            j++;
+        if (j == out->n_segments) {
+            if (out->n_segments == WSYNC_MANIFEST_MAX_SEGMENTS) {
+                wsync_direct_free(out);
+                return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                                  "tensor \"%.80s\" would be in segment %u: a direct bucket names "
+                                  "at most %u; split it",
+                                  src->name, WSYNC_MANIFEST_MAX_SEGMENTS + 1,
+                                  WSYNC_MANIFEST_MAX_SEGMENTS);
+            }
+            out->segments[out->n_segments++] = seg;
+        }
+        out->tensor_segment[k] = (uint32_t)j;
+    }
+    if (out->n_segments == 0) {
+        wsync_direct_free(out);
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "a direct bucket of %zu tensors without bytes names no memory; send at "
+                          "least one tensor with bytes",
+                          n);
+    }
+    return WSYNC_OK;
+}
+
+wsync_result_t wsync_direct_emit(const wsync_direct_t *d, const wsync_buffer_desc_t *sync,
+                                 uint64_t generation, int finished, char **json, wsync_error_t *err)
+{
+    wsync_manifest_t m;
+    memset(&m, 0, sizeof(m));
+    m.struct_size = sizeof(m);
+    m.schema = WSYNC_MANIFEST_SCHEMA;
+    m.generation = generation;
+    m.finished = finished != 0;
+    m.buffer = *sync;
+    m.n_tensors = d->layout.n;
+    m.tensors = d->layout.tensors;
+    m.n_segments = d->n_segments;
+    m.segments = d->segments;
+    m.tensor_segment = d->tensor_segment;
+    return wsync_manifest_emit(&m, json, err);
+}

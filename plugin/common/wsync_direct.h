@@ -1,0 +1,37 @@
+/* Direct mode, producer side, for every backend (WSYNC_STAGING_DIRECT): a bucket's tensors named
+ * where they live. The backend says which segment (an allocation it exported, as a buffer
+ * descriptor) holds each tensor and where in it; this module validates the tensors as stage
+ * does, gathers the distinct segments, and emits the manifest with segments. */
+#ifndef WSYNC_COMMON_DIRECT_H
+#define WSYNC_COMMON_DIRECT_H
+
+#include "wsync_abi.h"
+#include "wsync_layout.h"
+
+/* The segment holding [src, src + nbytes) of tensor `name`: a descriptor (kind, handle, bytes,
+ * pid, device; equal descriptors are one segment) and the tensor's offset in it. An error names
+ * the tensor (e.g. memory the backend cannot export). */
+typedef wsync_result_t (*wsync_direct_locate_fn)(void *user, const char *name, const void *src,
+                                                 uint64_t nbytes, wsync_buffer_desc_t *segment,
+                                                 uint64_t *offset, wsync_error_t *err);
+
+typedef struct wsync_direct {
+    wsync_layout_t layout; /* the tensors, in packing order; offsets into their segments */
+    wsync_buffer_desc_t *segments;
+    size_t n_segments;
+    uint32_t *tensor_segment; /* per layout tensor */
+} wsync_direct_t;
+
+/* Validate `t` (as wsync_layout_build: names, dtypes, shapes) and locate every tensor with bytes;
+ * a tensor without bytes goes in segment 0 at offset 0. INVALID_ARGUMENT when no tensor has
+ * bytes. On error *out is empty. */
+wsync_result_t wsync_direct_build(const wsync_stage_tensor_t *t, size_t n,
+                                  wsync_direct_locate_fn locate, void *user, wsync_direct_t *out,
+                                  wsync_error_t *err);
+/* The manifest of `d` whose buffer (the synchronisation object) is `sync`. *json is malloc'd. */
+wsync_result_t wsync_direct_emit(const wsync_direct_t *d, const wsync_buffer_desc_t *sync,
+                                 uint64_t generation, int finished, char **json,
+                                 wsync_error_t *err);
+void wsync_direct_free(wsync_direct_t *d);
+
+#endif
