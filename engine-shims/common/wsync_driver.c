@@ -17,6 +17,11 @@ typedef struct wsync_driver_buffer {
     wsync_buffer_desc_t key;
     struct wsync_handle *handle; /* NULL in native mode */
     uint64_t last_generation;
+    /* Direct mode: the segments its last manifest named, held open so each stays mapped across
+     * syncs (0 opens in the steady state); one the next manifest no longer names is closed. */
+    wsync_buffer_desc_t *seg_keys;
+    struct wsync_handle **segs;
+    size_t n_segs;
 } wsync_driver_buffer_t;
 
 struct wsync_driver {
@@ -207,11 +212,14 @@ static wsync_result_t wsync_driver_validate(wsync_driver_t *d, const wsync_manif
                 return rc;
             const wsync_copy_op_t *op = &ops[k];
             uint64_t last = op->src_offset + (op->rows - 1) * op->src_pitch + op->row_bytes;
-            if (op->row_bytes > 0 && last > m[i]->buffer.bytes)
-                return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_BOUNDS,
-                                    "tensor \"%s\" reads up to byte %" PRIu64 " of a %" PRIu64
-                                    "-byte buffer",
-                                    m[i]->tensors[t].name, last, m[i]->buffer.bytes);
+            const uint64_t cap = m[i]->n_segments > 0
+                                     ? m[i]->segments[m[i]->tensor_segment[t]].bytes
+                                     : m[i]->buffer.bytes;
+            if (op->row_bytes > 0 && last > cap)
+                return WSYNC_RECORD(
+                    err, WSYNC_ERR_OUT_OF_BOUNDS,
+                    "tensor \"%s\" reads up to byte %" PRIu64 " of a %" PRIu64 "-byte %s",
+                    m[i]->tensors[t].name, last, cap, m[i]->n_segments > 0 ? "segment" : "buffer");
         }
     }
     return WSYNC_OK;
@@ -236,6 +244,66 @@ static wsync_driver_buffer_t *wsync_driver_remember(wsync_driver_t *d, const wsy
     return e;
 }
 
+static void wsync_driver_close_segments(wsync_driver_t *d, wsync_driver_buffer_t *e)
+{
+    for (size_t k = 0; k < e->n_segs; k++)
+        if (e->segs[k] != NULL && d->ops != NULL)
+            d->ops->close_handle(d->consumer, e->segs[k], NULL);
+    free(e->segs);
+    free(e->seg_keys);
+    e->segs = NULL;
+    e->seg_keys = NULL;
+    e->n_segs = 0;
+}
+
+/* Direct mode, one bucket: open the segments the manifest names (those held from the last one
+ * are reused), copy every tensor in one copy_segments, then hold exactly these segments. */
+static wsync_result_t wsync_driver_copy_direct(wsync_driver_t *d, wsync_driver_buffer_t *e,
+                                               const wsync_manifest_t *m,
+                                               const wsync_copy_op_t *ops, wsync_error_t *err)
+{
+    if (!WSYNC_HAS_OP(wsync_consumer_ops_t, d->ops, copy_segments))
+        return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
+                            "a direct bucket (%zu segments) needs a plugin with copy_segments; %s "
+                            "has none",
+                            m->n_segments, d->loader.path);
+    const size_t n = m->n_segments;
+    struct wsync_handle **segs = calloc(n, sizeof(*segs));
+    wsync_buffer_desc_t *keys = malloc(n * sizeof(*keys));
+    wsync_result_t rc = WSYNC_OK;
+    if (segs == NULL || keys == NULL)
+        rc = WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "driver: %zu segments", n);
+    for (size_t k = 0; rc == WSYNC_OK && k < n; k++) {
+        keys[k] = m->segments[k];
+        for (size_t j = 0; j < e->n_segs && segs[k] == NULL; j++)
+            if (e->segs[j] != NULL && wsync_driver_same_buffer(&e->seg_keys[j], &keys[k])) {
+                segs[k] = e->segs[j]; /* taken over */
+                e->segs[j] = NULL;
+            }
+        if (segs[k] == NULL)
+            rc = d->ops->open_handle(d->consumer, &keys[k], &segs[k], err);
+    }
+    if (rc == WSYNC_OK)
+        rc = d->ops->copy_segments(d->consumer, e->handle, segs, n, wsync_driver_stream(d),
+                                   m->generation, ops, m->tensor_segment, m->n_tensors,
+                                   d->cfg.copy_flags, err);
+    /* Held segments this manifest no longer names (memory the producer freed or re-made): its
+     * copies are behind us, so closing unmaps them now. */
+    wsync_driver_close_segments(d, e);
+    if (rc != WSYNC_OK) {
+        for (size_t k = 0; segs != NULL && k < n; k++)
+            if (segs[k] != NULL)
+                d->ops->close_handle(d->consumer, segs[k], NULL);
+        free(segs);
+        free(keys);
+        return rc;
+    }
+    e->segs = segs;
+    e->seg_keys = keys;
+    e->n_segs = n;
+    return WSYNC_OK;
+}
+
 /* Step 3 of apply, one bucket. */
 static wsync_result_t wsync_driver_execute(wsync_driver_t *d, const wsync_manifest_t *m,
                                            const wsync_copy_op_t *ops, wsync_error_t *err)
@@ -251,6 +319,10 @@ static wsync_result_t wsync_driver_execute(wsync_driver_t *d, const wsync_manife
             return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
                                 "no plugin (%s) and the engine gave no native loader",
                                 d->native_why);
+        if (m->n_segments > 0)
+            return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
+                                "a direct bucket needs the plugin; none is loaded (%s)",
+                                d->native_why);
         rc = eng->native_copy(eng->user, &m->buffer, m->generation, ops, m->n_tensors, err);
     } else {
         if (e->handle == NULL) {
@@ -258,8 +330,10 @@ static wsync_result_t wsync_driver_execute(wsync_driver_t *d, const wsync_manife
             if (rc != WSYNC_OK)
                 return rc;
         }
-        rc = d->ops->copy_weights(d->consumer, e->handle, wsync_driver_stream(d), m->generation,
-                                  ops, m->n_tensors, d->cfg.copy_flags, err);
+        rc = m->n_segments > 0
+                 ? wsync_driver_copy_direct(d, e, m, ops, err)
+                 : d->ops->copy_weights(d->consumer, e->handle, wsync_driver_stream(d),
+                                        m->generation, ops, m->n_tensors, d->cfg.copy_flags, err);
         if (rc == WSYNC_OK)
             rc = d->ops->record_consumed(d->consumer, e->handle,
                                          (d->cfg.copy_flags & WSYNC_COPY_VERIFY) != 0, err);
@@ -363,6 +437,7 @@ wsync_result_t wsync_driver_release(wsync_driver_t *d, wsync_error_t *err)
 {
     wsync_result_t rc = wsync_driver_drain(d, err);
     for (size_t i = 0; i < d->n_buffers; i++) {
+        wsync_driver_close_segments(d, &d->buffers[i]);
         if (d->buffers[i].handle != NULL && d->ops != NULL) {
             wsync_result_t r = d->ops->close_handle(d->consumer, d->buffers[i].handle, err);
             if (rc == WSYNC_OK)

@@ -90,6 +90,42 @@ wsync_result_t wsync_shim_apply_text(wsync_shim_ctx_t *ctx, const char *text, si
     return wsync_driver_apply(ctx->driver, &text, &len, 1, generation, err);
 }
 
+wsync_result_t wsync_shim_apply_rank_manifest(wsync_shim_ctx_t *ctx, json_t *list, const char *what,
+                                              uint64_t *generation, wsync_error_t *err)
+{
+    json_t *m = wsync_req_pick_rank(list, ctx->tp_rank, ctx->tp_size, what, err);
+    if (m == NULL)
+        return WSYNC_ERR_BAD_REQUEST;
+    if (!json_is_string(m))
+        return WSYNC_RECORD(err, WSYNC_ERR_BAD_REQUEST,
+                            "%s: with load_format \"%s\" each entry is the manifest text publish "
+                            "returned, not a JSON %s",
+                            what, WSYNC_SHIM_MANIFEST_FORMAT,
+                            json_is_object(m) ? "object" : "value of another type");
+    return wsync_shim_apply_text(ctx, json_string_value(m), json_string_length(m), generation, err);
+}
+
+json_t *wsync_shim_rank_texts(const wsync_shim_encode_t *in, wsync_error_t *err)
+{
+    json_t *list = json_array();
+    for (size_t r = 0; list != NULL && r < in->n_ranks; r++)
+        if (json_array_append_new(list, json_string(in->manifests[r])) != 0) {
+            json_decref(list);
+            list = NULL;
+        }
+    if (list == NULL)
+        WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
+                     "encode: a manifest is not UTF-8 text (or out of memory); pass what publish "
+                     "returned");
+    return list;
+}
+
+int wsync_shim_is_direct(const wsync_shim_encode_t *in)
+{
+    return in->n_ranks > 0 && in->manifests[0] != NULL &&
+           strstr(in->manifests[0], "\"segments\":") != NULL;
+}
+
 json_t *wsync_shim_rank_buckets(const wsync_shim_encode_t *in, int with_buffer, wsync_error_t *err)
 {
     json_t *list = json_array();

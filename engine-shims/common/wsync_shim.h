@@ -88,6 +88,23 @@ wsync_result_t wsync_shim_apply_text(wsync_shim_ctx_t *ctx, const char *text, si
 wsync_result_t wsync_shim_flat_bucket(const wsync_shim_ctx_t *ctx, json_t *req, const char *key,
                                       int format_required, json_t **bucket, wsync_error_t *err);
 
+/* The load format whose entries are the manifests as published (one text per rank): what
+ * wsync's encoders send when nothing else carries the bucket (direct mode's segments), and
+ * SGLang's packed form. */
+#define WSYNC_SHIM_MANIFEST_FORMAT "wsync_manifest"
+
+/* For shims: this rank's entry of `list` (one for all, or one per rank) is a manifest text:
+ * apply it (wsync_shim_apply_text). BAD_REQUEST naming `what` when there is no entry for this
+ * rank or it is not a string. */
+wsync_result_t wsync_shim_apply_rank_manifest(wsync_shim_ctx_t *ctx, json_t *list, const char *what,
+                                              uint64_t *generation, wsync_error_t *err);
+
+/* For encoders: the manifests' texts as a JSON array of strings (NULL and err on failure), and
+ * whether they are direct-mode manifests (they name segments: only the manifest text itself
+ * carries them). */
+json_t *wsync_shim_rank_texts(const wsync_shim_encode_t *in, wsync_error_t *err);
+int wsync_shim_is_direct(const wsync_shim_encode_t *in);
+
 /* For encoders: a JSON array with `bucket_of(manifest)` for every rank. */
 json_t *wsync_shim_rank_buckets(const wsync_shim_encode_t *in, int with_buffer, wsync_error_t *err);
 

@@ -2,6 +2,8 @@
  *   {"method": "update_params",
  *    "serialized_named_tensors": [<bucket of TP rank 0>, ...],   (or one for all)
  *    "load_format": "flattened_bucket", "finished": false}
+ * or, with "load_format": "wsync_manifest" (wsync's encoder, for direct buckets), each rank's
+ * entry is the manifest text as published.
  * with a persistent staging buffer: the first bucket carries "flattened_tensor" (the buffer);
  * later buckets carry only metadata and a newer generation, and the engine reuses the mapping.
  * The ready/consumed ping-pong is the plugin's: copies wait for *ready*, and *consumed* is
@@ -45,7 +47,20 @@ static wsync_result_t wsync_lmdeploy_update(wsync_shim_ctx_t *ctx, json_t *req, 
     json_t *bucket, *fresh, *manifest;
     uint64_t gen = 0;
     wsync_result_t rc;
+    const char *fmt = json_string_value(json_object_get(req, "load_format"));
 
+    if (fmt != NULL && strcmp(fmt, WSYNC_SHIM_MANIFEST_FORMAT) == 0) {
+        rc = wsync_shim_apply_rank_manifest(ctx, json_object_get(req, "serialized_named_tensors"),
+                                            "serialized_named_tensors", &gen, err);
+        if (rc == WSYNC_OK && finished) {
+            rc = wsync_driver_drain(ctx->driver, err);
+            if (rc == WSYNC_OK)
+                wsync_driver_post_load(ctx->driver);
+        }
+        if (rc == WSYNC_OK)
+            *extra = json_pack("{s:I, s:b}", "generation", (json_int_t)gen, "finished", finished);
+        return rc;
+    }
     rc = wsync_shim_flat_bucket(ctx, req, "serialized_named_tensors", 1, &bucket, err);
     if (rc != WSYNC_OK)
         return rc;
@@ -137,12 +152,16 @@ static wsync_result_t wsync_lmdeploy_handle(wsync_shim_ctx_t *ctx, const char *m
 static wsync_result_t wsync_lmdeploy_encode(const wsync_shim_encode_t *in, json_t **msgs,
                                             wsync_error_t *err)
 {
-    json_t *buckets = wsync_shim_rank_buckets(in, in->with_buffer, err);
+    /* a direct bucket's segments travel only in the manifest text */
+    const int texts = wsync_shim_is_direct(in);
+    json_t *buckets =
+        texts ? wsync_shim_rank_texts(in, err) : wsync_shim_rank_buckets(in, in->with_buffer, err);
     if (buckets == NULL)
         return err != NULL ? err->code : WSYNC_ERR_BAD_MANIFEST;
     *msgs =
         json_pack("[{s:s, s:o, s:s, s:b}]", "method", "update_params", "serialized_named_tensors",
-                  buckets, "load_format", "flattened_bucket", "finished", in->finished);
+                  buckets, "load_format", texts ? WSYNC_SHIM_MANIFEST_FORMAT : "flattened_bucket",
+                  "finished", in->finished);
     return *msgs != NULL ? WSYNC_OK
                          : WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "lmdeploy encode: OOM");
 }

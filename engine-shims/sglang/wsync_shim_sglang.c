@@ -24,8 +24,6 @@
 #include "wsync_request.h"
 #include "wsync_shim.h"
 
-#define WSYNC_SGLANG_MANIFEST_FORMAT "wsync_manifest"
-
 static const wsync_map_table_t wsync_sglang_map = {
     .engine = "sglang", .rules = NULL, .n_rules = 0, .next = &wsync_map_fused_moe_w13};
 
@@ -39,18 +37,9 @@ static wsync_result_t wsync_sglang_update(wsync_shim_ctx_t *ctx, json_t *req, js
     uint64_t gen = 0;
     wsync_result_t rc;
 
-    if (fmt != NULL && strcmp(fmt, WSYNC_SGLANG_MANIFEST_FORMAT) == 0) {
-        json_t *m =
-            wsync_req_pick_rank(json_object_get(req, "serialized_named_tensors"), ctx->tp_rank,
-                                ctx->tp_size, "serialized_named_tensors", err);
-        if (m == NULL)
-            return WSYNC_ERR_BAD_REQUEST;
-        if (!json_is_string(m))
-            return WSYNC_RECORD(err, WSYNC_ERR_BAD_REQUEST,
-                                "load_format \"%s\": each serialized_named_tensors entry is the "
-                                "manifest text publish returned, not a JSON %s",
-                                fmt, json_is_object(m) ? "object" : "value of another type");
-        rc = wsync_shim_apply_text(ctx, json_string_value(m), json_string_length(m), &gen, err);
+    if (fmt != NULL && strcmp(fmt, WSYNC_SHIM_MANIFEST_FORMAT) == 0) {
+        rc = wsync_shim_apply_rank_manifest(ctx, json_object_get(req, "serialized_named_tensors"),
+                                            "serialized_named_tensors", &gen, err);
     } else {
         rc = wsync_shim_flat_bucket(ctx, req, "serialized_named_tensors", 1, &bucket, err);
         if (rc == WSYNC_OK)
@@ -120,26 +109,14 @@ static wsync_result_t wsync_sglang_handle(wsync_shim_ctx_t *ctx, const char *met
 static wsync_result_t wsync_sglang_encode(const wsync_shim_encode_t *in, json_t **msgs,
                                           wsync_error_t *err)
 {
-    json_t *buckets;
-    if (!in->packed) {
-        buckets = wsync_shim_rank_buckets(in, 1, err);
-        if (buckets == NULL)
-            return err != NULL ? err->code : WSYNC_ERR_BAD_MANIFEST;
-    } else {
-        buckets = json_array();
-        for (size_t r = 0; buckets != NULL && r < in->n_ranks; r++)
-            if (json_array_append_new(buckets, json_string(in->manifests[r])) != 0) {
-                json_decref(buckets);
-                buckets = NULL;
-            }
-        if (buckets == NULL)
-            return WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
-                                "sglang encode: a manifest is not UTF-8 text (or out of memory); "
-                                "pass what publish returned");
-    }
+    /* a direct bucket's segments travel only in the manifest text */
+    const int texts = in->packed || wsync_shim_is_direct(in);
+    json_t *buckets = texts ? wsync_shim_rank_texts(in, err) : wsync_shim_rank_buckets(in, 1, err);
+    if (buckets == NULL)
+        return err != NULL ? err->code : WSYNC_ERR_BAD_MANIFEST;
     *msgs = json_pack("[{s:s, s:o, s:s, s:b, s:s?}]", "method", "update_weights_from_tensor",
                       "serialized_named_tensors", buckets, "load_format",
-                      in->packed ? WSYNC_SGLANG_MANIFEST_FORMAT : "flattened_bucket", "flush_cache",
+                      texts ? WSYNC_SHIM_MANIFEST_FORMAT : "flattened_bucket", "flush_cache",
                       in->finished, "weight_version", in->weight_version);
     return *msgs != NULL ? WSYNC_OK
                          : WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "sglang encode: OOM");

@@ -4,7 +4,9 @@
  *        "names": [...], "dtype_names": [...], "shapes": [[...], ...], "generation": g,
  *        "packed": true,  "packed_buffers": [{"buffer": {...}} per TP rank], "offsets": [...]
  *      | "packed": false, "ipc_handles": [[{"buffer": {...}, "offset": o} per TP rank]
- *                                         per tensor] }}        (one or more times)
+ *                                         per tensor]
+ *      | "manifests": [manifest text per TP rank] (wsync's encoder, for direct buckets, whose
+ *                      segments only the manifest carries) }}   (one or more times)
  *   {"method": "finish_weight_update"}
  * Per-tensor handles that name the same allocation are grouped into one bucket, so the mapping
  * is opened once and the copies go out as one batch. finish_weight_update drains the copies, runs
@@ -73,6 +75,13 @@ static wsync_result_t wsync_vllm_update(wsync_shim_ctx_t *ctx, json_t *req, json
         return WSYNC_RECORD(err, WSYNC_ERR_BAD_REQUEST,
                             "update_info needs a names array and a generation");
     n = json_array_size(names);
+    if (json_object_get(info, "manifests") != NULL) {
+        rc = wsync_shim_apply_rank_manifest(ctx, json_object_get(info, "manifests"),
+                                            "update_info.manifests", &gen, err);
+        if (rc == WSYNC_OK)
+            *extra = json_pack("{s:I}", "generation", (json_int_t)gen);
+        return rc;
+    }
     groups = json_array();
     if (packed) {
         json_t *pb = wsync_req_pick_rank(json_object_get(info, "packed_buffers"), ctx->tp_rank,
@@ -229,7 +238,12 @@ static json_t *wsync_vllm_info(const wsync_shim_encode_t *in, json_t *const *m)
     for (size_t r = 0; r < in->n_ranks; r++)
         json_array_append_new(buffers,
                               json_pack("{s:O}", "buffer", json_object_get(m[r], "buffer")));
-    if (in->packed) {
+    if (wsync_shim_is_direct(in)) { /* the segments travel only in the manifest text */
+        json_object_set_new(info, "manifests", wsync_shim_rank_texts(in, NULL));
+        json_decref(handles);
+        json_decref(buffers);
+        json_decref(offsets);
+    } else if (in->packed) {
         json_object_set_new(info, "packed_buffers", buffers);
         json_object_set_new(info, "offsets", offsets);
         json_decref(handles);

@@ -56,6 +56,9 @@ typedef struct wsync_cuda_split {
  * when the driver has no such call or refuses it. */
 cudaError_t wsync_cuda_write_value64(cudaStream_t s, void *p, uint64_t v);
 
+/* cuPointerGetAttribute(out, attribute, p) through the runtime's driver entry points: 1 when
+ * the driver answered. */
+int wsync_cuda_pointer_attr(const void *p, int attribute, void *out);
 /* Start and size of the device allocation holding p: 1, or 0 when it cannot tell. */
 typedef int (*wsync_cuda_alloc_range_fn)(const void *p, uintptr_t *base, size_t *size);
 /* The driver's answer (cuMemGetAddressRange). Thread safe. */
@@ -241,6 +244,11 @@ static inline cudaStream_t wsync_cuda_stream(wsync_stream_t s)
     return s != NULL ? (cudaStream_t)s : cudaStreamLegacy;
 }
 
+/* A direct manifest's cuda_ipc segment: the 64 IPC bytes, then the producer's 8-byte allocation
+ * id (CU_POINTER_ATTRIBUTE_BUFFER_ID), so memory freed and re-made at one address is another
+ * cache key and is opened again, never read through the old mapping. */
+#define WSYNC_CUDA_SEGMENT_HANDLE_BYTES 72u
+
 /* What open_handle returns: a view (base_offset, bytes) of a cached mapping. */
 #define WSYNC_CUDA_HANDLE_MAGIC 0x57534844u
 struct wsync_handle {
@@ -248,6 +256,7 @@ struct wsync_handle {
     wsync_cache_entry_t *entry;
     uint64_t base_offset;
     uint64_t bytes;
+    int segment; /* a direct manifest's segment: read by copy_segments only */
 };
 
 struct wsync_consumer {
@@ -271,6 +280,11 @@ wsync_result_t wsync_cuda_copy_weights(struct wsync_consumer *c, struct wsync_ha
                                        wsync_stream_t stream, uint64_t generation,
                                        const wsync_copy_op_t *ops, size_t n_ops, uint32_t flags,
                                        wsync_error_t *err);
+wsync_result_t wsync_cuda_copy_segments(struct wsync_consumer *c, struct wsync_handle *h,
+                                        struct wsync_handle *const *segs, size_t n_segs,
+                                        wsync_stream_t stream, uint64_t generation,
+                                        const wsync_copy_op_t *ops, const uint32_t *op_segment,
+                                        size_t n_ops, uint32_t flags, wsync_error_t *err);
 wsync_result_t wsync_cuda_record_consumed(struct wsync_consumer *c, struct wsync_handle *h,
                                           int wait, wsync_error_t *err);
 /* Enqueue *consumed* of m's last copied generation on `stream`, the stream that carried the

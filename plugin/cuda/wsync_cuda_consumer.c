@@ -187,6 +187,7 @@ const wsync_consumer_ops_v1_t wsync_cuda_consumer_ops = {
     .open_handle = wsync_cuda_open_handle,
     .close_handle = wsync_cuda_close_handle,
     .copy_weights = wsync_cuda_copy_weights,
+    .copy_segments = wsync_cuda_copy_segments,
     .record_consumed = wsync_cuda_record_consumed,
     .hot_load_adapter = wsync_cuda_hot_load_adapter,
     .enqueue_host_fn = consumer_enqueue_host_fn,

@@ -60,16 +60,17 @@ static void launch_cfg(wsync_cuda_launch_cfg_t *cfg, int is_vmm)
     cfg->flat = 0;
 }
 
+/* One launch of `ops` whose sources are src_base + src_offset, ordered after h's *ready*: the
+ * ops are validated (copy_weights: against h; copy_segments: each against its segment, with
+ * src_base 0 and absolute source addresses). */
 static wsync_result_t copy_locked(struct wsync_consumer *c, struct wsync_handle *h, cudaStream_t s,
                                   uint64_t generation, const wsync_copy_op_t *ops, size_t n_ops,
-                                  uint32_t flags, wsync_error_t *err)
+                                  uint32_t flags, uintptr_t src_base, wsync_error_t *err)
 {
     wsync_cache_entry_t *entry = h->entry;
     wsync_cuda_mapping_t *m = entry->mapping;
     const int verify = (flags & WSYNC_COPY_VERIFY) != 0;
-    wsync_result_t rc = wsync_validate_copy_ops(ops, n_ops, h->bytes, err);
-    if (rc != WSYNC_OK)
-        return rc;
+    wsync_result_t rc;
     /* Several calls (e.g. one per stream) may carry one generation until it is recorded. */
     rc = wsync_validate_generation(wsync_cuda_last_generation(entry, m, generation), generation,
                                    err);
@@ -93,14 +94,14 @@ static wsync_result_t copy_locked(struct wsync_consumer *c, struct wsync_handle 
 
     wsync_cuda_op_t *table = (wsync_cuda_op_t *)slot->host;
     const size_t ops_bytes = wsync_cuda_slot_ops_bytes(n_ops);
-    unsigned char *src_base = m->base + h->base_offset;
     uint64_t chunks = 0;
     int flat = 1;
     for (size_t i = 0; i < n_ops; i++) {
         const wsync_copy_op_t *o = &ops[i];
         const int dig = verify && o->has_digest;
-        chunks += wsync_cuda_plan_op(&table[i], src_base + o->src_offset, o->dst, o->src_pitch,
-                                     o->dst_pitch, o->rows, o->row_bytes, dig, chunks);
+        chunks +=
+            wsync_cuda_plan_op(&table[i], (unsigned char *)(src_base + o->src_offset), o->dst,
+                               o->src_pitch, o->dst_pitch, o->rows, o->row_bytes, dig, chunks);
         flat &= wsync_cuda_op_is_flat(&table[i]);
         if (verify) {
             slot->expected[i] = o->digest;
@@ -191,9 +192,79 @@ wsync_result_t wsync_cuda_copy_weights(struct wsync_consumer *c, struct wsync_ha
     wsync_cuda_range_push("wsync:copy_weights");
     cudaSetDevice(c->device);
     pthread_mutex_lock(&c->lock);
-    rc = copy_locked(c, h, wsync_cuda_stream(stream), generation, ops, n_ops, flags, err);
+    if (h->segment)
+        rc = WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                        "handle %p is a segment of a direct manifest: copy with copy_segments and "
+                        "the manifest buffer's handle",
+                        (void *)h);
+    else if ((rc = wsync_validate_copy_ops(ops, n_ops, h->bytes, err)) == WSYNC_OK)
+        rc = copy_locked(
+            c, h, wsync_cuda_stream(stream), generation, ops, n_ops, flags,
+            (uintptr_t)(((wsync_cuda_mapping_t *)h->entry->mapping)->base + h->base_offset), err);
     pthread_mutex_unlock(&c->lock);
     wsync_cuda_range_pop();
+    return rc;
+}
+
+/* Direct mode: every op of every segment in one launch after h's *ready*; each segment's mapping
+ * notes the stream (so closing it waits for these copies), h carries *consumed*. */
+wsync_result_t wsync_cuda_copy_segments(struct wsync_consumer *c, struct wsync_handle *h,
+                                        struct wsync_handle *const *segs, size_t n_segs,
+                                        wsync_stream_t stream, uint64_t generation,
+                                        const wsync_copy_op_t *ops, const uint32_t *op_segment,
+                                        size_t n_ops, uint32_t flags, wsync_error_t *err)
+{
+    wsync_result_t rc = check_handle(c, h, __func__, err);
+    if (rc != WSYNC_OK)
+        return rc;
+    if (h->segment || n_segs == 0 || segs == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "copy_segments needs the manifest buffer's handle and its %zu segments' "
+                          "handles",
+                          n_segs);
+    if ((rc = wsync_validate_copy_args(ops, n_ops, flags, err)) != WSYNC_OK)
+        return rc;
+    uint64_t *bytes = malloc(n_segs * sizeof(*bytes)), *base = malloc(n_segs * sizeof(*base));
+    wsync_copy_op_t *moved = NULL;
+    if (bytes == NULL || base == NULL) {
+        rc = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu segments", n_segs);
+        goto out;
+    }
+    for (size_t k = 0; k < n_segs; k++) {
+        if (check_handle(c, segs[k], __func__, NULL) != WSYNC_OK || !segs[k]->segment) {
+            rc = WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                            "segs[%zu] is not the open handle of a direct manifest's segment", k);
+            goto out;
+        }
+        const wsync_cuda_mapping_t *sm = segs[k]->entry->mapping;
+        bytes[k] = segs[k]->bytes;
+        base[k] = (uint64_t)(uintptr_t)(sm->base + segs[k]->base_offset);
+    }
+    if ((rc = wsync_validate_segment_ops(ops, op_segment, n_ops, bytes, base, n_segs, &moved,
+                                         err)) != WSYNC_OK)
+        goto out;
+    wsync_cuda_range_push("wsync:copy_segments");
+    cudaSetDevice(c->device);
+    const cudaStream_t s = wsync_cuda_stream(stream);
+    pthread_mutex_lock(&c->lock);
+    rc = copy_locked(c, h, s, generation, moved, n_ops, flags, 0, err);
+    for (size_t k = 0; rc == WSYNC_OK && k < n_segs; k++) {
+        wsync_cuda_mapping_t *sm = segs[k]->entry->mapping;
+        wsync_carrier_t *use = NULL;
+        rc = stream_use(sm, s, &use, err);
+        if (rc == WSYNC_OK) {
+            cudaError_t e = cudaEventRecord((cudaEvent_t)use->event, s);
+            if (e != cudaSuccess)
+                rc = wsync_cuda_fail(err, e, __func__, "cudaEventRecord(segment)");
+            wsync_carriers_settle(&sm->carriers); /* closing waits on the event; no consumed */
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    wsync_cuda_range_pop();
+out:
+    free(moved);
+    free(bytes);
+    free(base);
     return rc;
 }
 

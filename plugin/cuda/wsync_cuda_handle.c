@@ -93,10 +93,13 @@ wsync_result_t wsync_cuda_map(void *user, const wsync_buffer_desc_t *desc, void 
                           "load the plugin that matches the producer (libwsync_cpu.so for "
                           "host_shm)",
                           (int)desc->kind);
-    if (desc->kind == WSYNC_BUFFER_CUDA_IPC && desc->handle_len != sizeof(cudaIpcMemHandle_t))
+    if (desc->kind == WSYNC_BUFFER_CUDA_IPC && desc->handle_len != sizeof(cudaIpcMemHandle_t) &&
+        desc->handle_len != WSYNC_CUDA_SEGMENT_HANDLE_BYTES)
         return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                          "cuda_ipc handle has %u bytes, expected %zu (cudaIpcMemHandle_t)",
-                          desc->handle_len, sizeof(cudaIpcMemHandle_t));
+                          "cuda_ipc handle has %u bytes, expected %zu (cudaIpcMemHandle_t; a "
+                          "direct segment's: %u, the allocation id after it)",
+                          desc->handle_len, sizeof(cudaIpcMemHandle_t),
+                          WSYNC_CUDA_SEGMENT_HANDLE_BYTES);
     wsync_cuda_mapping_t *m = calloc(1, sizeof(*m));
     if (m == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for a mapping");
@@ -233,6 +236,8 @@ wsync_result_t wsync_cuda_open_handle(struct wsync_consumer *c, const wsync_buff
     h->magic = WSYNC_CUDA_HANDLE_MAGIC;
     h->base_offset = desc->base_offset;
     h->bytes = desc->bytes;
+    h->segment =
+        desc->kind == WSYNC_BUFFER_CUDA_IPC && desc->handle_len == WSYNC_CUDA_SEGMENT_HANDLE_BYTES;
     *out = h;
     return WSYNC_OK;
 }

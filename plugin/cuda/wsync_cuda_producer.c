@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "wsync_cuda.h"
+#include "wsync_cuda_direct.h"
 #include "wsync_cuda_vmm.h"
 #include "wsync_digest.h"
 #include "wsync_error.h"
@@ -45,7 +46,14 @@ struct wsync_staging {
     uint64_t generation; /* last published */
     uint64_t waited;     /* last generation wait_consumed returned OK for */
     char *manifest_json;
+    wsync_direct_t direct; /* WSYNC_STAGING_DIRECT: the bucket named in place */
+    int have_direct;
+    wsync_cuda_exports_t exports; /* direct mode: every segment exported, for life */
 };
+
+/* A direct staging's own buffer holds no tensor: a consumer that ignored the manifest's segments
+ * is refused (out of bounds), never fed other bytes. */
+#define WSYNC_CUDA_DIRECT_BYTES 256u
 
 static void staging_free(struct wsync_staging *s)
 {
@@ -73,6 +81,9 @@ static void staging_free(struct wsync_staging *s)
     if (s->have_current)
         wsync_layout_free(&s->current);
     free(s->manifest_json);
+    if (s->have_direct)
+        wsync_direct_free(&s->direct);
+    wsync_cuda_exports_free(&s->exports);
     free(s);
 }
 
@@ -80,14 +91,17 @@ static wsync_result_t staging_create(const wsync_staging_config_t *config,
                                      struct wsync_staging **out, wsync_error_t *err)
 {
     if (config == NULL || out == NULL ||
-        !WSYNC_HAS_FIELD(wsync_staging_config_t, config, timeout_ms) || config->bytes == 0)
+        !WSYNC_HAS_FIELD(wsync_staging_config_t, config, timeout_ms) ||
+        (config->bytes == 0 && !(config->flags & WSYNC_STAGING_DIRECT)))
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "create needs a config (struct_size >= %zu, bytes > 0) and out",
                           sizeof(wsync_staging_config_v1_t));
-    if ((config->flags & ~(WSYNC_STAGING_FIXED_LAYOUT | WSYNC_STAGING_NO_DIGESTS)) != 0)
+    if ((config->flags &
+         ~(WSYNC_STAGING_FIXED_LAYOUT | WSYNC_STAGING_NO_DIGESTS | WSYNC_STAGING_DIRECT)) != 0)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                          "staging flags 0x%x: only WSYNC_STAGING_FIXED_LAYOUT (0x1) and "
-                          "WSYNC_STAGING_NO_DIGESTS (0x2) are defined",
+                          "staging flags 0x%x: only WSYNC_STAGING_FIXED_LAYOUT (0x1), "
+                          "WSYNC_STAGING_NO_DIGESTS (0x2) and WSYNC_STAGING_DIRECT (0x4) are "
+                          "defined",
                           config->flags);
     wsync_result_t rc = wsync_cuda_use_device(config->device_ordinal, err);
     if (rc != WSYNC_OK)
@@ -98,7 +112,7 @@ static wsync_result_t staging_create(const wsync_staging_config_t *config,
     s->device = config->device_ordinal;
     s->flags = config->flags;
     s->timeout_ms = config->timeout_ms ? config->timeout_ms : WSYNC_CUDA_DEFAULT_TIMEOUT_MS;
-    s->bytes = config->bytes;
+    s->bytes = (config->flags & WSYNC_STAGING_DIRECT) ? WSYNC_CUDA_DIRECT_BYTES : config->bytes;
     cudaError_t e;
 #define STAGING_TRY(call)                                                                          \
     do {                                                                                           \
@@ -268,6 +282,19 @@ static wsync_result_t staging_stage(struct wsync_staging *s, wsync_stream_t stre
                           "again",
                           (unsigned long long)s->generation, s->control_shm.name,
                           (unsigned long long)s->waited);
+    if (s->flags & WSYNC_STAGING_DIRECT) {
+        wsync_direct_t next;
+        cudaSetDevice(s->device);
+        wsync_result_t rc =
+            wsync_cuda_direct_build(&s->exports, s->device, s->uuid, t, n, &next, err);
+        if (rc != WSYNC_OK)
+            return rc;
+        if (s->have_direct)
+            wsync_direct_free(&s->direct);
+        s->direct = next;
+        s->have_direct = 1;
+        return WSYNC_OK;
+    }
     wsync_cuda_range_push("wsync:stage");
     cudaSetDevice(s->device);
     cudaStream_t st = wsync_cuda_stream(stream);
@@ -338,7 +365,9 @@ static wsync_result_t publish_body(struct wsync_staging *s, cudaStream_t st, int
         m.tensors = &none;
     }
     char *text = NULL;
-    wsync_result_t rc = wsync_manifest_emit(&m, &text, err);
+    wsync_result_t rc = s->have_direct
+                            ? wsync_direct_emit(&s->direct, b, m.generation, m.finished, &text, err)
+                            : wsync_manifest_emit(&m, &text, err);
     if (rc != WSYNC_OK)
         return rc;
     free(s->manifest_json);

@@ -17,7 +17,9 @@ typedef int (*wsync_cu_mem_get_address_range_fn)(unsigned long long *base, size_
                                                  unsigned long long ptr);
 typedef int (*wsync_cu_write64_fn)(cudaStream_t s, unsigned long long addr,
                                    unsigned long long value, unsigned int flags);
+typedef int (*wsync_cu_pointer_attr_fn)(void *data, int attribute, unsigned long long ptr);
 static wsync_cu_mem_get_address_range_fn wsync_cu_range;
+static wsync_cu_pointer_attr_fn wsync_cu_attr;
 static wsync_cu_write64_fn wsync_cu_write64;
 static pthread_once_t wsync_cu_once = PTHREAD_ONCE_INIT;
 
@@ -35,6 +37,14 @@ static void wsync_cu_find(void)
 {
     wsync_cu_range = (wsync_cu_mem_get_address_range_fn)wsync_cu_entry("cuMemGetAddressRange");
     wsync_cu_write64 = (wsync_cu_write64_fn)wsync_cu_entry("cuStreamWriteValue64");
+    wsync_cu_attr = (wsync_cu_pointer_attr_fn)wsync_cu_entry("cuPointerGetAttribute");
+}
+
+int wsync_cuda_pointer_attr(const void *p, int attribute, void *out)
+{
+    pthread_once(&wsync_cu_once, wsync_cu_find);
+    return wsync_cu_attr != NULL &&
+           wsync_cu_attr(out, attribute, (unsigned long long)(uintptr_t)p) == 0;
 }
 
 cudaError_t wsync_cuda_write_value64(cudaStream_t s, void *p, uint64_t v)

@@ -19,6 +19,7 @@ ABI_VERSION = 1
 COPY_VERIFY = 0x1
 STAGING_FIXED_LAYOUT = 0x1
 STAGING_NO_DIGESTS = 0x2
+STAGING_DIRECT = 0x4
 
 # wsync_dtype_t: values fixed by the ABI.
 DTYPES = {

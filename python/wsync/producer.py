@@ -6,6 +6,13 @@ C shims) and waits for *consumed* before a buffer is reused.
 Streams: stage and publish run on the torch stream given, else torch's current stream of the
 tensors' device, never another (the ABI's stream rule), so staging reads what the trainer's
 queued kernels wrote.
+
+Direct mode (``direct=True``): no staging buffer and no staging copy. Each sync names the
+trainer's own tensors where they live (the plugin finds the allocation that holds each one and
+exports it once), and the engine copies straight from them in one launch. The rule that comes
+with it: the trainer must not write those tensors until the engine has consumed the sync;
+:meth:`Producer.sync` returns only then, and :meth:`Producer.guard` makes an optimizer's
+``step()`` wait for a sync still in flight (``sync(..., wait=False)``) instead of racing it.
 """
 
 from __future__ import annotations
@@ -80,9 +87,21 @@ class Producer:
         timeout_ms: int = 0,
         packed: bool = True,
         buffers: int = 2,
+        direct: bool = False,
+        cast_to: Optional[torch.dtype] = None,
     ) -> None:
         if buffers < 1:
             raise InvalidArgument(1, "Producer", f"buffers={buffers}: at least 1")
+        if cast_to is not None and not direct:
+            raise InvalidArgument(1, "Producer", "cast_to is for direct mode (direct=True)")
+        self.direct = direct
+        # direct mode: tensors of another floating dtype are cast into retained buffers of this
+        # one (the trainer's fp32 master weights for a bf16 engine), which the engine then reads
+        self.cast_to = cast_to
+        self._cast: dict = {}
+        self._inflight: list = []  # sync(wait=False): replies not yet checked
+        if direct:
+            buffers = 1  # nothing is staged: one synchronisation object per engine rank
         self.engine = engine
         self.bucket_bytes = int(bucket_bytes)
         self.plugin = _native.load_plugin(plugin)
@@ -106,7 +125,7 @@ class Producer:
                         struct_size=C.sizeof(_abi.StagingConfig),
                         bytes=self.bucket_bytes,
                         device_ordinal=(d.index or 0) if d.type == "cuda" else 0,
-                        flags=0 if digests else _abi.STAGING_NO_DIGESTS,
+                        flags=_abi.STAGING_DIRECT if direct else 0 if digests else _abi.STAGING_NO_DIGESTS,
                         timeout_ms=timeout_ms,
                     )
                     st = C.c_void_p()
@@ -130,6 +149,10 @@ class Producer:
         key = (tuple(names), tuple(sizes))
         if self._plan_cache is not None and self._plan_cache[0] == key:
             return [list(b) for b in self._plan_cache[1]]
+        if self.direct:  # one bucket: nothing is copied, so nothing needs to fit
+            self._plan_cache = (key, [names])
+            self._stage_cache.clear()
+            return [list(names)]
         nbytes = (C.c_uint64 * max(len(pairs), 1))(*sizes)
         order = (C.c_size_t * max(len(pairs), 1))()
         first = (C.c_size_t * (len(pairs) + 1))()
@@ -156,11 +179,36 @@ class Producer:
                 b.waited[r] = g
         b.keep = []
 
+    def _finish_inflight(self, stream: Optional[Any]) -> None:
+        inflight, self._inflight = self._inflight, []
+        for i, r in enumerate(inflight):
+            try:
+                check_replies(r())
+            except BaseException:
+                for rest in inflight[i + 1:]:
+                    try:
+                        rest()
+                    except Exception:
+                        pass
+                raise
+        if inflight:
+            for b in self._sets:
+                self._wait_set(b, stream)
+
     def wait(self, stream: Optional[Any] = None) -> None:
         """Wait until every engine rank has consumed every published bucket (call after their
-        acks). Raises Timeout or PeerGone when an engine stalls or dies."""
+        acks; a sync sent with wait=False has its replies checked here first). Raises Timeout or
+        PeerGone when an engine stalls or dies, the engine's error when it refused the sync."""
+        self._finish_inflight(stream)
         for b in self._sets:
             self._wait_set(b, stream)
+
+    def guard(self, optimizer: Any) -> Any:
+        """Make ``optimizer.step()`` wait until the engines consumed the last sync (direct mode:
+        they read the trainer's tensors in place, so a step while a sync is in flight would race
+        them). Raises from the step what :meth:`wait` raises. Returns the hook's handle
+        (``.remove()`` undoes it)."""
+        return optimizer.register_step_pre_hook(lambda *_a, **_k: self.wait())
 
     def _stage_array(self, pairs: list) -> tuple:
         """The StageTensor array of a bucket and the tensors it points into. Rebuilt only when a
@@ -182,7 +230,9 @@ class Producer:
             if t.device != self.devices[0] and len(set(self.devices)) == 1:
                 raise InvalidArgument(1, "stage_bucket", f"tensor {name} is on {t.device}, the staging on {self.devices[0]}")
             src = t.detach()
-            if not src.is_contiguous():
+            if self.direct:
+                src = self._direct_source(name, src)
+            elif not src.is_contiguous():
                 src = src.contiguous()
             keep.append(src)
             ndim, shape = _torch.shape_of(name, src)
@@ -197,6 +247,38 @@ class Producer:
         if all(x[4] for x in sig):  # .contiguous() copies are new storage every time
             self._stage_cache[names] = (sig, arr, keep)
         return arr, keep
+
+    def _direct_source(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """What the engine reads for `t` in direct mode: `t` itself, or its retained cast buffer."""
+        if not t.is_contiguous():
+            raise InvalidArgument(
+                1, "stage_bucket", f"tensor {name} is not contiguous (strides {tuple(t.stride())}): "
+                "direct mode reads tensors where they are; pass a contiguous tensor or use a staged Producer"
+            )
+        if self.cast_to is None or t.dtype == self.cast_to or not t.dtype.is_floating_point:
+            return t
+        buf = self._cast.get(name)
+        if buf is None or buf.shape != t.shape or buf.device != t.device:
+            buf = torch.empty(t.shape, dtype=self.cast_to, device=t.device)
+            self._cast[name] = buf
+        return buf
+
+    def _run_casts(self, pairs: list, stream: Optional[Any]) -> None:
+        """Direct mode: refresh every cast buffer of the bucket from its tensor, on the stream the
+        publish records *ready* on (so the engine reads the new values)."""
+        if not self._cast:
+            return
+        ctx = torch.cuda.stream(stream) if stream is not None else None
+        if ctx is not None:
+            ctx.__enter__()
+        try:
+            for name, t in pairs:
+                buf = self._cast.get(name)
+                if buf is not None and t.dtype != self.cast_to:
+                    buf.copy_(t.detach())
+        finally:
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
 
     def stage_bucket(
         self,
@@ -215,6 +297,8 @@ class Producer:
         b = self._sets[self._turn]
         self._wait_set(b, stream)
         arr, keep = self._stage_array(pairs)
+        if self.direct:
+            self._run_casts(pairs, stream)
         manifests = []
         for r, st in enumerate(b.staging):
             sh = _torch.stream_handle(self.devices[r], stream)
@@ -249,6 +333,7 @@ class Producer:
         *,
         weight_version: Optional[str] = None,
         stream: Optional[Any] = None,
+        wait: bool = True,
     ) -> int:
         """One whole weight sync: plan, then per bucket stage, deliver every message through
         ``send`` (to all engine ranks), check the replies, and wait for *consumed*. Returns the
@@ -259,11 +344,17 @@ class Producer:
         trainer then stages the next bucket into the other buffer set while the engines copy
         this one, and checks each set's replies before the set is reused (a refused bucket
         raises there, before anything else is written into that buffer). An engine gives a
-        bucket it refused back as consumed (the shims' driver does), so the next sync goes on."""
+        bucket it refused back as consumed (the shims' driver does), so the next sync goes on.
+
+        ``wait=False`` (direct mode): return once every request is sent; :meth:`wait` (or an
+        optimizer step under :meth:`guard`) then checks the replies and waits for *consumed*."""
+        self._finish_inflight(stream)
         pairs = list(checkpoint_tensors(named))
         by_name = dict(pairs)
         plan = self.plan(pairs)
         pending: deque = deque()  # (buffer set, replies to check), oldest first
+        if not wait and not self.direct:
+            raise InvalidArgument(1, "sync", "wait=False is for direct mode: staged buffers are reused within a sync")
         try:
             for b, names in enumerate(plan):
                 while pending and (len(pending) >= len(self._sets) or pending[0][0] == self._turn):
@@ -279,6 +370,10 @@ class Producer:
                         pending.append((turn, r.result))
                     else:
                         check_replies(r)
+            if not wait:
+                self._inflight = [r for _, r in pending]
+                pending.clear()
+                return len(plan)
             while pending:
                 check_replies(pending.popleft()[1]())
         finally:

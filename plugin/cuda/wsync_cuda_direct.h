@@ -1,0 +1,31 @@
+/* Direct mode on the CUDA backend: the producer's cudaMalloc segments as cuda_ipc segments of a
+ * direct manifest (handle: the 64 IPC bytes, then the 8-byte allocation id). */
+#ifndef WSYNC_CUDA_DIRECT_H
+#define WSYNC_CUDA_DIRECT_H
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "wsync_direct.h"
+
+typedef struct wsync_cuda_export {
+    uintptr_t base;
+    size_t size;
+    uint64_t id; /* CU_POINTER_ATTRIBUTE_BUFFER_ID */
+    cudaIpcMemHandle_t handle;
+} wsync_cuda_export_t;
+
+/* A staging's exports, kept for its life (one per segment ever named). */
+typedef struct wsync_cuda_exports {
+    wsync_cuda_export_t *at;
+    size_t n, cap;
+} wsync_cuda_exports_t;
+
+/* Locate every tensor of `t` (device memory on `device`) in its segment, exporting segments not
+ * seen before. Errors name the tensor: not device memory, another device, VMM memory. */
+wsync_result_t wsync_cuda_direct_build(wsync_cuda_exports_t *x, int device, const char *uuid,
+                                       const wsync_stage_tensor_t *t, size_t n, wsync_direct_t *out,
+                                       wsync_error_t *err);
+void wsync_cuda_exports_free(wsync_cuda_exports_t *x);
+
+#endif

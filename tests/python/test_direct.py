@@ -1,0 +1,122 @@
+"""Direct mode (docs/PYTHON.md): the engine copies straight from the trainer's own tensors, no
+staging buffer. CPU plugin here (the trainer's memory read across processes); the CUDA case is
+in test_gpu.py. After each of 3 syncs every engine parameter equals the torch reference and no
+engine parameter moved; bad inputs are refused naming what is wrong and change nothing."""
+
+from __future__ import annotations
+
+import json
+
+import models
+import pytest
+import torch
+import wsync
+from conftest import plugin_for
+
+
+def _check(ranks, sd, engine, tp, k):
+    for r, (got, same_ptrs) in enumerate(ranks.state()):
+        want = models.engine_layout({n: v.cpu() for n, v in sd.items()}, engine, r, tp)
+        assert set(got) == set(want)
+        bad = [n for n in want if not torch.equal(got[n], want[n])]
+        assert not bad, f"sync {k}, rank {r}: {len(bad)} parameters differ, e.g. {bad[:3]}"
+        assert same_ptrs, "an engine parameter moved"
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm", "lmdeploy"])
+@pytest.mark.parametrize("layout", ["dense", "moe"])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_direct_sync(engine_ranks, engine, layout, tp):
+    model = models.tiny_model(layout)
+    ranks = engine_ranks(engine, layout, tp)
+    with wsync.Producer(engine, tp_size=tp, direct=True, plugin=plugin_for("cpu")) as prod:
+        for k in range(3):
+            sd = models.step(model, k)
+            assert prod.sync(sd, ranks.send, weight_version=f"step-{k}") == 1  # one request
+            _check(ranks, sd, engine, tp, k)
+        ranks.release()
+
+
+def test_direct_sync_casts_fp32_master_weights(engine_ranks):
+    """A trainer holding fp32 weights into a bf16 engine: cast_to refreshes retained bf16
+    buffers on each sync, which the engine reads in place."""
+    model = models.tiny_model("dense")
+    master = {n: t.float() for n, t in model.state_dict().items()}
+    ranks = engine_ranks("sglang", "dense", 1)
+    with wsync.Producer("sglang", direct=True, cast_to=torch.bfloat16, plugin=plugin_for("cpu")) as prod:
+        for k in range(3):
+            with torch.no_grad():
+                for t in master.values():
+                    t.add_(0.5 * (k + 1))
+            prod.sync(master, ranks.send)
+            _check(ranks, {n: t.to(torch.bfloat16) for n, t in master.items()}, "sglang", 1, k)
+        ranks.release()
+
+
+def test_direct_refuses_a_non_contiguous_tensor(engine_ranks):
+    model = models.tiny_model("dense")
+    ranks = engine_ranks("sglang", "dense", 1)
+    with wsync.Producer("sglang", direct=True, plugin=plugin_for("cpu")) as prod:
+        sd = models.step(model, 0)
+        prod.sync(sd, ranks.send)
+        before, _ = ranks.state()[0]
+        bad = dict(models.step(model, 1))
+        name = "model.layers.0.mlp.down_proj.weight"
+        bad[name] = bad[name].t().contiguous().t()  # same shape, column-major
+        with pytest.raises(wsync.errors.InvalidArgument) as e:
+            prod.sync(bad, ranks.send)
+        assert name in str(e.value) and "not contiguous" in str(e.value)
+        after, same = ranks.state()[0]
+        assert same and all(torch.equal(after[n], before[n]) for n in before)
+        ranks.release()
+
+
+def test_direct_bad_manifest_changes_nothing(engine_ranks):
+    """A direct manifest whose tensor names a segment that is not there: BadManifest naming it,
+    and every engine parameter as it was."""
+    model = models.tiny_model("dense")
+    ranks = engine_ranks("sglang", "dense", 1)
+    with wsync.Producer("sglang", direct=True, plugin=plugin_for("cpu")) as prod:
+        sd = models.step(model, 0)
+        prod.sync(sd, ranks.send)
+        before, _ = ranks.state()[0]
+        msgs = prod.stage_bucket(list(models.step(model, 1).items()), finished=True)
+        doc = json.loads(msgs[-1])
+        text = json.dumps(doc)
+        assert '\\"segment\\":0' in text
+        bad = text.replace('\\"segment\\":0', '\\"segment\\":99', 1)
+        reply = json.loads(ranks.send(bad)[0])
+        assert not reply["ok"] and "segment: 99" in reply["message"], reply
+        after, same = ranks.state()[0]
+        assert same and all(torch.equal(after[n], before[n]) for n in before)
+        ranks.release()
+
+
+def test_direct_step_waits_for_a_sync_in_flight(engine_ranks):
+    """sync(wait=False) returns once sent; the optimizer step under guard() waits for the
+    engine's consumed first (the engine holds exactly what was synced), and a refused sync
+    raises from the step instead of letting the trainer run on."""
+    model = models.tiny_model("dense").float()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ranks = engine_ranks("sglang", "dense", 1)
+    with wsync.Producer("sglang", direct=True, cast_to=torch.bfloat16, plugin=plugin_for("cpu")) as prod:
+        hook = prod.guard(opt)
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        sd = dict(model.state_dict())
+        snap = {n: t.to(torch.bfloat16) for n, t in sd.items()}
+        prod.sync(sd, ranks.send_deferred, wait=False)
+        assert prod._inflight  # the replies are not read yet
+        opt.step()  # waits for the sync, then writes the parameters
+        assert not prod._inflight
+        _check(ranks, snap, "sglang", 1, 0)
+        # a sync the engine refuses (a wrong shape) raises from the next step
+        bad = dict(model.state_dict())
+        name = "model.layers.1.mlp.down_proj.weight"
+        bad[name] = bad[name][:, :-1].contiguous()
+        prod.sync(bad, ranks.send_deferred, wait=False)
+        with pytest.raises(wsync.WsyncError) as e:
+            opt.step()
+        assert name in str(e.value)
+        hook.remove()
+        ranks.release()
