@@ -260,6 +260,11 @@ WSYNC_SHIM_API char *wsync_shim_worker_serve(wsync_shim_worker_t *w, const char 
     return wsync_shim_serve(w->shim, &w->ctx, text, len, rc, err);
 }
 
+WSYNC_SHIM_API uint64_t wsync_shim_worker_opens(const wsync_shim_worker_t *w)
+{
+    return w != NULL ? wsync_driver_opens(w->driver) : 0;
+}
+
 WSYNC_SHIM_API wsync_result_t wsync_shim_worker_drain(wsync_shim_worker_t *w, wsync_error_t *err)
 {
     return wsync_driver_drain(w->driver, err);

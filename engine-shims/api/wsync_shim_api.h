@@ -69,6 +69,9 @@ char *wsync_shim_worker_backend(const wsync_shim_worker_t *w, int *native);
  * ops->stream (non-blocking) unless the shim drains (flush, finish). */
 char *wsync_shim_worker_serve(wsync_shim_worker_t *w, const char *text, size_t len,
                               wsync_result_t *rc, wsync_error_t *err);
+/* Buffers and direct segments this worker has opened (wsync_driver_opens): 0 more per steady
+ * sync. */
+uint64_t wsync_shim_worker_opens(const wsync_shim_worker_t *w);
 /* Wait for every copy enqueued on the engine's stream. Blocking. */
 wsync_result_t wsync_shim_worker_drain(wsync_shim_worker_t *w, wsync_error_t *err);
 /* Drain, then close every cached mapping (the engine's half of the retire handshake). */

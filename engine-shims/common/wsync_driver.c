@@ -33,6 +33,7 @@ struct wsync_driver {
     char native_why[WSYNC_ERROR_MESSAGE_LEN + 64];
     wsync_driver_buffer_t *buffers;
     size_t n_buffers, cap_buffers;
+    uint64_t opens; /* open_handle calls: buffers and segments mapped (or found cached) */
 };
 
 void wsync_driver_log(wsync_driver_t *d, wsync_log_level_t level, const char *fmt, ...)
@@ -102,6 +103,11 @@ wsync_result_t wsync_driver_open(const wsync_driver_config_t *cfg, wsync_driver_
     }
     *out = d;
     return WSYNC_OK;
+}
+
+uint64_t wsync_driver_opens(const wsync_driver_t *d)
+{
+    return d->opens;
 }
 
 int wsync_driver_native(const wsync_driver_t *d, const char **why)
@@ -280,8 +286,10 @@ static wsync_result_t wsync_driver_copy_direct(wsync_driver_t *d, wsync_driver_b
                 segs[k] = e->segs[j]; /* taken over */
                 e->segs[j] = NULL;
             }
-        if (segs[k] == NULL)
+        if (segs[k] == NULL) {
             rc = d->ops->open_handle(d->consumer, &keys[k], &segs[k], err);
+            d->opens++;
+        }
     }
     if (rc == WSYNC_OK)
         rc = d->ops->copy_segments(d->consumer, e->handle, segs, n, wsync_driver_stream(d),
@@ -327,6 +335,7 @@ static wsync_result_t wsync_driver_execute(wsync_driver_t *d, const wsync_manife
     } else {
         if (e->handle == NULL) {
             rc = d->ops->open_handle(d->consumer, &m->buffer, &e->handle, err);
+            d->opens++;
             if (rc != WSYNC_OK)
                 return rc;
         }

@@ -43,6 +43,9 @@ wsync_result_t wsync_driver_open(const wsync_driver_config_t *cfg, wsync_driver_
 /* Closes every cached mapping, finalizes the consumer, unloads the plugin. */
 void wsync_driver_close(wsync_driver_t *d);
 
+/* How many times the driver called the plugin's open_handle for weight buckets (buffers and
+ * direct segments): a steady sync through retained buffers or unchanged segments adds 0. */
+uint64_t wsync_driver_opens(const wsync_driver_t *d);
 /* 1 when requests go to the engine's native loader; *why (may be NULL) gets the reason. */
 int wsync_driver_native(const wsync_driver_t *d, const char **why);
 /* The loaded plugin and its consumer (NULL in native mode): engines allocate parameters with

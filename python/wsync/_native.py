@@ -31,6 +31,7 @@ _FUNCTIONS = [
     ("wsync_shim_worker_backend", _P, [_P, C.POINTER(C.c_int)]),
     ("wsync_shim_worker_serve", _P, [_P, C.c_char_p, C.c_size_t, C.POINTER(C.c_int), _E]),
     ("wsync_shim_worker_drain", C.c_int, [_P, _E]),
+    ("wsync_shim_worker_opens", C.c_uint64, [_P]),
     ("wsync_shim_worker_release", C.c_int, [_P, _E]),
     (
         "wsync_shim_encode_bucket",

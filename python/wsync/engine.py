@@ -170,6 +170,11 @@ class EngineWorker:
         """Serve one request and return the parsed reply; raise its WsyncError when refused."""
         return check_reply(self.handle(message))
 
+    @property
+    def opens(self) -> int:
+        """Buffers and direct segments this worker has opened so far (a steady sync adds 0)."""
+        return int(self._shim.worker_opens(self._w)) if self._w is not None else 0
+
     def drain(self) -> None:
         """Wait for every copy enqueued on the engine's stream."""
         err = _abi.Error.new()

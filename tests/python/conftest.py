@@ -84,6 +84,8 @@ def _engine_main(conn, engine: str, layout: str, rank: int, tp: int, device: str
         elif op == "release":
             w.release()
             conn.send("released")
+        elif op == "opens":
+            conn.send(w.opens)
         else:
             w.close()
             conn.send("bye")
@@ -121,6 +123,12 @@ class EngineRanks:
     def state(self):
         for c in self.conns:
             c.send(("state", None))
+        return [recv(c, p) for c, p in zip(self.conns, self.procs)]
+
+    def opens(self) -> List[int]:
+        """Buffers and direct segments each rank has opened so far."""
+        for c in self.conns:
+            c.send(("opens", None))
         return [recv(c, p) for c, p in zip(self.conns, self.procs)]
 
     def release(self) -> None:

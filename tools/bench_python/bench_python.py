@@ -7,6 +7,8 @@ GPU, two processes. Prints ratios against baselines run in the same processes:
   and torch's per-tensor param.copy_(view) loop over the same imported storage;
   staged sync (Producer -> EngineWorker, wall clock on the trainer, with the host time it spends
   staging and waiting for replies), for the bucket sizes and buffer sets in STAGED;
+  direct sync (Producer(direct=True) -> EngineWorker: the engine copies straight from the
+  trainer's own parameters, one pass over HBM; wall clock on the trainer, request to consumed);
   the C path (wsync-bench-cuda's dense sync, $WSYNC_BENCH_CUDA) in the same run.
 
   usage: python tools/bench_python/bench_python.py [--iters N]
@@ -72,7 +74,9 @@ FOREIGN_ENV = ({}, {"WSYNC_CUDA_CE_SHARE": "0"}, {"WSYNC_CUDA_CE_MIN_BYTES": "0"
 # staged syncs measured: (bucket MiB, buffer sets)
 STAGED = ((2048, 2), (2048, 3), (1280, 3), (1280, 4))
 C_BUCKET_MIB = 2048
-STAGED_MS = []  # (bucket MiB, sets, median ms), filled by main  # 1280: the smallest bucket that holds embed_tokens
+STAGED_MS = []  # (bucket MiB, sets, median ms), filled by main
+DIRECT_MS = []  # median ms of the direct sync, filled by main
+BASE_MS = {}  # the flat copy and the copy_ loop, for the direct sync's ratios
 
 
 def plugin():
@@ -104,7 +108,28 @@ def trainer(conn, iters):
     torch.cuda.synchronize()
     for bucket_mib, nbuf in STAGED:
         staged(conn, params, bucket_mib, nbuf, iters)
+    direct(conn, params, iters)
     conn.send(("done", None, None, None))
+
+
+def direct(conn, params, iters):
+    """Timed direct syncs: the engine reads the trainer's parameters in place."""
+    import wsync
+
+    times = []
+    with wsync.Producer("sglang", device="cuda", direct=True, plugin=plugin()) as prod:
+        def send(m):
+            conn.send(("msg", m))
+            return lambda: [conn.recv()]
+        for k in range(iters + 1):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            prod.sync(params, send, weight_version=str(k))
+            times.append((time.perf_counter() - t0) * 1e3)
+        conn.send(("release", None))
+        conn.recv()
+    conn.send(("direct", times[1:], None, None))
+    conn.recv()
 
 
 def staged(conn, params, bucket_mib, nbuf, iters):
@@ -217,6 +242,7 @@ def main():
         for d, s in pairs:
             d.copy_(s)
     loop_ms = event_ms(loop, iters)
+    BASE_MS.update(flat=flat_ms, loop=loop_ms)
     gb = total / 1e9
     print(f"foreign path, {gb:.1f} GB, 399 tensors into {len(eng)} engine parameters (median of {iters}):")
     print(f"  one flat copy_ (cudaMemcpyAsync)  {flat_ms:8.2f} ms  {gb / flat_ms * 1e3:7.0f} GB/s")
@@ -247,6 +273,16 @@ def main():
             handle_ms.append((time.perf_counter() - t) * 1e3)
         elif op == "release":
             w.release()
+            a.send("ok")
+        elif op == "direct":
+            DIRECT_MS.append(statistics.median(m))
+            print(f"direct sync (Producer(direct=True) -> EngineWorker, one request, 399 trainer tensors "
+                  f"in place): median {DIRECT_MS[0]:.2f} ms over {len(m)} syncs "
+                  f"({', '.join(f'{x:.1f}' for x in m)}), engine handle() {handle_ms[-1]:.2f} ms last")
+            if BASE_MS:
+                print(f"  direct sync / one flat copy: {DIRECT_MS[0] / BASE_MS['flat']:.3f}x; "
+                      f"copy_ loop / direct sync: {BASE_MS['loop'] / DIRECT_MS[0]:.3f}x")
+            handle_ms.clear()
             a.send("ok")
         elif op == "staged":
             mib, nbuf, times, parts = m
@@ -289,6 +325,8 @@ def c_path(iters):
         print(f"C path dense sync, {C_BUCKET_MIB} MiB buckets, 2 buffers, no digests: {c_ms:.2f} ms")
         for mib, nbuf, ms in STAGED_MS:
             print(f"  Python staged sync, {mib} MiB buckets, {nbuf} sets / C path: {ms / c_ms:.3f}x")
+        for ms in DIRECT_MS:
+            print(f"  Python direct sync / C path (staged): {ms / c_ms:.3f}x ({c_ms / ms:.2f}x faster)")
 
 if __name__ == "__main__":
     main()

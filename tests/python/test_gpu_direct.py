@@ -1,0 +1,136 @@
+"""CUDA direct mode: the engine copies straight from the trainer's own cudaMalloc segments.
+Skipped with the reason on machines without a GPU.
+
+- Qwen3 (MoE) syncs into SGLang's and vLLM's fused layouts at TP 1 and 2, every parameter equal
+  to the torch reference after each of 3 syncs, no engine parameter moved, and no buffer or
+  segment opened after the first sync;
+- a segment freed and re-made at the same address between two syncs is opened again, and the
+  engine holds the new bytes (the old mapping would still show the old ones);
+- a segment freed before the engine opened it, and a tensor in expandable-segments memory, are
+  refused naming what is wrong, every engine parameter unchanged.
+"""
+
+from __future__ import annotations
+
+import models
+import pytest
+import torch
+import wsync
+from conftest import child, plugin_for
+
+pytestmark = pytest.mark.gpu
+
+
+def _equal(ranks, sd, engine, tp, k):
+    for r, (got, same) in enumerate(ranks.state()):
+        want = models.engine_layout({n: v.cpu() for n, v in sd.items()}, engine, r, tp)
+        bad = [n for n in want if not torch.equal(got[n], want[n])]
+        assert not bad, f"sync {k}, rank {r}: {len(bad)} parameters differ, e.g. {bad[:3]}"
+        assert same, "an engine parameter moved"
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_gpu_direct_sync(engine_ranks, engine, tp):
+    model = models.tiny_model("moe").cuda()
+    ranks = engine_ranks(engine, "moe", tp, device="cuda")
+    with wsync.Producer(engine, tp_size=tp, device="cuda", direct=True, plugin=plugin_for("cuda")) as prod:
+        opens = None
+        for k in range(3):
+            sd = models.step(model, k)
+            assert prod.sync(sd, ranks.send, weight_version=f"step-{k}") == 1
+            _equal(ranks, sd, engine, tp, k)
+            if k == 0:
+                opens = ranks.opens()
+                assert all(n >= 2 for n in opens), opens  # the synchronisation buffer and segments
+        assert ranks.opens() == opens, "a steady direct sync opened a buffer or segment again"
+        ranks.release()
+
+
+def _own_segment(like: torch.Tensor, pad: int = 32 << 20) -> torch.Tensor:
+    """A tensor shaped like `like` at the start of a segment of its own (a large allocation)."""
+    n = like.numel() * like.element_size()
+    store = torch.empty(max(n, pad), dtype=torch.uint8, device="cuda")
+    return store[:n].view(like.dtype).view(like.shape)
+
+
+def test_gpu_direct_segment_remade_at_the_same_address(engine_ranks):
+    model = models.tiny_model("dense").cuda()
+    name = "model.embed_tokens.weight"
+    ranks = engine_ranks("sglang", "dense", 1, device="cuda")
+    with wsync.Producer("sglang", device="cuda", direct=True, plugin=plugin_for("cuda")) as prod:
+        sd = dict(models.step(model, 0))
+        t = _own_segment(sd[name])
+        t.copy_(sd[name])
+        sd[name] = t
+        prod.sync(sd, ranks.send)
+        _equal(ranks, sd, "sglang", 1, 0)
+        opens = ranks.opens()[0]
+        addr = t.data_ptr()
+        del sd[name], t
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # the segment goes back to the driver (cudaFree)
+        t2 = _own_segment(model.state_dict()[name])
+        if t2.data_ptr() != addr:
+            pytest.skip(f"the driver gave the new segment another address ({t2.data_ptr():#x}, was {addr:#x})")
+        sd = dict(models.step(model, 1))
+        t2.copy_(sd[name])
+        sd[name] = t2
+        prod.sync(sd, ranks.send)
+        _equal(ranks, sd, "sglang", 1, 1)  # the old mapping would show step 0's embeddings
+        assert ranks.opens()[0] > opens, "the re-made segment was not opened again"
+        ranks.release()
+
+
+def test_gpu_direct_segment_gone_before_the_engine_opened_it(engine_ranks):
+    model = models.tiny_model("dense").cuda()
+    name = "model.embed_tokens.weight"
+    ranks = engine_ranks("sglang", "dense", 1, device="cuda")
+    with wsync.Producer("sglang", device="cuda", direct=True, plugin=plugin_for("cuda"), timeout_ms=5000) as prod:
+        sd = models.step(model, 0)
+        prod.sync(sd, ranks.send)
+        before, _ = ranks.state()[0]
+        sd = dict(models.step(model, 1))
+        t = _own_segment(sd[name])
+        t.copy_(sd[name])
+        sd[name] = t
+        msgs = prod.stage_bucket(list(sd.items()), finished=True)
+        del sd[name], t
+        prod._sets[0].keep = []
+        prod._stage_cache.clear()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # the published segment is gone
+        import json
+
+        replies = [json.loads(r) for m in msgs for r in ranks.send(m)]
+        bad = [r for r in replies if not r["ok"]]
+        assert bad and "cudaIpcOpenMemHandle" in bad[0]["message"], replies
+        after, same = ranks.state()[0]
+        assert same and all(torch.equal(after[n], before[n]) for n in before)
+        ranks.release()
+
+
+def test_gpu_direct_refuses_expandable_segments_memory():
+    import multiprocessing as mp
+
+    from conftest import recv
+
+    ctx = mp.get_context("spawn")
+    a, b = ctx.Pipe()
+    p = ctx.Process(target=_expandable_trainer, args=(b,), daemon=True)
+    p.start()
+    kind, msg = recv(a, p)
+    p.join(30)
+    assert kind == "NotSupported" and "expandable segments" in msg and "model." in msg, (kind, msg)
+
+
+@child
+def _expandable_trainer(conn) -> None:
+    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    model = models.tiny_model("dense").cuda()
+    with wsync.Producer("sglang", device="cuda", direct=True, plugin=plugin_for("cuda")) as prod:
+        try:
+            prod.stage_bucket(list(models.step(model, 0).items()), finished=True)
+            conn.send(("ok", ""))
+        except wsync.WsyncError as e:
+            conn.send((type(e).__name__, str(e)))
