@@ -218,7 +218,9 @@ class Producer:
         sig = tuple((t.data_ptr(), t.dtype, t.shape, t.device, t.is_contiguous()) for _, t in pairs)
         hit = self._stage_cache.get(names)
         if hit is not None and hit[0] == sig:
-            return hit[1], hit[2]
+            # direct mode holds no tensor between syncs (a trainer that frees one gets its memory
+            # back): the bucket's own tensors and cast buffers stay alive while it is in flight
+            return hit[1], hit[2] if hit[2] is not None else self._direct_keep(pairs)
         arr = (_abi.StageTensor * len(pairs))()
         keep = []
         for i, (name, t) in enumerate(pairs):
@@ -245,8 +247,11 @@ class Producer:
                 src=src.data_ptr() or None,
             )
         if all(x[4] for x in sig):  # .contiguous() copies are new storage every time
-            self._stage_cache[names] = (sig, arr, keep)
+            self._stage_cache[names] = (sig, arr, None if self.direct else keep)
         return arr, keep
+
+    def _direct_keep(self, pairs: list) -> list:
+        return [t for _, t in pairs] + [self._cast[n] for n, _ in pairs if n in self._cast]
 
     def _direct_source(self, name: str, t: torch.Tensor) -> torch.Tensor:
         """What the engine reads for `t` in direct mode: `t` itself, or its retained cast buffer."""
