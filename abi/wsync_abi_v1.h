@@ -416,8 +416,10 @@ struct wsync_staging; /* a retained staging buffer; opaque */
  * stage names the tensors where they live, in the caller's own memory (no copy), finding the
  * allocation that holds each one and exporting it once (cached by address and allocation id);
  * publish records *ready* after the caller's work on the stream and emits a manifest with
- * segments (wsync_manifest_v1_t). The caller must not write the tensors between publish and
- * wait_consumed of that generation. No digests are computed. */
+ * segments (wsync_manifest_v1_t). Nothing of the plugin's is reused, so stage needs no
+ * wait_consumed between buckets: several buckets of one sync may be in flight. The caller must
+ * not write the tensors between publish and wait_consumed of that generation. No digests are
+ * computed. */
 #define WSYNC_STAGING_DIRECT 0x4u
 
 typedef struct wsync_staging_config_v1 {

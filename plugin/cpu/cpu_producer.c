@@ -120,17 +120,15 @@ static wsync_result_t wsync_cpu_stage_direct(struct wsync_staging *s,
     wsync_result_t r = wsync_cpu_direct_build(tensors, n, &next, err);
     if (r != WSYNC_OK)
         return r;
+    /* No storage of ours is reused, so no consumed to wait for: several buckets of one sync may
+     * be in flight (the caller waits before it writes the tensors). */
     pthread_mutex_lock(&s->lock);
-    if ((r = wsync_cpu_check_consumed(s, err)) == WSYNC_OK) {
-        if (s->has_direct)
-            wsync_direct_free(&s->direct);
-        s->direct = next;
-        s->has_direct = 1;
-    }
+    if (s->has_direct)
+        wsync_direct_free(&s->direct);
+    s->direct = next;
+    s->has_direct = 1;
     pthread_mutex_unlock(&s->lock);
-    if (r != WSYNC_OK)
-        wsync_direct_free(&next);
-    return r;
+    return WSYNC_OK;
 }
 
 wsync_result_t wsync_cpu_stage(struct wsync_staging *s, wsync_stream_t stream,

@@ -273,15 +273,8 @@ static wsync_result_t staging_stage(struct wsync_staging *s, wsync_stream_t stre
 {
     if (s == NULL || (t == NULL && n > 0) || n > UINT32_MAX)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "stage needs a staging and tensors");
-    /* The exporter-storage rule (docs/DESIGN.md §1.2): never overwrite storage a consumer may still
-     * read. */
-    if (s->waited < s->generation)
-        return WSYNC_FAIL(err, WSYNC_ERR_BUSY,
-                          "generation %llu of %s published but not yet consumed (waited for "
-                          "%llu); call wait_consumed after the consumer's ack before staging "
-                          "again",
-                          (unsigned long long)s->generation, s->control_shm.name,
-                          (unsigned long long)s->waited);
+    /* Direct mode: no storage of ours is reused, so several buckets of one sync may be in flight
+     * (the caller waits for consumed before it writes its tensors). */
     if (s->flags & WSYNC_STAGING_DIRECT) {
         wsync_direct_t next;
         cudaSetDevice(s->device);
@@ -295,6 +288,15 @@ static wsync_result_t staging_stage(struct wsync_staging *s, wsync_stream_t stre
         s->have_direct = 1;
         return WSYNC_OK;
     }
+    /* The exporter-storage rule (docs/DESIGN.md §1.2): never overwrite storage a consumer may still
+     * read. */
+    if (s->waited < s->generation)
+        return WSYNC_FAIL(err, WSYNC_ERR_BUSY,
+                          "generation %llu of %s published but not yet consumed (waited for "
+                          "%llu); call wait_consumed after the consumer's ack before staging "
+                          "again",
+                          (unsigned long long)s->generation, s->control_shm.name,
+                          (unsigned long long)s->waited);
     wsync_cuda_range_push("wsync:stage");
     cudaSetDevice(s->device);
     cudaStream_t st = wsync_cuda_stream(stream);

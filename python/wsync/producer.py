@@ -149,17 +149,16 @@ class Producer:
         key = (tuple(names), tuple(sizes))
         if self._plan_cache is not None and self._plan_cache[0] == key:
             return [list(b) for b in self._plan_cache[1]]
-        if self.direct:  # one bucket: nothing is copied, so nothing needs to fit
-            self._plan_cache = (key, [names])
-            self._stage_cache.clear()
-            return [list(names)]
         nbytes = (C.c_uint64 * max(len(pairs), 1))(*sizes)
         order = (C.c_size_t * max(len(pairs), 1))()
         first = (C.c_size_t * (len(pairs) + 1))()
         nb = C.c_size_t()
         err = _abi.Error.new()
         arr = _native.c_strings(names)
-        rc = self._shim.plan(self.engine.encode(), arr, nbytes, len(pairs), self.bucket_bytes,
+        # direct mode copies nothing on the trainer: buckets only pipeline the engine's work (its
+        # host work on bucket k+1 runs while the GPU copies bucket k), so any tensor fits one
+        limit = max([self.bucket_bytes, *sizes]) if self.direct else self.bucket_bytes
+        rc = self._shim.plan(self.engine.encode(), arr, nbytes, len(pairs), limit,
                              order, first, C.byref(nb), C.byref(err))
         _native.check(rc, err)
         out = [[names[order[i]] for i in range(first[b], first[b + 1])] for b in range(nb.value)]
@@ -300,7 +299,8 @@ class Producer:
         if not pairs:
             raise InvalidArgument(1, "stage_bucket", "an empty bucket")
         b = self._sets[self._turn]
-        self._wait_set(b, stream)
+        if not self.direct:  # direct mode reuses nothing: its buckets may all be in flight
+            self._wait_set(b, stream)
         arr, keep = self._stage_array(pairs)
         if self.direct:
             self._run_casts(pairs, stream)
@@ -314,7 +314,8 @@ class Producer:
             _native.check(self._ops.publish(st, sh, int(finished), C.byref(text), C.byref(gen), C.byref(err)), err)
             b.published[r] = gen.value
             manifests.append(text.value.decode())
-        b.keep = keep  # the sources stay alive until the engine consumed them
+        # the sources stay alive until the engine consumed them
+        b.keep = b.keep + keep if self.direct else keep
         # LMDeploy's update_params names its persistent buffer only with a bucket that carries
         # it: with several buffer sets every bucket names its own.
         with_buffer = not b.sent or len(self._sets) > 1
@@ -362,7 +363,9 @@ class Producer:
             raise InvalidArgument(1, "sync", "wait=False is for direct mode: staged buffers are reused within a sync")
         try:
             for b, names in enumerate(plan):
-                while pending and (len(pending) >= len(self._sets) or pending[0][0] == self._turn):
+                # a staged set's replies are checked before the set is reused; direct buckets
+                # reuse nothing, so their replies are read at the end
+                while not self.direct and pending and (len(pending) >= len(self._sets) or pending[0][0] == self._turn):
                     check_replies(pending.popleft()[1]())
                 turn = self._turn
                 msgs = self.stage_bucket([(n, by_name[n]) for n in names], finished=b == len(plan) - 1,

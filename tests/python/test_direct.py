@@ -37,6 +37,20 @@ def test_direct_sync(engine_ranks, engine, layout, tp):
         ranks.release()
 
 
+@pytest.mark.parametrize("engine", ["sglang", "vllm", "lmdeploy"])
+def test_direct_sync_several_buckets_in_flight(engine_ranks, engine):
+    """Buckets pipeline the engine's work: every bucket of a sync is sent before any reply is
+    read, and all are in flight together."""
+    model = models.tiny_model("moe")
+    ranks = engine_ranks(engine, "moe", 2)
+    with wsync.Producer(engine, tp_size=2, direct=True, bucket_bytes=96 << 10, plugin=plugin_for("cpu")) as prod:
+        for k in range(3):
+            sd = models.step(model, k)
+            assert prod.sync(sd, ranks.send_deferred, weight_version=f"step-{k}") > 1
+            _check(ranks, sd, engine, 2, k)
+        ranks.release()
+
+
 def test_direct_sync_casts_fp32_master_weights(engine_ranks):
     """A trainer holding fp32 weights into a bf16 engine: cast_to refreshes retained bf16
     buffers on each sync, which the engine reads in place."""

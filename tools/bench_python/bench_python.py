@@ -75,7 +75,8 @@ FOREIGN_ENV = ({}, {"WSYNC_CUDA_CE_SHARE": "0"}, {"WSYNC_CUDA_CE_MIN_BYTES": "0"
 STAGED = ((2048, 2), (2048, 3), (1280, 3), (1280, 4))
 C_BUCKET_MIB = 2048
 STAGED_MS = []  # (bucket MiB, sets, median ms), filled by main
-DIRECT_MS = []  # median ms of the direct sync, filled by main
+DIRECT = (1024, 2048, 0)  # direct syncs measured: bucket MiB (0: the whole model in one request)
+DIRECT_MS = []  # (what, median ms) of the direct syncs, filled by main
 BASE_MS = {}  # the flat copy and the copy_ loop, for the direct sync's ratios
 
 
@@ -108,16 +109,19 @@ def trainer(conn, iters):
     torch.cuda.synchronize()
     for bucket_mib, nbuf in STAGED:
         staged(conn, params, bucket_mib, nbuf, iters)
-    direct(conn, params, iters)
+    for mib in DIRECT:
+        direct(conn, params, iters, mib)
     conn.send(("done", None, None, None))
 
 
-def direct(conn, params, iters):
-    """Timed direct syncs: the engine reads the trainer's parameters in place."""
+def direct(conn, params, iters, bucket_mib):
+    """Timed direct syncs: the engine reads the trainer's parameters in place; buckets of
+    bucket_mib (0: one request) pipeline the engine's host work with the GPU's copies."""
     import wsync
 
     times = []
-    with wsync.Producer("sglang", device="cuda", direct=True, plugin=plugin()) as prod:
+    nbytes = (bucket_mib << 20) if bucket_mib else sum(t.numel() * t.element_size() for t in params.values())
+    with wsync.Producer("sglang", device="cuda", direct=True, bucket_bytes=nbytes, plugin=plugin()) as prod:
         def send(m):
             conn.send(("msg", m))
             return lambda: [conn.recv()]
@@ -128,7 +132,7 @@ def direct(conn, params, iters):
             times.append((time.perf_counter() - t0) * 1e3)
         conn.send(("release", None))
         conn.recv()
-    conn.send(("direct", times[1:], None, None))
+    conn.send(("direct", (bucket_mib, times[1:]), None, None))
     conn.recv()
 
 
@@ -275,13 +279,16 @@ def main():
             w.release()
             a.send("ok")
         elif op == "direct":
-            DIRECT_MS.append(statistics.median(m))
-            print(f"direct sync (Producer(direct=True) -> EngineWorker, one request, 399 trainer tensors "
-                  f"in place): median {DIRECT_MS[0]:.2f} ms over {len(m)} syncs "
-                  f"({', '.join(f'{x:.1f}' for x in m)}), engine handle() {handle_ms[-1]:.2f} ms last")
+            mib, times = m
+            ms = statistics.median(times)
+            what = f"{mib} MiB buckets" if mib else "one request"
+            DIRECT_MS.append((what, ms))
+            print(f"direct sync (Producer(direct=True) -> EngineWorker, {what}, 399 trainer tensors in "
+                  f"place): median {ms:.2f} ms over {len(times)} syncs ({', '.join(f'{x:.1f}' for x in times)}); "
+                  f"engine handle() {statistics.median(handle_ms):.2f} ms median over {len(handle_ms)} requests")
             if BASE_MS:
-                print(f"  direct sync / one flat copy: {DIRECT_MS[0] / BASE_MS['flat']:.3f}x; "
-                      f"copy_ loop / direct sync: {BASE_MS['loop'] / DIRECT_MS[0]:.3f}x")
+                print(f"  direct sync / one flat copy: {ms / BASE_MS['flat']:.3f}x; "
+                      f"copy_ loop / direct sync: {BASE_MS['loop'] / ms:.3f}x")
             handle_ms.clear()
             a.send("ok")
         elif op == "staged":
@@ -325,8 +332,8 @@ def c_path(iters):
         print(f"C path dense sync, {C_BUCKET_MIB} MiB buckets, 2 buffers, no digests: {c_ms:.2f} ms")
         for mib, nbuf, ms in STAGED_MS:
             print(f"  Python staged sync, {mib} MiB buckets, {nbuf} sets / C path: {ms / c_ms:.3f}x")
-        for ms in DIRECT_MS:
-            print(f"  Python direct sync / C path (staged): {ms / c_ms:.3f}x ({c_ms / ms:.2f}x faster)")
+        for what, ms in DIRECT_MS:
+            print(f"  Python direct sync, {what} / C path (staged): {ms / c_ms:.3f}x ({c_ms / ms:.2f}x faster)")
 
 if __name__ == "__main__":
     main()
