@@ -43,6 +43,6 @@ bash "$ROOT/tests/gpu/check_no_device_skips.sh" "$OUT"/ctest.log "$OUT"/pytest-*
 fi
 if [[ " $STEPS " == *" bench "* ]]; then
   export WSYNC_BENCH_CUDA=${WSYNC_BENCH_CUDA-$B/bin/wsync-bench-cuda}  # empty: skip the C path
-  (cd "$ROOT" && timeout ${BENCH_T:-560} python3 tools/bench_python/bench_python.py --iters ${ITERS:-5} 2>&1) | tee "$OUT/bench-python.log" | tail -30
+  (cd "$ROOT" && timeout ${BENCH_T:-560} python3 tools/bench_python/bench_python.py --iters ${ITERS:-5} ${BENCH_ARGS:-} 2>&1) | tee "$OUT/bench-python.log" | tail -30
 fi
 exit $status

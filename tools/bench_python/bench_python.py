@@ -76,6 +76,10 @@ STAGED = ((2048, 2), (2048, 3), (1280, 3), (1280, 4))
 C_BUCKET_MIB = 2048
 STAGED_MS = []  # (bucket MiB, sets, median ms), filled by main
 DIRECT = (1024, 2048, 0)  # direct syncs measured: bucket MiB (0: the whole model in one request)
+# ... each under these copy settings of the engine (docs/PERFORMANCE.md)
+# GPU_ONLY: the engine queues its copies behind a ~50 ms sleep on its stream and times them from
+# the sleep's end to the last one: the copies' GPU time without the host's work
+DIRECT_ENV = ({}, {"WSYNC_CUDA_CE_SHARE": "0"}, {"GPU_ONLY": "1"})
 DIRECT_MS = []  # (what, median ms) of the direct syncs, filled by main
 BASE_MS = {}  # the flat copy and the copy_ loop, for the direct sync's ratios
 
@@ -88,7 +92,7 @@ def plugin():
     return os.path.join(str(wsync._native.lib_dir()), "libwsync_cuda.so")
 
 
-def trainer(conn, iters):
+def trainer(conn, iters, skip_staged=False):
     from wsync.export import TorchExport
 
     shapes = hf_shapes()
@@ -107,10 +111,13 @@ def trainer(conn, iters):
     # staged sync: separate trainer tensors, as a trainer's parameters
     params = {n: torch.randn(s, device="cuda").to(torch.bfloat16) for n, s in shapes.items()}
     torch.cuda.synchronize()
-    for bucket_mib, nbuf in STAGED:
+    for bucket_mib, nbuf in () if skip_staged else STAGED:
         staged(conn, params, bucket_mib, nbuf, iters)
     for mib in DIRECT:
-        direct(conn, params, iters, mib)
+        for env in DIRECT_ENV:
+            conn.send(("env", env, None, None))
+            conn.recv()
+            direct(conn, params, iters, mib)
     conn.send(("done", None, None, None))
 
 
@@ -193,13 +200,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--foreign-only", action="store_true", help="skip the staged sync")
+    ap.add_argument("--skip-staged", action="store_true", help="foreign and direct syncs only")
     args = ap.parse_args()
     iters = args.iters
     import wsync
 
     ctx = mp.get_context("spawn")
     a, b = ctx.Pipe()
-    p = ctx.Process(target=trainer, args=(b, iters), daemon=True)
+    p = ctx.Process(target=trainer, args=(b, iters, args.skip_staged), daemon=True)
     p.start()
     eng = {n: torch.zeros(s, dtype=torch.bfloat16, device="cuda") for n, s in engine_shapes().items()}
     w = wsync.EngineWorker(eng, engine="sglang", config=CFG, plugin=plugin())
@@ -262,6 +270,7 @@ def main():
         return
     a.send("go")
     handle_ms = []
+    direct_env, gpu_only, gpu_ms, gpu_start = "", False, [], None
     while True:
         if not a.poll(120):
             print("the trainer process sent nothing for 120 s: stopping")
@@ -272,16 +281,43 @@ def main():
             print("the trainer process is gone")
             break
         if op == "msg":
+            if gpu_only and gpu_start is None:
+                torch.cuda._sleep(100_000_000)  # ~50 ms: every request of the sync lands behind it
+                gpu_start = torch.cuda.Event(enable_timing=True)
+                gpu_start.record()
             t = time.perf_counter()
             a.send(w.handle(m))
             handle_ms.append((time.perf_counter() - t) * 1e3)
+            if gpu_only and '"flush_cache":true' in m:  # the sync's last bucket (SGLang drains it)
+                end = torch.cuda.Event(enable_timing=True)
+                end.record()
+                end.synchronize()
+                gpu_ms.append(gpu_start.elapsed_time(end))
+                gpu_start = None
         elif op == "release":
             w.release()
+            a.send("ok")
+        elif op == "env":
+            import os
+
+            for k in ("WSYNC_CUDA_CE_SHARE",):
+                os.environ.pop(k, None)
+            gpu_only = m.get("GPU_ONLY") == "1"
+            os.environ.update({k: v for k, v in m.items() if k != "GPU_ONLY"})
+            direct_env = " ".join(f"{k}={v}" for k, v in m.items() if k != "GPU_ONLY")
+            direct_env += "the copies' GPU time alone" if gpu_only else ""
+            gpu_ms, gpu_start = [], None
             a.send("ok")
         elif op == "direct":
             mib, times = m
             ms = statistics.median(times)
-            what = f"{mib} MiB buckets" if mib else "one request"
+            what = (f"{mib} MiB buckets" if mib else "one request") + (f", {direct_env}" if direct_env else "")
+            if gpu_only:
+                print(f"direct sync, {what}: the copies' GPU time alone, median {statistics.median(gpu_ms[1:]):.2f} ms "
+                      f"over {len(gpu_ms) - 1} syncs")
+                handle_ms.clear()
+                a.send("ok")
+                continue
             DIRECT_MS.append((what, ms))
             print(f"direct sync (Producer(direct=True) -> EngineWorker, {what}, 399 trainer tensors in "
                   f"place): median {ms:.2f} ms over {len(times)} syncs ({', '.join(f'{x:.1f}' for x in times)}); "
