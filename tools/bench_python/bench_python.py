@@ -305,7 +305,7 @@ def main():
             gpu_only = m.get("GPU_ONLY") == "1"
             os.environ.update({k: v for k, v in m.items() if k != "GPU_ONLY"})
             direct_env = " ".join(f"{k}={v}" for k, v in m.items() if k != "GPU_ONLY")
-            direct_env += "the copies' GPU time alone" if gpu_only else ""
+            direct_env = "" if gpu_only else direct_env
             gpu_ms, gpu_start = [], None
             a.send("ok")
         elif op == "direct":
