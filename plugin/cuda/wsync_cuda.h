@@ -59,6 +59,8 @@ cudaError_t wsync_cuda_write_value64(cudaStream_t s, void *p, uint64_t v);
 /* cuPointerGetAttribute(out, attribute, p) through the runtime's driver entry points: 1 when
  * the driver answered. */
 int wsync_cuda_pointer_attr(const void *p, int attribute, void *out);
+/* cuPointerGetAttributes: n attributes of p in one driver call (1 when it answered). */
+int wsync_cuda_pointer_attrs(const void *p, unsigned n, int *attributes, void **out);
 /* Start and size of the device allocation holding p: 1, or 0 when it cannot tell. */
 typedef int (*wsync_cuda_alloc_range_fn)(const void *p, uintptr_t *base, size_t *size);
 /* The driver's answer (cuMemGetAddressRange). Thread safe. */
@@ -164,7 +166,8 @@ typedef struct wsync_cuda_slot {
     unsigned char *dev;
     size_t cap_ops;
     cudaEvent_t done;
-    int used; /* done has been recorded at least once */
+    int used;      /* done has been recorded at least once */
+    uint64_t uses; /* times taken: a guard of an older use is past (take waited for it) */
     struct wsync_cuda_mapping *owner;
     size_t n_ops;
     uint64_t generation;
@@ -212,7 +215,11 @@ typedef struct wsync_cuda_mapping {
     wsync_carriers_t carriers;  /* event: recorded after the last copy on that stream */
     uint64_t copied_generation; /* last generation enqueued */
     int recorded;               /* copied_generation has been recorded consumed */
-    wsync_result_t deferred;    /* a digest failure found outside record_consumed */
+    /* A direct segment: the launch that last read it (its slot and that slot's use), so the unmap
+     * waits for it without an event of its own per copy. */
+    struct wsync_cuda_slot *guard;
+    uint64_t guard_uses;
+    wsync_result_t deferred; /* a digest failure found outside record_consumed */
     char deferred_message[WSYNC_ERROR_MESSAGE_LEN];
 } wsync_cuda_mapping_t;
 

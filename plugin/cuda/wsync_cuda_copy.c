@@ -65,7 +65,8 @@ static void launch_cfg(wsync_cuda_launch_cfg_t *cfg, int is_vmm)
  * src_base 0 and absolute source addresses). */
 static wsync_result_t copy_locked(struct wsync_consumer *c, struct wsync_handle *h, cudaStream_t s,
                                   uint64_t generation, const wsync_copy_op_t *ops, size_t n_ops,
-                                  uint32_t flags, uintptr_t src_base, wsync_error_t *err)
+                                  uint32_t flags, uintptr_t src_base, wsync_cuda_slot_t **launched,
+                                  wsync_error_t *err)
 {
     wsync_cache_entry_t *entry = h->entry;
     wsync_cuda_mapping_t *m = entry->mapping;
@@ -170,6 +171,8 @@ static wsync_result_t copy_locked(struct wsync_consumer *c, struct wsync_handle 
     }
     WSYNC_CUDA_TRY(err, cudaEventRecord(slot->done, s));
     slot->used = 1;
+    if (launched != NULL)
+        *launched = slot;
     WSYNC_CUDA_TRY(err, cudaEventRecord((cudaEvent_t)use->event, s));
     use->pending = 1;
     entry->last_generation = generation;
@@ -200,14 +203,15 @@ wsync_result_t wsync_cuda_copy_weights(struct wsync_consumer *c, struct wsync_ha
     else if ((rc = wsync_validate_copy_ops(ops, n_ops, h->bytes, err)) == WSYNC_OK)
         rc = copy_locked(
             c, h, wsync_cuda_stream(stream), generation, ops, n_ops, flags,
-            (uintptr_t)(((wsync_cuda_mapping_t *)h->entry->mapping)->base + h->base_offset), err);
+            (uintptr_t)(((wsync_cuda_mapping_t *)h->entry->mapping)->base + h->base_offset), NULL,
+            err);
     pthread_mutex_unlock(&c->lock);
     wsync_cuda_range_pop();
     return rc;
 }
 
 /* Direct mode: every op of every segment in one launch after h's *ready*; each segment's mapping
- * notes the stream (so closing it waits for these copies), h carries *consumed*. */
+ * notes the launch (so unmapping it waits for these copies), h carries *consumed*. */
 wsync_result_t wsync_cuda_copy_segments(struct wsync_consumer *c, struct wsync_handle *h,
                                         struct wsync_handle *const *segs, size_t n_segs,
                                         wsync_stream_t stream, uint64_t generation,
@@ -247,17 +251,12 @@ wsync_result_t wsync_cuda_copy_segments(struct wsync_consumer *c, struct wsync_h
     cudaSetDevice(c->device);
     const cudaStream_t s = wsync_cuda_stream(stream);
     pthread_mutex_lock(&c->lock);
-    rc = copy_locked(c, h, s, generation, moved, n_ops, flags, 0, err);
+    wsync_cuda_slot_t *slot = NULL;
+    rc = copy_locked(c, h, s, generation, moved, n_ops, flags, 0, &slot, err);
     for (size_t k = 0; rc == WSYNC_OK && k < n_segs; k++) {
         wsync_cuda_mapping_t *sm = segs[k]->entry->mapping;
-        wsync_carrier_t *use = NULL;
-        rc = stream_use(sm, s, &use, err);
-        if (rc == WSYNC_OK) {
-            cudaError_t e = cudaEventRecord((cudaEvent_t)use->event, s);
-            if (e != cudaSuccess)
-                rc = wsync_cuda_fail(err, e, __func__, "cudaEventRecord(segment)");
-            wsync_carriers_settle(&sm->carriers); /* closing waits on the event; no consumed */
-        }
+        sm->guard = slot; /* the unmap waits for this launch (the slot's done event) */
+        sm->guard_uses = slot != NULL ? slot->uses : 0;
     }
     pthread_mutex_unlock(&c->lock);
     wsync_cuda_range_pop();

@@ -16,6 +16,10 @@
 #include "wsync_cuda_direct.h"
 #include "wsync_error.h"
 
+typedef struct locate_ctx locate_ctx_t;
+static wsync_result_t describe(const locate_ctx_t *ctx, const wsync_cuda_export_t *e, uintptr_t at,
+                               wsync_buffer_desc_t *seg, uint64_t *offset);
+
 static wsync_cuda_export_t *export_find(wsync_cuda_exports_t *x, uintptr_t base, uint64_t id)
 {
     for (size_t i = 0; i < x->n; i++)
@@ -24,23 +28,33 @@ static wsync_cuda_export_t *export_find(wsync_cuda_exports_t *x, uintptr_t base,
     return NULL;
 }
 
-typedef struct locate_ctx {
+struct locate_ctx {
     wsync_cuda_exports_t *exports;
     int device;
     const char *uuid;
-} locate_ctx_t;
+    /* the segments this build found: a tensor inside one needs no driver call (the memory does
+     * not change within one stage call) */
+    size_t *found; /* indices into exports (which may move as it grows) */
+    size_t n_found;
+};
 
 static wsync_result_t locate(void *user, const char *name, const void *src, uint64_t nbytes,
                              wsync_buffer_desc_t *seg, uint64_t *offset, wsync_error_t *err)
 {
     locate_ctx_t *ctx = user;
-    uintptr_t base = 0;
-    size_t size = 0;
-    unsigned long long id = 0;
+    const uintptr_t at = (uintptr_t)src;
+    for (size_t i = 0; i < ctx->n_found; i++) {
+        const wsync_cuda_export_t *f = &ctx->exports->at[ctx->found[i]];
+        if (at >= f->base && at - f->base <= f->size && nbytes <= f->size - (at - f->base))
+            return describe(ctx, f, at, seg, offset);
+    }
+    unsigned long long base = 0, size = 0, id = 0;
     int ordinal = -1, legacy = 0;
-    if (!wsync_cuda_alloc_range(src, &base, &size) ||
-        !wsync_cuda_pointer_attr(src, CU_POINTER_ATTRIBUTE_BUFFER_ID, &id) ||
-        !wsync_cuda_pointer_attr(src, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, &ordinal))
+    int attrs[5] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                    CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                    CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE};
+    void *data[5] = {&base, &size, &id, &ordinal, &legacy};
+    if (!wsync_cuda_pointer_attrs(src, 5, attrs, data) || size == 0)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "tensor \"%.80s\": %p is not device memory the driver knows (freed, or "
                           "host memory?)",
@@ -49,13 +63,12 @@ static wsync_result_t locate(void *user, const char *name, const void *src, uint
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "tensor \"%.80s\" is on device %d, this staging on device %d", name,
                           ordinal, ctx->device);
-    if ((uintptr_t)src - base > size || nbytes > size - ((uintptr_t)src - base))
+    if (at - base > size || nbytes > size - (at - base))
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "tensor \"%.80s\": its %llu bytes run past the end of their allocation "
-                          "(%zu bytes from %p)",
-                          name, (unsigned long long)nbytes, size, (void *)base);
-    if (!wsync_cuda_pointer_attr(src, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, &legacy) ||
-        !legacy)
+                          "(%llu bytes from %p)",
+                          name, (unsigned long long)nbytes, size, (void *)(uintptr_t)base);
+    if (!legacy)
         return WSYNC_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
                           "tensor \"%.80s\" lives in memory without a legacy CUDA IPC handle "
                           "(cuMem/VMM memory, e.g. PyTorch's expandable segments): direct mode "
@@ -81,6 +94,13 @@ static wsync_result_t locate(void *user, const char *name, const void *src, uint
         e->id = id;
         ctx->exports->n++;
     }
+    ctx->found[ctx->n_found++] = (size_t)(e - ctx->exports->at);
+    return describe(ctx, e, at, seg, offset);
+}
+
+static wsync_result_t describe(const locate_ctx_t *ctx, const wsync_cuda_export_t *e, uintptr_t at,
+                               wsync_buffer_desc_t *seg, uint64_t *offset)
+{
     seg->kind = WSYNC_BUFFER_CUDA_IPC;
     memcpy(seg->handle, &e->handle, sizeof(e->handle));
     for (int k = 0; k < 8; k++)
@@ -89,7 +109,7 @@ static wsync_result_t locate(void *user, const char *name, const void *src, uint
     seg->bytes = e->size;
     seg->pid = (int64_t)getpid();
     snprintf(seg->device, sizeof(seg->device), "%s", ctx->uuid);
-    *offset = (uint64_t)((uintptr_t)src - base);
+    *offset = (uint64_t)(at - e->base);
     return WSYNC_OK;
 }
 
@@ -98,7 +118,12 @@ wsync_result_t wsync_cuda_direct_build(wsync_cuda_exports_t *x, int device, cons
                                        wsync_error_t *err)
 {
     locate_ctx_t ctx = {.exports = x, .device = device, .uuid = uuid};
-    return wsync_direct_build(t, n, locate, &ctx, out, err);
+    ctx.found = malloc((n ? n : 1) * sizeof(*ctx.found));
+    if (ctx.found == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory to locate %zu tensors", n);
+    wsync_result_t rc = wsync_direct_build(t, n, locate, &ctx, out, err);
+    free(ctx.found);
+    return rc;
 }
 
 void wsync_cuda_exports_free(wsync_cuda_exports_t *x)

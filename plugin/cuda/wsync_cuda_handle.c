@@ -45,6 +45,8 @@ static void control_for_the_gpu(wsync_cuda_mapping_t *m)
 
 static void mapping_destroy(wsync_cuda_mapping_t *m)
 {
+    if (m->guard != NULL && m->guard->uses == m->guard_uses && m->guard->used)
+        cudaEventSynchronize(m->guard->done); /* the last launch that read this segment */
     for (size_t i = 0; i < m->carriers.n; i++) {
         cudaEvent_t ev = (cudaEvent_t)m->carriers.at[i].event;
         cudaEventSynchronize(ev); /* no copy may still read the buffer */

@@ -107,6 +107,7 @@ wsync_result_t wsync_cuda_ring_take(wsync_cuda_ring_t *r, size_t n, wsync_cuda_s
         if (rc != WSYNC_OK)
             return rc;
     }
+    s->uses++;
     *out = s;
     return WSYNC_OK;
 }

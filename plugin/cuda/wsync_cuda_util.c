@@ -18,6 +18,9 @@ typedef int (*wsync_cu_mem_get_address_range_fn)(unsigned long long *base, size_
 typedef int (*wsync_cu_write64_fn)(cudaStream_t s, unsigned long long addr,
                                    unsigned long long value, unsigned int flags);
 typedef int (*wsync_cu_pointer_attr_fn)(void *data, int attribute, unsigned long long ptr);
+typedef int (*wsync_cu_pointer_attrs_fn)(unsigned n, int *attributes, void **data,
+                                         unsigned long long ptr);
+static wsync_cu_pointer_attrs_fn wsync_cu_attrs;
 static wsync_cu_mem_get_address_range_fn wsync_cu_range;
 static wsync_cu_pointer_attr_fn wsync_cu_attr;
 static wsync_cu_write64_fn wsync_cu_write64;
@@ -38,6 +41,14 @@ static void wsync_cu_find(void)
     wsync_cu_range = (wsync_cu_mem_get_address_range_fn)wsync_cu_entry("cuMemGetAddressRange");
     wsync_cu_write64 = (wsync_cu_write64_fn)wsync_cu_entry("cuStreamWriteValue64");
     wsync_cu_attr = (wsync_cu_pointer_attr_fn)wsync_cu_entry("cuPointerGetAttribute");
+    wsync_cu_attrs = (wsync_cu_pointer_attrs_fn)wsync_cu_entry("cuPointerGetAttributes");
+}
+
+int wsync_cuda_pointer_attrs(const void *p, unsigned n, int *attributes, void **out)
+{
+    pthread_once(&wsync_cu_once, wsync_cu_find);
+    return wsync_cu_attrs != NULL &&
+           wsync_cu_attrs(n, attributes, out, (unsigned long long)(uintptr_t)p) == 0;
 }
 
 int wsync_cuda_pointer_attr(const void *p, int attribute, void *out)
