@@ -100,6 +100,17 @@ static void fwd_reset_prefix(void *u, const char *name)
     w->engine->reset_prefix_cache(w->engine->user, name);
 }
 
+static void fwd_update_begin(void *u, uint64_t version)
+{
+    const wsync_shim_worker_t *w = u;
+    w->engine->update_begin(w->engine->user, version);
+}
+static void fwd_update_end(void *u, uint64_t version, int committed)
+{
+    const wsync_shim_worker_t *w = u;
+    w->engine->update_end(w->engine->user, version, committed);
+}
+
 static void params_free(wsync_shim_worker_t *w)
 {
     for (size_t i = 0; i < w->n_params; i++)
@@ -157,6 +168,10 @@ static wsync_result_t params_take(wsync_shim_worker_t *w, const wsync_shim_worke
                              .lora_loaded = e->lora_loaded ? fwd_lora_loaded : NULL,
                              .lora_unloaded = e->lora_unloaded ? fwd_lora_unloaded : NULL,
                              .reset_prefix_cache = e->reset_prefix_cache ? fwd_reset_prefix : NULL};
+    if (WSYNC_HAS_FIELD(wsync_engine_ops_t, e, update_end)) {
+        w->ops.update_begin = e->update_begin ? fwd_update_begin : NULL;
+        w->ops.update_end = e->update_end ? fwd_update_end : NULL;
+    }
     return WSYNC_OK;
 }
 

@@ -11,6 +11,10 @@
 #include "wsync_client.h"
 #include "wsync_loader.h"
 #include "wsync_manifest.h"
+#include "wsync_txn.h"
+
+#include <errno.h>
+#include <signal.h>
 
 /* One producer buffer this engine has consumed from. */
 typedef struct wsync_driver_buffer {
@@ -37,6 +41,7 @@ struct wsync_driver {
     wsync_driver_buffer_t *buffers;
     size_t n_buffers, cap_buffers;
     uint64_t opens; /* open_handle calls: buffers and segments mapped (or found cached) */
+    wsync_txn_t txn;
 };
 
 void wsync_driver_log(wsync_driver_t *d, wsync_log_level_t level, const char *fmt, ...)
@@ -106,6 +111,91 @@ wsync_result_t wsync_driver_open(const wsync_driver_config_t *cfg, wsync_driver_
     }
     *out = d;
     return WSYNC_OK;
+}
+
+static void wsync_driver_hook_begin(wsync_driver_t *d, uint64_t version)
+{
+    const wsync_engine_ops_t *e = d->cfg.engine;
+    if (WSYNC_HAS_FIELD(wsync_engine_ops_t, e, update_begin) && e->update_begin != NULL)
+        e->update_begin(e->user, version);
+}
+
+static void wsync_driver_hook_end(wsync_driver_t *d, uint64_t version, int committed)
+{
+    const wsync_engine_ops_t *e = d->cfg.engine;
+    if (WSYNC_HAS_FIELD(wsync_engine_ops_t, e, update_end) && e->update_end != NULL)
+        e->update_end(e->user, version, committed);
+}
+
+wsync_result_t wsync_driver_begin(wsync_driver_t *d, uint64_t version, uint64_t expect_tensors,
+                                  uint64_t expect_bytes, const char *const *names, size_t n_names,
+                                  wsync_error_t *err)
+{
+    const uint64_t open = d->txn.phase == WSYNC_TXN_UPDATING ? d->txn.version : 0;
+    wsync_result_t rc =
+        wsync_txn_begin(&d->txn, version, expect_tensors, expect_bytes, names, n_names, err);
+    if (rc != WSYNC_OK)
+        return rc;
+    if (open != 0) {
+        wsync_driver_log(d, WSYNC_LOG_WARN, "wsync: %s", d->txn.reason);
+        wsync_driver_hook_end(d, open, 0);
+    }
+    wsync_driver_hook_begin(d, version);
+    return WSYNC_OK;
+}
+
+wsync_result_t wsync_driver_commit(wsync_driver_t *d, uint64_t version, wsync_error_t *err)
+{
+    wsync_result_t rc = wsync_txn_commit(&d->txn, version, err);
+    if (rc == WSYNC_OK)
+        wsync_driver_hook_end(d, d->txn.committed, 1);
+    return rc;
+}
+
+void wsync_driver_abort(wsync_driver_t *d, const char *reason)
+{
+    const uint64_t v = d->txn.version;
+    if (wsync_txn_abort(&d->txn, reason)) {
+        wsync_driver_log(d, WSYNC_LOG_WARN, "wsync: %s", d->txn.reason);
+        wsync_driver_hook_end(d, v, 0);
+    }
+}
+
+void wsync_driver_check(wsync_driver_t *d)
+{
+    const int64_t pid = d->txn.producer_pid;
+    if (d->txn.phase != WSYNC_TXN_UPDATING || pid <= 0)
+        return;
+    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
+        char why[96];
+        snprintf(why, sizeof(why), "left unfinished: its producer (pid %lld) is gone",
+                 (long long)pid);
+        wsync_driver_abort(d, why);
+    }
+}
+
+json_t *wsync_driver_state(wsync_driver_t *d)
+{
+    wsync_driver_check(d);
+    return wsync_txn_state(&d->txn);
+}
+
+uint64_t wsync_driver_committed(const wsync_driver_t *d, int *updating)
+{
+    if (updating != NULL)
+        *updating = d->txn.phase == WSYNC_TXN_UPDATING;
+    return d->txn.committed;
+}
+
+uint64_t wsync_driver_open_version(const wsync_driver_t *d)
+{
+    return d->txn.phase == WSYNC_TXN_UPDATING ? d->txn.version : 0;
+}
+
+void wsync_driver_set_producer(wsync_driver_t *d, int64_t pid)
+{
+    if (d->txn.phase == WSYNC_TXN_UPDATING && pid > 0)
+        d->txn.producer_pid = pid;
 }
 
 uint64_t wsync_driver_opens(const wsync_driver_t *d)
@@ -432,6 +522,49 @@ static void wsync_driver_release_unread(wsync_driver_t *d, const wsync_manifest_
     }
 }
 
+/* The manifest's tensor names, for the transaction (borrowed from m). */
+static const char **wsync_driver_names(const wsync_manifest_t *m, uint64_t **nbytes)
+{
+    const char **names = malloc((m->n_tensors ? m->n_tensors : 1) * sizeof(*names));
+    *nbytes = malloc((m->n_tensors ? m->n_tensors : 1) * sizeof(**nbytes));
+    if (names == NULL || *nbytes == NULL) {
+        free(names);
+        free(*nbytes);
+        *nbytes = NULL;
+        return NULL;
+    }
+    for (size_t t = 0; t < m->n_tensors; t++) {
+        names[t] = m->tensors[t].name;
+        (*nbytes)[t] = m->tensors[t].nbytes;
+    }
+    return names;
+}
+
+static wsync_result_t wsync_driver_txn_check(wsync_driver_t *d, const wsync_manifest_t *m,
+                                             wsync_error_t *err)
+{
+    if (d->txn.phase != WSYNC_TXN_UPDATING || d->txn.names == NULL)
+        return WSYNC_OK;
+    uint64_t *nbytes;
+    const char **names = wsync_driver_names(m, &nbytes);
+    if (names == NULL)
+        return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "driver: %zu names", m->n_tensors);
+    wsync_result_t rc = wsync_txn_check(&d->txn, names, m->n_tensors, err);
+    free(names);
+    free(nbytes);
+    return rc;
+}
+
+static void wsync_driver_txn_applied(wsync_driver_t *d, const wsync_manifest_t *m)
+{
+    uint64_t *nbytes;
+    const char **names = wsync_driver_names(m, &nbytes);
+    if (names != NULL)
+        wsync_txn_applied(&d->txn, names, nbytes, m->n_tensors, m->buffer.pid);
+    free(names);
+    free(nbytes);
+}
+
 wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifests,
                                   const size_t *lens, size_t n, uint64_t *generation,
                                   wsync_error_t *err)
@@ -459,11 +592,19 @@ wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifest
     }
     if (rc == WSYNC_OK) {
         rc = wsync_driver_validate(d, m, n, ops, err);
+        for (size_t i = 0; i < n && rc == WSYNC_OK; i++)
+            rc = wsync_driver_txn_check(d, m[i], err);
         if (rc != WSYNC_OK)
             wsync_driver_release_unread(d, m, n);
     }
+    if (rc == WSYNC_OK && d->txn.phase != WSYNC_TXN_UPDATING && total > 0) {
+        wsync_txn_begin_implicit(&d->txn); /* an engine request outside wsync_begin */
+        wsync_driver_hook_begin(d, d->txn.version);
+    }
     for (size_t i = 0; i < n && rc == WSYNC_OK; i++) {
         rc = wsync_driver_execute(d, m[i], ops + k, err);
+        if (rc == WSYNC_OK)
+            wsync_driver_txn_applied(d, m[i]);
         k += m[i]->n_tensors;
         if (m[i]->generation > gen)
             gen = m[i]->generation;
@@ -653,6 +794,7 @@ void wsync_driver_close(wsync_driver_t *d)
         d->ops->finalize(d->consumer, NULL);
     }
     wsync_loader_close(&d->loader);
+    wsync_txn_free(&d->txn);
     free(d->buffers);
     free(d);
 }

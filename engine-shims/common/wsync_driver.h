@@ -17,6 +17,7 @@
 #ifndef WSYNC_DRIVER_H
 #define WSYNC_DRIVER_H
 
+#include <jansson.h>
 #include <stddef.h>
 #include "wsync_abi.h"
 #include "wsync_mapping.h"
@@ -60,6 +61,25 @@ struct wsync_consumer *wsync_driver_consumer(const wsync_driver_t *d);
 wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifests,
                                   const size_t *lens, size_t n, uint64_t *generation,
                                   wsync_error_t *err);
+
+/* Update transactions (wsync_txn.h) over every bucket this driver applies. begin opens
+ * `version` declaring what it holds (names may be NULL); a bucket without an open version opens
+ * the next one implicitly; commit (version 0: the open one) succeeds only when everything
+ * declared arrived; abort leaves it unfinished. The engine's update_begin / update_end hooks are
+ * called as versions open and end. check ends an open version whose producer process is gone.
+ * state is the JSON of wsync_txn_state (a new reference). */
+wsync_result_t wsync_driver_begin(wsync_driver_t *d, uint64_t version, uint64_t expect_tensors,
+                                  uint64_t expect_bytes, const char *const *names, size_t n_names,
+                                  wsync_error_t *err);
+wsync_result_t wsync_driver_commit(wsync_driver_t *d, uint64_t version, wsync_error_t *err);
+void wsync_driver_abort(wsync_driver_t *d, const char *reason);
+void wsync_driver_check(wsync_driver_t *d);
+json_t *wsync_driver_state(wsync_driver_t *d);
+/* The committed version, and 1 when a version is open; the open version (0: none). */
+uint64_t wsync_driver_committed(const wsync_driver_t *d, int *updating);
+uint64_t wsync_driver_open_version(const wsync_driver_t *d);
+/* The producer process of the open version (it is ended when that process is gone). */
+void wsync_driver_set_producer(wsync_driver_t *d, int64_t pid);
 
 /* Wait until every copy enqueued on the engine stream is done. Blocking. */
 wsync_result_t wsync_driver_drain(wsync_driver_t *d, wsync_error_t *err);

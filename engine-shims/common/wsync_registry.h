@@ -76,6 +76,14 @@ typedef struct wsync_engine_ops {
     /* Drop prefix-cache blocks computed with adapter `name` (vLLM's reset on a same-name
      * reload: the blocks were computed with the previous weights). */
     void (*reset_prefix_cache)(void *user, const char *name);
+
+    /* Update transactions (appended; optional; docs/SHIMS.md). A weight version opened: from its
+     * first bucket on the weights are mixed, so the engine stops serving (or serves knowing it).
+     * Then it ends: committed (every expected tensor arrived and was copied; serve again) or not
+     * (aborted, its producer gone, a newer version begun: the weights stay mixed until a version
+     * commits, so keep refusing to serve). */
+    void (*update_begin)(void *user, uint64_t version);
+    void (*update_end)(void *user, uint64_t version, int committed);
 } wsync_engine_ops_t;
 
 #endif

@@ -31,6 +31,74 @@ void wsync_shim_ctx_free(wsync_shim_ctx_t *ctx)
     ctx->state = NULL;
 }
 
+/* wsync's own transaction methods, the same for every engine:
+ *   {"method": "wsync_begin", "version": v, "pid": producer pid,
+ *    "expect": {"tensors": n, "bytes": b, "names": [...]}}
+ *   {"method": "wsync_commit", "version": v}   {"method": "wsync_abort", "reason": "..."}
+ *   {"method": "wsync_state"}                  (each reply carries "txn": the state) */
+static wsync_result_t wsync_shim_txn(wsync_shim_ctx_t *ctx, const char *method, json_t *req,
+                                     json_t **extra, wsync_error_t *err)
+{
+    wsync_driver_t *d = ctx->driver;
+    wsync_result_t rc = WSYNC_OK;
+    uint64_t version = 0;
+    json_t *v = json_object_get(req, "version");
+    if (v != NULL && (!json_is_integer(v) || json_integer_value(v) <= 0))
+        return WSYNC_RECORD(err, WSYNC_ERR_BAD_REQUEST, "%s: \"version\" must be an integer >= 1",
+                            method);
+    version = v != NULL ? (uint64_t)json_integer_value(v) : 0;
+    if (strcmp(method, "wsync_begin") == 0) {
+        json_t *expect = json_object_get(req, "expect");
+        json_t *names = json_object_get(expect, "names");
+        json_t *nt = json_object_get(expect, "tensors"), *nb = json_object_get(expect, "bytes");
+        if (version == 0 || (expect != NULL && !json_is_object(expect)) ||
+            (names != NULL && !json_is_array(names)) || (nt != NULL && !json_is_integer(nt)) ||
+            (nb != NULL && !json_is_integer(nb)))
+            return WSYNC_RECORD(err, WSYNC_ERR_BAD_REQUEST,
+                                "wsync_begin needs \"version\" (>= 1) and an optional \"expect\": "
+                                "{\"tensors\": int, \"bytes\": int, \"names\": [string]}");
+        size_t n = json_array_size(names);
+        const char **list = n > 0 ? calloc(n, sizeof(*list)) : NULL;
+        if (n > 0 && list == NULL)
+            return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "wsync_begin: %zu names", n);
+        for (size_t i = 0; i < n && rc == WSYNC_OK; i++)
+            if ((list[i] = json_string_value(json_array_get(names, i))) == NULL)
+                rc = WSYNC_RECORD(err, WSYNC_ERR_BAD_REQUEST,
+                                  "wsync_begin: names[%zu] is not a "
+                                  "string",
+                                  i);
+        if (rc == WSYNC_OK)
+            rc = wsync_driver_begin(d, version, nt ? (uint64_t)json_integer_value(nt) : 0,
+                                    nb ? (uint64_t)json_integer_value(nb) : 0, list, n, err);
+        json_t *pid = json_object_get(req, "pid"); /* its producer: gone, the version ends */
+        if (rc == WSYNC_OK && json_is_integer(pid))
+            wsync_driver_set_producer(d, (int64_t)json_integer_value(pid));
+        free(list);
+    } else if (strcmp(method, "wsync_commit") == 0) {
+        rc = wsync_driver_drain(d, err); /* committed means copied */
+        if (rc == WSYNC_OK)
+            rc = wsync_driver_commit(d, version, err);
+    } else if (strcmp(method, "wsync_abort") == 0) {
+        const char *why = json_string_value(json_object_get(req, "reason"));
+        wsync_driver_abort(d, why != NULL ? why : "aborted by its producer");
+    } else if (strcmp(method, "wsync_state") != 0) {
+        return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
+                            "unknown method \"%s\"; wsync's own are wsync_begin, wsync_commit, "
+                            "wsync_abort and wsync_state",
+                            method);
+    }
+    if (rc == WSYNC_OK)
+        *extra = json_pack("{s:o}", "txn", wsync_driver_state(d));
+    return rc;
+}
+
+wsync_result_t wsync_shim_commit(wsync_shim_ctx_t *ctx, wsync_error_t *err)
+{
+    int updating = 0;
+    (void)wsync_driver_committed(ctx->driver, &updating);
+    return updating ? wsync_driver_commit(ctx->driver, 0, err) : WSYNC_OK;
+}
+
 char *wsync_shim_serve(const wsync_shim_t *s, wsync_shim_ctx_t *ctx, const char *text, size_t len,
                        wsync_result_t *rc_out, wsync_error_t *err)
 {
@@ -48,8 +116,19 @@ char *wsync_shim_serve(const wsync_shim_t *s, wsync_shim_ctx_t *ctx, const char 
     else if ((method = json_string_value(json_object_get(req, "method"))) == NULL)
         rc = WSYNC_RECORD(e, WSYNC_ERR_BAD_REQUEST, "%s request has no \"method\" string",
                           s->engine);
-    else
+    else if (strncmp(method, "wsync_", 6) == 0)
+        rc = wsync_shim_txn(ctx, method, req, &extra, e);
+    else {
+        const uint64_t before = wsync_driver_committed(ctx->driver, NULL);
+        wsync_driver_check(ctx->driver); /* a version whose producer died ends here */
         rc = s->handle(ctx, method, req, &extra, e);
+        const uint64_t after = wsync_driver_committed(ctx->driver, NULL);
+        if (rc == WSYNC_OK && after != before) { /* this request committed a version */
+            if (extra == NULL)
+                extra = json_object();
+            json_object_set_new(extra, "committed", json_integer((json_int_t)after));
+        }
+    }
     reply =
         rc == WSYNC_OK ? wsync_req_reply_ok(method, extra) : wsync_req_reply_error(method, rc, e);
     if (rc != WSYNC_OK)

@@ -72,6 +72,11 @@ void wsync_shim_ctx_free(wsync_shim_ctx_t *ctx);
 char *wsync_shim_serve(const wsync_shim_t *s, wsync_shim_ctx_t *ctx, const char *text, size_t len,
                        wsync_result_t *rc, wsync_error_t *err);
 
+/* For shims, where an engine's API ends a weight version (SGLang's flush_cache, vLLM's
+ * finish_weight_update, LMDeploy's finished), after the copies are drained: commit the open
+ * version (wsync_driver_commit), refused naming what is missing. OK when none is open. */
+wsync_result_t wsync_shim_commit(wsync_shim_ctx_t *ctx, wsync_error_t *err);
+
 /* For shims: hand decoded manifests (stolen) to the driver. *generation may be NULL. */
 wsync_result_t wsync_shim_apply(wsync_shim_ctx_t *ctx, json_t **manifests, size_t n,
                                 uint64_t *generation, wsync_error_t *err);

@@ -55,6 +55,8 @@ static wsync_result_t wsync_lmdeploy_update(wsync_shim_ctx_t *ctx, json_t *req, 
         if (rc == WSYNC_OK && finished) {
             rc = wsync_driver_drain(ctx->driver, err);
             if (rc == WSYNC_OK)
+                rc = wsync_shim_commit(ctx, err);
+            if (rc == WSYNC_OK)
                 wsync_driver_post_load(ctx->driver);
         }
         if (rc == WSYNC_OK)
@@ -77,6 +79,8 @@ static wsync_result_t wsync_lmdeploy_update(wsync_shim_ctx_t *ctx, json_t *req, 
         json_object_set(ctx->state, "persistent_buffer", fresh);
     if (finished) {
         rc = wsync_driver_drain(ctx->driver, err);
+        if (rc == WSYNC_OK) /* the version commits only when everything it declared arrived */
+            rc = wsync_shim_commit(ctx, err);
         if (rc != WSYNC_OK)
             return rc;
         wsync_driver_post_load(ctx->driver);

@@ -181,15 +181,29 @@ static wsync_result_t wsync_vllm_handle(wsync_shim_ctx_t *ctx, const char *metho
         return wsync_vllm_lora(ctx, method, req, extra, err);
 
     int updating = json_is_true(json_object_get(ctx->state, "updating"));
+    /* the driver's weight version this update writes; when the driver has ended it (its
+     * producer died, it was aborted, a newer version began) the update is over */
+    const uint64_t open = wsync_driver_open_version(ctx->driver);
+    json_t *writes = json_object_get(ctx->state, "version");
+    if (updating && writes != NULL && (uint64_t)json_integer_value(writes) != open)
+        updating = 0;
     wsync_result_t rc;
-    if (strcmp(method, "update_weights") == 0)
-        return wsync_vllm_update(ctx, req, extra, err);
+    if (strcmp(method, "update_weights") == 0) {
+        rc = wsync_vllm_update(ctx, req, extra, err);
+        if (rc == WSYNC_OK)
+            json_object_set_new(ctx->state, "version",
+                                json_integer((json_int_t)wsync_driver_open_version(ctx->driver)));
+        return rc;
+    }
     if (strcmp(method, "start_weight_update") == 0) {
         if (updating)
             return WSYNC_RECORD(err, WSYNC_ERR_BUSY,
                                 "start_weight_update while an update is open; call "
                                 "finish_weight_update first");
         json_object_set_new(ctx->state, "updating", json_true());
+        json_object_del(ctx->state, "version");
+        if (open != 0)
+            json_object_set_new(ctx->state, "version", json_integer((json_int_t)open));
         return WSYNC_OK;
     }
     if (strcmp(method, "finish_weight_update") == 0) {
@@ -198,6 +212,8 @@ static wsync_result_t wsync_vllm_handle(wsync_shim_ctx_t *ctx, const char *metho
                                 "finish_weight_update without start_weight_update");
         json_object_set_new(ctx->state, "updating", json_false());
         rc = wsync_driver_drain(ctx->driver, err);
+        if (rc == WSYNC_OK) /* the version commits only when everything it declared arrived */
+            rc = wsync_shim_commit(ctx, err);
         if (rc != WSYNC_OK)
             return rc;
         wsync_driver_post_load(ctx->driver);

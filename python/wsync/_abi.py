@@ -191,6 +191,10 @@ StreamFn = C.CFUNCTYPE(C.c_void_p, C.c_void_p)
 HookFn = C.CFUNCTYPE(None, C.c_void_p)
 
 
+UpdateBeginFn = C.CFUNCTYPE(None, C.c_void_p, C.c_uint64)
+UpdateEndFn = C.CFUNCTYPE(None, C.c_void_p, C.c_uint64, C.c_int)
+
+
 class EngineOps(C.Structure):
     _fields_ = [
         ("struct_size", C.c_size_t),
@@ -206,6 +210,8 @@ class EngineOps(C.Structure):
         ("lora_loaded", LoraLoadedFn),
         ("lora_unloaded", LoraNameFn),
         ("reset_prefix_cache", LoraNameFn),
+        ("update_begin", UpdateBeginFn),
+        ("update_end", UpdateEndFn),
     ]
 
 

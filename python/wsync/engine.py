@@ -43,7 +43,10 @@ class EngineWorker:
     depend on. ``plugin`` as for C engines (None: ``WSYNC_PLUGIN`` or the default). ``verify``
     checks every wsync64 digest inside the copy. ``on_flush`` / ``on_post_load`` are the
     engine's cache-flush and post-load hooks; ``lora`` (a :class:`wsync.lora.LoraSlots`) the
-    adapter slots that LoRA requests hot-load into."""
+    adapter slots that LoRA requests hot-load into. ``on_update_begin(version)`` /
+    ``on_update_end(version, committed)`` bracket each weight version (docs/SHIMS.md, "Update
+    transactions"): from the first bucket on the weights are mixed, so stop serving; serve again
+    only once a version ends committed."""
 
     def __init__(
         self,
@@ -60,6 +63,8 @@ class EngineWorker:
         on_flush: Optional[Callable[[], None]] = None,
         on_post_load: Optional[Callable[[], None]] = None,
         lora: Optional[Any] = None,
+        on_update_begin: Optional[Callable[[int], None]] = None,
+        on_update_end: Optional[Callable[[int, bool], None]] = None,
     ) -> None:
         named = params.named_parameters() if isinstance(params, torch.nn.Module) else params
         self.params = dict(_torch.items(named))
@@ -86,6 +91,8 @@ class EngineWorker:
             stream=self._cb(_abi.StreamFn, self._stream_cb),
             flush_cache=self._cb(_abi.HookFn, lambda _u: on_flush and on_flush()),
             post_load=self._cb(_abi.HookFn, lambda _u: on_post_load and on_post_load()),
+            update_begin=self._cb(_abi.UpdateBeginFn, lambda _u, v: on_update_begin and on_update_begin(int(v))),
+            update_end=self._cb(_abi.UpdateEndFn, lambda _u, v, ok: on_update_end and on_update_end(int(v), bool(ok))),
         )
         self.lora = lora  # a wsync.lora.LoraSlots: adapter requests load into it
         if lora is not None:
@@ -174,6 +181,12 @@ class EngineWorker:
     def opens(self) -> int:
         """Buffers and direct segments this worker has opened so far (a steady sync adds 0)."""
         return int(self._shim.worker_opens(self._w)) if self._w is not None else 0
+
+    def state(self) -> dict:
+        """The update state: ``{"state": "consistent" | "updating" | "partial", "consistent",
+        "committed", "update": {version, buckets, tensors, bytes, expect_tensors, expect_bytes},
+        "reason"}``. A version whose producer died is ended here (partial, never committed)."""
+        return self.apply('{"method":"wsync_state"}')["txn"]
 
     def drain(self) -> None:
         """Wait for every copy enqueued on the engine's stream."""

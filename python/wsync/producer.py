@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes as C
 import json
+import os
 from collections import deque
 from typing import Any, Callable, List, Optional, Sequence, Union
 
@@ -55,6 +56,25 @@ def encode_bucket(engine: str, manifests: Sequence[str], *, first: bool, finishe
     if text is None:
         _native.check(err.code or 16, err)
     return [json.dumps(m, separators=(",", ":")) for m in json.loads(text)]
+
+
+def begin_message(version: int, pairs: Sequence[tuple]) -> str:
+    """The request that opens update transaction `version` on every engine rank, declaring the
+    tensors (HF names) and bytes the sync will send."""
+    names = [n for n, _ in pairs]
+    nbytes = sum(t.numel() * t.element_size() for _, t in pairs)
+    return json.dumps({"method": "wsync_begin", "version": int(version), "pid": os.getpid(),
+                       "expect": {"tensors": len(names), "bytes": nbytes, "names": names}},
+                      separators=(",", ":"))
+
+
+def _resolve(r: Any) -> Any:
+    """Replies now: a deferred reply (callable or future) is waited for."""
+    if callable(r):
+        return r()
+    if callable(getattr(r, "result", None)):
+        return r.result()
+    return r
 
 
 class _Buffers:
@@ -202,6 +222,11 @@ class Producer:
         for b in self._sets:
             self._wait_set(b, stream)
 
+    def abort(self, send: Send, reason: str = "aborted by its producer") -> None:
+        """End the open update transaction on every engine rank unfinished (it is reported
+        partial and never committed); a later sync with a newer version starts cleanly."""
+        check_replies(_resolve(send(json.dumps({"method": "wsync_abort", "reason": reason}))))
+
     def guard(self, optimizer: Any) -> Any:
         """Make ``optimizer.step()`` wait until the engines consumed the last sync (direct mode:
         they read the trainer's tensors in place, so a step while a sync is in flight would race
@@ -340,6 +365,7 @@ class Producer:
         weight_version: Optional[str] = None,
         stream: Optional[Any] = None,
         wait: bool = True,
+        version: Optional[int] = None,
     ) -> int:
         """One whole weight sync: plan, then per bucket stage, deliver every message through
         ``send`` (to all engine ranks), check the replies, and wait for *consumed*. Returns the
@@ -353,11 +379,18 @@ class Producer:
         bucket it refused back as consumed (the shims' driver does), so the next sync goes on.
 
         ``wait=False`` (direct mode): return once every request is sent; :meth:`wait` (or an
-        optimizer step under :meth:`guard`) then checks the replies and waits for *consumed*."""
+        optimizer step under :meth:`guard`) then checks the replies and waits for *consumed*.
+
+        ``version`` (an int, rising): the sync is one update transaction (docs/SHIMS.md): it
+        begins by declaring every tensor name and byte it will send, and the engines commit it
+        with its last bucket only when all of them arrived; a version not newer than the one
+        committed is refused before anything is written."""
         self._finish_inflight(stream)
         pairs = list(checkpoint_tensors(named))
         by_name = dict(pairs)
         plan = self.plan(pairs)
+        if version is not None:
+            check_replies(_resolve(send(begin_message(version, pairs))))
         pending: deque = deque()  # (buffer set, replies to check), oldest first
         if not wait and not self.direct:
             raise InvalidArgument(1, "sync", "wait=False is for direct mode: staged buffers are reused within a sync")
