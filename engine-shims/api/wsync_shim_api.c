@@ -275,6 +275,22 @@ WSYNC_SHIM_API char *wsync_shim_worker_serve(wsync_shim_worker_t *w, const char 
     return wsync_shim_serve(w->shim, &w->ctx, text, len, rc, err);
 }
 
+WSYNC_SHIM_API wsync_result_t wsync_shim_worker_shadows(wsync_shim_worker_t *w, void *const *params,
+                                                        void *const *shadows, const uint64_t *bytes,
+                                                        size_t n, wsync_error_t *err)
+{
+    if (w == NULL || (n > 0 && (params == NULL || shadows == NULL || bytes == NULL)))
+        return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT, "worker_shadows: NULL arguments");
+    wsync_shadow_t *t = calloc(n ? n : 1, sizeof(*t));
+    if (t == NULL)
+        return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "worker_shadows: %zu shadows", n);
+    for (size_t i = 0; i < n; i++)
+        t[i] = (wsync_shadow_t){.param = params[i], .shadow = shadows[i], .bytes = bytes[i]};
+    wsync_result_t rc = wsync_driver_set_shadows(w->driver, t, n, err);
+    free(t);
+    return rc;
+}
+
 WSYNC_SHIM_API uint64_t wsync_shim_worker_opens(const wsync_shim_worker_t *w)
 {
     return w != NULL ? wsync_driver_opens(w->driver) : 0;

@@ -72,6 +72,12 @@ char *wsync_shim_worker_serve(wsync_shim_worker_t *w, const char *text, size_t l
 /* Buffers and direct segments this worker has opened (wsync_driver_opens): 0 more per steady
  * sync. */
 uint64_t wsync_shim_worker_opens(const wsync_shim_worker_t *w);
+/* Rollback mode (wsync_driver_set_shadows): copies into params[i] .. + bytes[i] go to shadows[i];
+ * the engine fills each shadow when a version opens and copies it into place when the version
+ * commits (its update_begin / update_end hooks). n = 0 turns it off. */
+wsync_result_t wsync_shim_worker_shadows(wsync_shim_worker_t *w, void *const *params,
+                                         void *const *shadows, const uint64_t *bytes, size_t n,
+                                         wsync_error_t *err);
 /* Wait for every copy enqueued on the engine's stream. Blocking. */
 wsync_result_t wsync_shim_worker_drain(wsync_shim_worker_t *w, wsync_error_t *err);
 /* Drain, then close every cached mapping (the engine's half of the retire handshake). */

@@ -42,7 +42,66 @@ struct wsync_driver {
     size_t n_buffers, cap_buffers;
     uint64_t opens; /* open_handle calls: buffers and segments mapped (or found cached) */
     wsync_txn_t txn;
+    wsync_shadow_t *shadows; /* rollback mode, sorted by param */
+    size_t n_shadows;
 };
+
+static int wsync_shadow_cmp(const void *a, const void *b)
+{
+    const uintptr_t x = (uintptr_t)((const wsync_shadow_t *)a)->param;
+    const uintptr_t y = (uintptr_t)((const wsync_shadow_t *)b)->param;
+    return x < y ? -1 : x > y;
+}
+
+wsync_result_t wsync_driver_set_shadows(wsync_driver_t *d, const wsync_shadow_t *shadows, size_t n,
+                                        wsync_error_t *err)
+{
+    wsync_shadow_t *t = NULL;
+    if (n > 0) {
+        if (shadows == NULL || (t = malloc(n * sizeof(*t))) == NULL)
+            return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
+                                "set_shadows: %zu shadows at NULL (or no memory)", n);
+        memcpy(t, shadows, n * sizeof(*t));
+        qsort(t, n, sizeof(*t), wsync_shadow_cmp);
+        for (size_t i = 0; i < n; i++)
+            if (t[i].param == NULL || t[i].shadow == NULL ||
+                (i > 0 && (uintptr_t)t[i - 1].param + t[i - 1].bytes > (uintptr_t)t[i].param)) {
+                free(t);
+                return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
+                                    "set_shadows: shadow %zu is NULL or its parameter overlaps "
+                                    "another",
+                                    i);
+            }
+    }
+    free(d->shadows);
+    d->shadows = t;
+    d->n_shadows = n;
+    return WSYNC_OK;
+}
+
+/* An op into a shadowed parameter writes the shadow instead; 1 when it still writes a live
+ * parameter (moves bytes outside every shadow). */
+static int wsync_driver_redirect(const wsync_driver_t *d, wsync_copy_op_t *op)
+{
+    if (op->rows == 0 || op->row_bytes == 0)
+        return 0;
+    const uintptr_t dst = (uintptr_t)op->dst;
+    size_t lo = 0, hi = d->n_shadows;
+    while (lo < hi) { /* the last shadow whose param starts at or before dst */
+        size_t mid = lo + (hi - lo) / 2;
+        if ((uintptr_t)d->shadows[mid].param <= dst)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
+        return 1;
+    const wsync_shadow_t *s = &d->shadows[lo - 1];
+    if (dst - (uintptr_t)s->param >= s->bytes)
+        return 1;
+    op->dst = (unsigned char *)s->shadow + (dst - (uintptr_t)s->param);
+    return 0;
+}
 
 void wsync_driver_log(wsync_driver_t *d, wsync_log_level_t level, const char *fmt, ...)
 {
@@ -281,7 +340,8 @@ static void wsync_driver_free_manifest(wsync_driver_t *d, const wsync_manifest_t
 /* Step 2 of apply: everything checked, nothing written. ops[k] is the plan of tensor k in
  * manifest order. */
 static wsync_result_t wsync_driver_validate(wsync_driver_t *d, const wsync_manifest_t *const *m,
-                                            size_t n, wsync_copy_op_t *ops, wsync_error_t *err)
+                                            size_t n, wsync_copy_op_t *ops, uint8_t *live,
+                                            wsync_error_t *err)
 {
     char bname[64];
     size_t k = 0;
@@ -309,6 +369,9 @@ static wsync_result_t wsync_driver_validate(wsync_driver_t *d, const wsync_manif
                 wsync_map_plan(d->cfg.map, d->cfg.engine, &m[i]->tensors[t], &ops[k], err);
             if (rc != WSYNC_OK)
                 return rc;
+            /* dst_extent counts from dst: the same inside the shadow */
+            if (live != NULL && (d->n_shadows == 0 || wsync_driver_redirect(d, &ops[k])))
+                live[i] = 1;
             const wsync_copy_op_t *op = &ops[k];
             uint64_t last = op->src_offset + (op->rows - 1) * op->src_pitch + op->row_bytes;
             const uint64_t cap = m[i]->n_segments > 0
@@ -555,12 +618,12 @@ static wsync_result_t wsync_driver_txn_check(wsync_driver_t *d, const wsync_mani
     return rc;
 }
 
-static void wsync_driver_txn_applied(wsync_driver_t *d, const wsync_manifest_t *m)
+static void wsync_driver_txn_applied(wsync_driver_t *d, const wsync_manifest_t *m, int live)
 {
     uint64_t *nbytes;
     const char **names = wsync_driver_names(m, &nbytes);
     if (names != NULL)
-        wsync_txn_applied(&d->txn, names, nbytes, m->n_tensors, m->buffer.pid);
+        wsync_txn_applied(&d->txn, names, nbytes, m->n_tensors, live, m->buffer.pid);
     free(names);
     free(nbytes);
 }
@@ -571,6 +634,7 @@ wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifest
 {
     const wsync_manifest_t **m;
     wsync_copy_op_t *ops = NULL;
+    uint8_t *live = NULL; /* per manifest: writes a parameter outside every shadow */
     size_t total = 0, k = 0;
     uint64_t gen = 0;
     wsync_result_t rc = WSYNC_OK;
@@ -591,7 +655,9 @@ wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifest
             rc = WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "apply: %zu ops", total);
     }
     if (rc == WSYNC_OK) {
-        rc = wsync_driver_validate(d, m, n, ops, err);
+        live = calloc(n ? n : 1, 1);
+        rc = live != NULL ? wsync_driver_validate(d, m, n, ops, live, err)
+                          : WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "apply: out of memory");
         for (size_t i = 0; i < n && rc == WSYNC_OK; i++)
             rc = wsync_driver_txn_check(d, m[i], err);
         if (rc != WSYNC_OK)
@@ -604,7 +670,7 @@ wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifest
     for (size_t i = 0; i < n && rc == WSYNC_OK; i++) {
         rc = wsync_driver_execute(d, m[i], ops + k, err);
         if (rc == WSYNC_OK)
-            wsync_driver_txn_applied(d, m[i]);
+            wsync_driver_txn_applied(d, m[i], live[i]);
         k += m[i]->n_tensors;
         if (m[i]->generation > gen)
             gen = m[i]->generation;
@@ -616,6 +682,7 @@ wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifest
                          err != NULL ? err->message : "");
     for (size_t i = 0; i < n; i++)
         wsync_driver_free_manifest(d, m[i]);
+    free(live);
     free(ops);
     free(m);
     return rc;
@@ -795,6 +862,7 @@ void wsync_driver_close(wsync_driver_t *d)
     }
     wsync_loader_close(&d->loader);
     wsync_txn_free(&d->txn);
+    free(d->shadows);
     free(d->buffers);
     free(d);
 }

@@ -81,6 +81,20 @@ uint64_t wsync_driver_open_version(const wsync_driver_t *d);
 /* The producer process of the open version (it is ended when that process is gone). */
 void wsync_driver_set_producer(wsync_driver_t *d, int64_t pid);
 
+/* Rollback mode for parameter groups small enough to hold twice: every copy whose destination
+ * lies in param[i] .. + bytes[i] goes to shadow[i] instead, so a version that never commits
+ * leaves those parameters exactly as they were. The engine owns the shadows: it fills each from
+ * its parameter when a version opens (update_begin) and copies it into place when the version
+ * commits (update_end with committed = 1). A version that wrote only shadows and ends
+ * unfinished leaves the engine consistent. Replaces any earlier table; n = 0 clears it. */
+typedef struct wsync_shadow {
+    void *param;
+    void *shadow;
+    uint64_t bytes;
+} wsync_shadow_t;
+wsync_result_t wsync_driver_set_shadows(wsync_driver_t *d, const wsync_shadow_t *shadows, size_t n,
+                                        wsync_error_t *err);
+
 /* Wait until every copy enqueued on the engine stream is done. Blocking. */
 wsync_result_t wsync_driver_drain(wsync_driver_t *d, wsync_error_t *err);
 

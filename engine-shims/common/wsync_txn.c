@@ -161,7 +161,7 @@ wsync_result_t wsync_txn_check(const wsync_txn_t *t, const char *const *names, s
 }
 
 void wsync_txn_applied(wsync_txn_t *t, const char *const *names, const uint64_t *nbytes, size_t n,
-                       int64_t producer_pid)
+                       int wrote_live, int64_t producer_pid)
 {
     uint64_t moved = 0;
     t->buckets++;
@@ -175,7 +175,8 @@ void wsync_txn_applied(wsync_txn_t *t, const char *const *names, const uint64_t 
         t->bytes += nbytes[i];
         moved += nbytes[i];
     }
-    if (moved > 0 || n > 0)
+    (void)moved;
+    if (wrote_live) /* a bucket that wrote only shadows (rollback mode) leaves the weights */
         t->written++;
     if (producer_pid > 0)
         t->producer_pid = producer_pid;

@@ -28,7 +28,7 @@ typedef struct wsync_txn {
     uint8_t *seen;                         /* per declared name */
     size_t n_names;
     uint64_t buckets, tensors, bytes; /* applied in this version */
-    uint64_t written;                 /* buckets that moved bytes */
+    uint64_t written;                 /* buckets that wrote engine parameters in place */
     int64_t producer_pid;             /* of the last bucket applied, 0: none */
     char reason[256];                 /* why PARTIAL */
 } wsync_txn_t;
@@ -48,9 +48,10 @@ void wsync_txn_begin_implicit(wsync_txn_t *t);
  * naming it and the version). No-op without declared names. */
 wsync_result_t wsync_txn_check(const wsync_txn_t *t, const char *const *names, size_t n,
                                wsync_error_t *err);
-/* After a bucket was written. */
+/* After a bucket was copied; wrote_live: it wrote engine parameters in place (not only the
+ * shadows of rollback mode), so the weights are now mixed until the version commits. */
 void wsync_txn_applied(wsync_txn_t *t, const char *const *names, const uint64_t *nbytes, size_t n,
-                       int64_t producer_pid);
+                       int wrote_live, int64_t producer_pid);
 /* Commit the open version: refused (BAD_REQUEST naming counts and up to 4 missing names) unless
  * everything declared arrived; the version then stays open. */
 wsync_result_t wsync_txn_commit(wsync_txn_t *t, uint64_t version, wsync_error_t *err);

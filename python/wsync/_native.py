@@ -32,6 +32,8 @@ _FUNCTIONS = [
     ("wsync_shim_worker_serve", _P, [_P, C.c_char_p, C.c_size_t, C.POINTER(C.c_int), _E]),
     ("wsync_shim_worker_drain", C.c_int, [_P, _E]),
     ("wsync_shim_worker_opens", C.c_uint64, [_P]),
+    ("wsync_shim_worker_shadows", C.c_int,
+     [_P, C.POINTER(C.c_void_p), C.POINTER(C.c_void_p), C.POINTER(C.c_uint64), C.c_size_t, _E]),
     ("wsync_shim_worker_release", C.c_int, [_P, _E]),
     (
         "wsync_shim_encode_bucket",

@@ -11,7 +11,8 @@ stream of the parameters' device when the request arrives.
 from __future__ import annotations
 
 import ctypes as C
-from typing import Any, Callable, Mapping, Optional, Union
+from contextlib import nullcontext as _nullcontext
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import torch
 
@@ -46,7 +47,10 @@ class EngineWorker:
     adapter slots that LoRA requests hot-load into. ``on_update_begin(version)`` /
     ``on_update_end(version, committed)`` bracket each weight version (docs/SHIMS.md, "Update
     transactions"): from the first bucket on the weights are mixed, so stop serving; serve again
-    only once a version ends committed."""
+    only once a version ends committed. ``rollback`` (True, or parameter names): those
+    parameters are written through shadow copies that a commit copies into place, so a version
+    that never commits leaves them exactly as they were (for groups small enough to hold twice:
+    norms, adapters, a draft model)."""
 
     def __init__(
         self,
@@ -65,6 +69,7 @@ class EngineWorker:
         lora: Optional[Any] = None,
         on_update_begin: Optional[Callable[[int], None]] = None,
         on_update_end: Optional[Callable[[int, bool], None]] = None,
+        rollback: Union[bool, Sequence[str]] = False,
     ) -> None:
         named = params.named_parameters() if isinstance(params, torch.nn.Module) else params
         self.params = dict(_torch.items(named))
@@ -91,9 +96,10 @@ class EngineWorker:
             stream=self._cb(_abi.StreamFn, self._stream_cb),
             flush_cache=self._cb(_abi.HookFn, lambda _u: on_flush and on_flush()),
             post_load=self._cb(_abi.HookFn, lambda _u: on_post_load and on_post_load()),
-            update_begin=self._cb(_abi.UpdateBeginFn, lambda _u, v: on_update_begin and on_update_begin(int(v))),
-            update_end=self._cb(_abi.UpdateEndFn, lambda _u, v, ok: on_update_end and on_update_end(int(v), bool(ok))),
+            update_begin=self._cb(_abi.UpdateBeginFn, lambda _u, v: self._begin(int(v), on_update_begin)),
+            update_end=self._cb(_abi.UpdateEndFn, lambda _u, v, ok: self._end(int(v), bool(ok), on_update_end)),
         )
+        self._shadows: dict = {}  # rollback mode: parameter name -> its shadow
         self.lora = lora  # a wsync.lora.LoraSlots: adapter requests load into it
         if lora is not None:
             ops.lora_slot = self._cb(_abi.LoraSlotFn, lora._slot)
@@ -133,6 +139,22 @@ class EngineWorker:
             self._shim.worker_close(self._w)
             self._w = None
             raise PluginUnavailable(4, "EngineWorker", f"no usable wsync plugin ({self.backend})")
+        # rollback mode: the named parameters (True: all) are written through shadows that a
+        # commit copies into place, so a version that never commits leaves them as they were
+        names = list(self.params) if rollback is True else list(rollback or [])
+        unknown = [n for n in names if n not in self.params]
+        if unknown:
+            self.close()
+            raise InvalidArgument(1, "EngineWorker", f"rollback names parameters the engine does not have: {unknown[:3]}")
+        self._shadows = {n: torch.empty_like(self.params[n]) for n in names}
+        if self._shadows:
+            k = len(self._shadows)
+            err = _abi.Error.new()
+            _native.check(self._shim.worker_shadows(
+                self._w, (C.c_void_p * k)(*[self.params[n].data_ptr() for n in self._shadows]),
+                (C.c_void_p * k)(*[t.data_ptr() for t in self._shadows.values()]),
+                (C.c_uint64 * k)(*[t.numel() * t.element_size() for t in self._shadows.values()]),
+                k, C.byref(err)), err)
         if self.backend.startswith("cuda ") != (self.device.type == "cuda"):
             self._shim.worker_close(self._w)
             self._w = None
@@ -147,6 +169,29 @@ class EngineWorker:
         f = kind(fn)
         self._keep.append(f)
         return f
+
+    def _copy_stream(self) -> Any:
+        if self.device.type != "cuda":
+            return None
+        return torch.cuda.stream(self.stream) if self.stream is not None else None
+
+    def _begin(self, version: int, user: Optional[Callable[[int], None]]) -> None:
+        if self._shadows:  # bytes a version does not write carry over from the parameter
+            ctx = self._copy_stream()
+            with ctx if ctx is not None else _nullcontext():
+                for n, sh in self._shadows.items():
+                    sh.copy_(self.params[n])
+        if user is not None:
+            user(version)
+
+    def _end(self, version: int, committed: bool, user: Optional[Callable[[int, bool], None]]) -> None:
+        if committed and self._shadows:  # the flip: one copy per shadowed parameter
+            ctx = self._copy_stream()
+            with ctx if ctx is not None else _nullcontext():
+                for n, sh in self._shadows.items():
+                    self.params[n].copy_(sh)
+        if user is not None:
+            user(version, committed)
 
     def _tp(self, _user: int, rank: Any, size: Any) -> None:
         rank[0] = self.tp_rank

@@ -183,3 +183,55 @@ def test_trainer_killed_between_buckets(engine, killed_after):
             os.unlink("/dev/shm/" + name)
         except FileNotFoundError:
             pass
+
+
+@pytest.mark.parametrize("group", ["all", "norms"])
+def test_rollback_mode_trainer_killed(group):
+    """Rollback mode: the shadowed parameters are written through shadows that the commit
+    copies into place. A trainer killed mid-version leaves them exactly at the last committed
+    version (all shadowed: the engine stays consistent); a later version commits them."""
+    model = models.tiny_model("dense")
+    ref = models.engine_layout(dict(model.state_dict()), "sglang", 0, 1)
+    params = models.zeros_like_layout(ref)
+    names = list(params) if group == "all" else [n for n in params if n.endswith("norm.weight")]
+    w = wsync.EngineWorker(params, engine="sglang", config=model.config, plugin=plugin_for("cpu"),
+                           rollback=True if group == "all" else names)
+    ptrs = {n: t.data_ptr() for n, t in params.items()}
+    ctx = mp.get_context("spawn")
+    a, b = ctx.Pipe()
+    p = ctx.Process(target=_trainer, args=(b, "sglang", 2), daemon=True)
+    p.start()
+    shm, v1 = set(), None
+    while True:
+        m = recv(a, p)
+        if isinstance(m, tuple):
+            if m[0] == "synced":
+                v1 = {n: t.clone() for n, t in params.items()}
+                assert _same(params, models.engine_layout(models.step(models.tiny_model("dense"), 1), "sglang", 0, 1))
+            if m[0] == "dying":
+                break
+            continue
+        shm.update(re.findall(r"wsync-[0-9]+-[0-9]+-[0-9]+-[0-9a-f]+", m))
+        a.send(w.handle(m))
+    p.join(30)
+    st = w.state()
+    assert st["committed"] == 1, st
+    if group == "all":
+        assert st["state"] == "consistent" and st["consistent"], st  # nothing live was written
+        assert _same(params, v1)
+    else:
+        assert st["state"] == "partial", st
+        assert all(torch.equal(params[n], v1[n]) for n in names)  # the norms are still version 1
+    with wsync.Producer("sglang", bucket_bytes=96 << 10, plugin=plugin_for("cpu")) as prod:
+        sd = models.step(model, 3)
+        prod.sync(sd, _send(w), version=3)
+        assert w.state()["committed"] == 3
+        assert _same(params, models.engine_layout(sd, "sglang", 0, 1))
+        assert all(params[n].data_ptr() == q for n, q in ptrs.items())
+        w.release()
+    w.close()
+    for name in shm:
+        try:
+            os.unlink("/dev/shm/" + name)
+        except FileNotFoundError:
+            pass
