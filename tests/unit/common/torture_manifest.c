@@ -647,6 +647,81 @@ static void test_emit_from_scratch_and_refusals(void **state)
     assert_int_equal(wsync_manifest_emit(NULL, &text, NULL), WSYNC_ERR_INVALID_ARGUMENT);
 }
 
+/* Direct mode: segments and each tensor's segment; every malformed case refused by name; the
+ * emit writes them back. */
+#define H72                                                                                        \
+    "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIjJCUmJygpKissLS4vMDEyMzQ1Njc4OTo7PD0+"         \
+    "PwABAgMEBQYH"
+#define SEG_IPC                                                                                    \
+    "{\"kind\":\"cuda_ipc\",\"handle\":\"" H72 "\",\"bytes\":1024,\"pid\":4711,"                   \
+    "\"device\":\"GPU-0123\"}"
+#define SEG_PID                                                                                    \
+    "{\"kind\":\"host_pid\",\"handle\":\"AAECAwQFBgc=\",\"bytes\":512,\"pid\":4711,"               \
+    "\"device\":\"cpu\"}"
+#define TS0                                                                                        \
+    "{\"name\":\"a\",\"dtype\":\"bfloat16\",\"shape\":[4,8],\"segment\":1,\"offset\":0,"           \
+    "\"nbytes\":64}"
+#define TS1                                                                                        \
+    "{\"name\":\"b\",\"dtype\":\"float32\",\"shape\":[16],\"segment\":0,\"offset\":900,"           \
+    "\"nbytes\":64}"
+
+static char *direct_doc(const char *segments, const char *tensors)
+{
+    static char text[1 << 14];
+    snprintf(text, sizeof(text),
+             "{\"wsync\":1,\"generation\":3,\"buffer\":" BUF_OK
+             ",\"segments\":%s,\"tensors\":[%s]}",
+             segments, tensors);
+    return text;
+}
+
+static void test_segments(void **state)
+{
+    (void)state;
+    wsync_manifest_owned_t *a = expect_ok(direct_doc("[" SEG_IPC "," SEG_PID "]", TS0 "," TS1));
+    assert_int_equal(a->view.n_segments, 2);
+    assert_int_equal(a->view.segments[0].handle_len, 72);
+    assert_int_equal(a->view.segments[1].kind, WSYNC_BUFFER_HOST_PID);
+    assert_int_equal(a->view.tensor_segment[0], 1);
+    assert_int_equal(a->view.tensor_segment[1], 0);
+    wsync_manifest_owned_t *b = reparse(&a->view);
+    assert_int_equal(b->view.n_segments, 2);
+    assert_int_equal(b->view.tensor_segment[0], 1);
+    assert_memory_equal(b->view.segments[0].handle, a->view.segments[0].handle, 72);
+    wsync_manifest_free(a);
+    wsync_manifest_free(b);
+
+    expect_fail(direct_doc("{}", TS0), BAD, "segments: must be an array, got object");
+    expect_fail(direct_doc("[]", TS0), BAD, "segments: 0 entries; a direct manifest names 1..");
+    expect_fail(direct_doc("[" SEG_PID "]", "{\"name\":\"a\",\"dtype\":\"bfloat16\",\"shape\":[4,"
+                                            "8],\"offset\":0,\"nbytes\":64}"),
+                BAD, "tensors[0].segment: missing");
+    expect_fail(direct_doc("[" SEG_PID "]", TS0), BAD,
+                "tensors[0] (\"a\").segment: 1, the manifest has 1 segments");
+    expect_fail(
+        direct_doc("[" SEG_IPC "," SEG_PID "]",
+                   TS1 "," TS0 ",{\"name\":\"c\",\"dtype\":"
+                       "\"uint8\",\"shape\":[200],\"segment\":0,\"offset\":900,\"nbytes\":200}"),
+        OOB, "exceeds the 1024 bytes of segments[0]");
+    expect_fail(direct_doc("[{\"kind\":\"host_pid\",\"handle\":\"" H16 "\",\"bytes\":8,\"pid\":1,"
+                           "\"device\":\"cpu\"}]",
+                           TS1),
+                BAD,
+                "segments[0]: a host_pid buffer is a segment of a direct manifest whose handle "
+                "is its 8-byte address, got a segment with 16 handle bytes");
+    /* a segment index in a manifest without segments, host_pid as the buffer, a 72-byte handle
+     * outside segments */
+    expect_fail(doc(BUF_OK, TS0), BAD, "tensors[0] (\"a\").segment: this manifest has no segments");
+    expect_fail(doc("{\"kind\":\"host_pid\",\"handle\":\"AAECAwQFBgc=\",\"bytes\":8,\"pid\":1,"
+                    "\"device\":\"cpu\"}",
+                    T0),
+                BAD, "buffer: a host_pid buffer is a segment of a direct manifest");
+    expect_fail(doc("{\"kind\":\"cuda_ipc\",\"handle\":\"" H72 "\",\"bytes\":4096,"
+                    "\"pid\":1,\"device\":\"GPU-0\"}",
+                    T0),
+                BAD, "buffer.handle: a cuda_ipc handle is 64 bytes, got 72");
+}
+
 static void test_kind_names(void **state)
 {
     (void)state;
@@ -665,6 +740,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid),
+        cmocka_unit_test(test_segments),
         cmocka_unit_test(test_defaults_and_unknown_fields),
         cmocka_unit_test(test_not_json),
         cmocka_unit_test(test_top_level_fields),
