@@ -65,6 +65,17 @@ static wsync_result_t wsync_cpu_check_mapping(const wsync_buffer_desc_t *d, cons
     return WSYNC_OK;
 }
 
+/* A new handle's lock and sink, and its place in the consumer's list of live handles. */
+static void wsync_cpu_handle_register(struct wsync_consumer *c, struct wsync_handle *h)
+{
+    pthread_mutex_init(&h->lock, NULL);
+    wsync_cpu_sink_init(&h->sink);
+    pthread_mutex_lock(&c->lock);
+    h->next = c->handles;
+    c->handles = h;
+    pthread_mutex_unlock(&c->lock);
+}
+
 /* A host_pid segment of a direct manifest: nothing to map; copies read it by address. */
 static wsync_result_t wsync_cpu_segment_map(struct wsync_consumer *c,
                                             const wsync_buffer_desc_t *desc, void **mapping,
@@ -83,12 +94,7 @@ static wsync_result_t wsync_cpu_segment_map(struct wsync_consumer *c,
     h->bytes = desc->bytes;
     h->peer_pid = desc->pid;
     h->is_segment = 1;
-    pthread_mutex_init(&h->lock, NULL);
-    wsync_cpu_sink_init(&h->sink);
-    pthread_mutex_lock(&c->lock);
-    h->next = c->handles;
-    c->handles = h;
-    pthread_mutex_unlock(&c->lock);
+    wsync_cpu_handle_register(c, h);
     *mapping = h;
     return WSYNC_OK;
 }
@@ -118,13 +124,7 @@ wsync_result_t wsync_cpu_handle_map(void *user, const wsync_buffer_desc_t *desc,
     h->peer_pid = h->control->producer_pid;
     if ((r = wsync_control_attach(h->control, err)) != WSYNC_OK)
         goto fail;
-    pthread_mutex_init(&h->lock, NULL);
-    wsync_cpu_sink_init(&h->sink);
-
-    pthread_mutex_lock(&c->lock);
-    h->next = c->handles;
-    c->handles = h;
-    pthread_mutex_unlock(&c->lock);
+    wsync_cpu_handle_register(c, h);
     *mapping = h;
     return WSYNC_OK;
 fail:
