@@ -293,3 +293,25 @@ wsync_result_t wsync_validate_segment_ops(const wsync_copy_op_t *ops, const uint
     *out = v;
     return WSYNC_OK;
 }
+
+wsync_result_t wsync_validate_segments(const wsync_copy_op_t *ops, const uint32_t *op_segment,
+                                       size_t n, size_t n_segs, wsync_segment_fn seg, void *user,
+                                       const char *what, wsync_copy_op_t **out, wsync_error_t *err)
+{
+    *out = NULL;
+    if (n_segs == 0)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "copy_segments needs the segments' handles (0 given)");
+    uint64_t *bytes = malloc(n_segs * sizeof(*bytes)), *base = malloc(n_segs * sizeof(*base));
+    wsync_result_t r = WSYNC_OK;
+    if (bytes == NULL || base == NULL)
+        r = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu segments", n_segs);
+    for (size_t k = 0; r == WSYNC_OK && k < n_segs; k++)
+        if (seg(user, k, &bytes[k], &base[k]) != 0)
+            r = WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "segs[%zu] is not %s", k, what);
+    if (r == WSYNC_OK)
+        r = wsync_validate_segment_ops(ops, op_segment, n, bytes, base, n_segs, out, err);
+    free(bytes);
+    free(base);
+    return r;
+}

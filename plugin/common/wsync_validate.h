@@ -22,6 +22,14 @@ wsync_result_t wsync_validate_segment_ops(const wsync_copy_op_t *ops, const uint
                                           const uint64_t *seg_base, size_t n_segs,
                                           wsync_copy_op_t **out, wsync_error_t *err);
 
+/* The same, the segments' sizes and addresses asked of the backend: seg(user, k, &bytes, &base)
+ * returns 0, or -1 when segs[k] is no open segment handle of this consumer (INVALID_ARGUMENT
+ * naming k and `what`). */
+typedef int (*wsync_segment_fn)(void *user, size_t k, uint64_t *bytes, uint64_t *base);
+wsync_result_t wsync_validate_segments(const wsync_copy_op_t *ops, const uint32_t *op_segment,
+                                       size_t n, size_t n_segs, wsync_segment_fn seg, void *user,
+                                       const char *what, wsync_copy_op_t **out, wsync_error_t *err);
+
 /* copy_weights' arguments, for every backend: ops non-NULL when n_ops > 0, n_ops at most
  * UINT32_MAX (one launch indexes ops with 32 bits), no flag but WSYNC_COPY_VERIFY.
  * INVALID_ARGUMENT naming the offending value. */

@@ -74,6 +74,23 @@ out:
     return r;
 }
 
+typedef struct cpu_segs {
+    struct wsync_consumer *c;
+    struct wsync_handle *h;
+    struct wsync_handle *const *segs;
+} cpu_segs_t;
+
+static int cpu_segment(void *user, size_t k, uint64_t *bytes, uint64_t *base)
+{
+    const cpu_segs_t *x = user;
+    const struct wsync_handle *s = x->segs[k];
+    if (s == NULL || s->consumer != x->c || !s->is_segment || s->peer_pid != x->h->peer_pid)
+        return -1;
+    *bytes = s->bytes;
+    *base = s->remote;
+    return 0;
+}
+
 wsync_result_t wsync_cpu_copy_segments(struct wsync_consumer *c, struct wsync_handle *h,
                                        struct wsync_handle *const *segs, size_t n_segs,
                                        wsync_stream_t stream, uint64_t generation,
@@ -87,31 +104,14 @@ wsync_result_t wsync_cpu_copy_segments(struct wsync_consumer *c, struct wsync_ha
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "handle %p is not an open buffer handle of consumer %p", (void *)h,
                           (void *)c);
-    if (n_segs == 0 || segs == NULL)
-        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                          "copy_segments needs the segments' handles (%zu given)", n_segs);
     if ((r = wsync_validate_copy_args(ops, n_ops, flags, err)) != WSYNC_OK)
         return r;
-    uint64_t *bytes = malloc(n_segs * sizeof(*bytes)), *base = malloc(n_segs * sizeof(*base));
+    cpu_segs_t sg = {.c = c, .h = h, .segs = segs};
     wsync_copy_op_t *moved = NULL;
-    if (bytes == NULL || base == NULL) {
-        r = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu segments", n_segs);
-        goto out;
-    }
-    for (size_t k = 0; k < n_segs; k++) {
-        if (segs[k] == NULL || segs[k]->consumer != c || !segs[k]->is_segment ||
-            segs[k]->peer_pid != h->peer_pid) {
-            r = WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                           "segs[%zu] is not an open host_pid segment of producer %lld", k,
-                           (long long)h->peer_pid);
-            goto out;
-        }
-        bytes[k] = segs[k]->bytes;
-        base[k] = segs[k]->remote;
-    }
-    if ((r = wsync_validate_segment_ops(ops, op_segment, n_ops, bytes, base, n_segs, &moved,
-                                        err)) != WSYNC_OK)
-        goto out;
+    if ((r = wsync_validate_segments(ops, op_segment, n_ops, segs != NULL ? n_segs : 0, cpu_segment,
+                                     &sg, "an open host_pid segment of its producer", &moved,
+                                     err)) != WSYNC_OK)
+        return r;
     wsync_cpu_stream_t *s = wsync_cpu_consumer_stream(c, stream);
     pthread_mutex_lock(&h->lock);
     if (h->pending_generation == 0 || generation != h->pending_generation)
@@ -131,10 +131,7 @@ wsync_result_t wsync_cpu_copy_segments(struct wsync_consumer *c, struct wsync_ha
         wsync_cpu_stream_synchronize(s);
     }
     pthread_mutex_unlock(&h->lock);
-out:
     free(moved);
-    free(bytes);
-    free(base);
     return r;
 }
 

@@ -210,6 +210,23 @@ wsync_result_t wsync_cuda_copy_weights(struct wsync_consumer *c, struct wsync_ha
     return rc;
 }
 
+typedef struct cuda_segs {
+    struct wsync_consumer *c;
+    struct wsync_handle *const *segs;
+} cuda_segs_t;
+
+static int cuda_segment(void *user, size_t k, uint64_t *bytes, uint64_t *base)
+{
+    const cuda_segs_t *x = user;
+    struct wsync_handle *s = x->segs[k];
+    if (check_handle(x->c, s, "copy_segments", NULL) != WSYNC_OK || !s->segment)
+        return -1;
+    const wsync_cuda_mapping_t *m = s->entry->mapping;
+    *bytes = s->bytes;
+    *base = (uint64_t)(uintptr_t)(m->base + s->base_offset);
+    return 0;
+}
+
 /* Direct mode: every op of every segment in one launch after h's *ready*; each segment's mapping
  * notes the launch (so unmapping it waits for these copies), h carries *consumed*. */
 wsync_result_t wsync_cuda_copy_segments(struct wsync_consumer *c, struct wsync_handle *h,
@@ -228,25 +245,12 @@ wsync_result_t wsync_cuda_copy_segments(struct wsync_consumer *c, struct wsync_h
                           n_segs);
     if ((rc = wsync_validate_copy_args(ops, n_ops, flags, err)) != WSYNC_OK)
         return rc;
-    uint64_t *bytes = malloc(n_segs * sizeof(*bytes)), *base = malloc(n_segs * sizeof(*base));
+    cuda_segs_t sg = {.c = c, .segs = segs};
     wsync_copy_op_t *moved = NULL;
-    if (bytes == NULL || base == NULL) {
-        rc = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu segments", n_segs);
-        goto out;
-    }
-    for (size_t k = 0; k < n_segs; k++) {
-        if (check_handle(c, segs[k], __func__, NULL) != WSYNC_OK || !segs[k]->segment) {
-            rc = WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                            "segs[%zu] is not the open handle of a direct manifest's segment", k);
-            goto out;
-        }
-        const wsync_cuda_mapping_t *sm = segs[k]->entry->mapping;
-        bytes[k] = segs[k]->bytes;
-        base[k] = (uint64_t)(uintptr_t)(sm->base + segs[k]->base_offset);
-    }
-    if ((rc = wsync_validate_segment_ops(ops, op_segment, n_ops, bytes, base, n_segs, &moved,
-                                         err)) != WSYNC_OK)
-        goto out;
+    if ((rc = wsync_validate_segments(ops, op_segment, n_ops, n_segs, cuda_segment, &sg,
+                                      "the open handle of a direct manifest's segment", &moved,
+                                      err)) != WSYNC_OK)
+        return rc;
     wsync_cuda_range_push("wsync:copy_segments");
     cudaSetDevice(c->device);
     const cudaStream_t s = wsync_cuda_stream(stream);
@@ -260,10 +264,7 @@ wsync_result_t wsync_cuda_copy_segments(struct wsync_consumer *c, struct wsync_h
     }
     pthread_mutex_unlock(&c->lock);
     wsync_cuda_range_pop();
-out:
     free(moved);
-    free(bytes);
-    free(base);
     return rc;
 }
 
