@@ -48,7 +48,8 @@ extern "C" {
  *       Flags: WSYNC_COPY_VERIFY; WSYNC_STAGING_FIXED_LAYOUT, WSYNC_STAGING_NO_DIGESTS.
  *       Appended in 0.1.2 (direct mode): WSYNC_STAGING_DIRECT; buffer kind host_pid (5);
  *         wsync_manifest_v1_t.n_segments, segments, tensor_segment;
- *         wsync_consumer_ops_v1_t.copy_segments (optional). */
+ *         wsync_consumer_ops_v1_t.copy_segments (optional); digest_regions (optional, the
+ *         weight checker). */
 #define WSYNC_ABI_VERSION_1 1u
 
 /* ------------------------------------------------------------------ results */
@@ -401,6 +402,14 @@ typedef struct wsync_consumer_ops_v1 {
                                     wsync_stream_t stream, uint64_t generation,
                                     const wsync_copy_op_v1_t *ops, const uint32_t *op_segment,
                                     size_t n_ops, uint32_t flags, wsync_error_v1_t *err);
+
+    /* Appended in 0.1.2 (optional). wsync64 of n regions of plugin memory (engine parameters,
+     * a trainer's tensors): region i is regions[i].rows rows of row_bytes at dst, dst_pitch
+     * apart, digested as a copy op's bytes are (rows concatenated); the other fields are ignored.
+     * Runs on `stream` after the work queued there; blocking (out[i] is set on return). */
+    wsync_result_t (*digest_regions)(struct wsync_consumer *c, wsync_stream_t stream,
+                                     const wsync_copy_op_v1_t *regions, size_t n, uint64_t *out,
+                                     wsync_error_v1_t *err);
 } wsync_consumer_ops_v1_t;
 
 /* --------------------------------------------------------------- producer */

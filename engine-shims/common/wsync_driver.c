@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "wsync_digest.h"
 #include "wsync_error.h"
 #include "wsync_client.h"
 #include "wsync_loader.h"
@@ -685,6 +686,39 @@ wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifest
     free(live);
     free(ops);
     free(m);
+    return rc;
+}
+
+wsync_result_t wsync_driver_check_tensors(wsync_driver_t *d, const wsync_tensor_desc_t *t, size_t n,
+                                          json_t **out, wsync_error_t *err)
+{
+    *out = NULL;
+    if (d->ops == NULL || !WSYNC_HAS_OP(wsync_consumer_ops_t, d->ops, digest_regions))
+        return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
+                            "the weight checker needs a plugin with digest_regions (%s)",
+                            d->ops == NULL ? d->native_why : d->loader.path);
+    wsync_copy_op_t *ops = calloc(n ? n : 1, sizeof(*ops));
+    uint64_t *digest = calloc(n ? n : 1, sizeof(*digest));
+    wsync_result_t rc =
+        ops && digest ? WSYNC_OK : WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "check: %zu", n);
+    for (size_t i = 0; i < n && rc == WSYNC_OK; i++)
+        rc = wsync_map_plan(d->cfg.map, d->cfg.engine, &t[i], &ops[i], err);
+    if (rc == WSYNC_OK)
+        rc = d->ops->digest_regions(d->consumer, wsync_driver_stream(d), ops, n, digest, err);
+    json_t *list = rc == WSYNC_OK ? json_array() : NULL;
+    for (size_t i = 0; list != NULL && i < n; i++) {
+        char text[32];
+        wsync64_format(digest[i], text);
+        json_array_append_new(
+            list,
+            json_pack("{s:s, s:s, s:I, s:I, s:I, s:I}", "name", t[i].name, "digest", text, "offset",
+                      (json_int_t)ops[i].src_offset, "rows", (json_int_t)ops[i].rows, "row_bytes",
+                      (json_int_t)ops[i].row_bytes, "pitch",
+                      (json_int_t)(ops[i].rows > 1 ? ops[i].src_pitch : ops[i].row_bytes)));
+    }
+    free(ops);
+    free(digest);
+    *out = list;
     return rc;
 }
 

@@ -95,6 +95,15 @@ typedef struct wsync_shadow {
 wsync_result_t wsync_driver_set_shadows(wsync_driver_t *d, const wsync_shadow_t *shadows, size_t n,
                                         wsync_error_t *err);
 
+/* The weight checker: for each HF tensor t[i] (name, dtype, shape; offset 0), where it lives in
+ * this engine rank (the mapping's plan, as for a copy) and the wsync64 of those bytes as the
+ * engine holds them now, computed by the plugin on the engine's stream. *out: a JSON array of
+ * {"name", "digest": "wsync64:<hex>", "offset", "rows", "row_bytes", "pitch"}, the last four the
+ * region of the HF tensor this rank holds (its bytes from `offset`, `rows` rows of `row_bytes`,
+ * `pitch` apart), so the trainer digests the same bytes of its own tensor. Blocking. */
+wsync_result_t wsync_driver_check_tensors(wsync_driver_t *d, const wsync_tensor_desc_t *t, size_t n,
+                                          json_t **out, wsync_error_t *err);
+
 /* Wait until every copy enqueued on the engine stream is done. Blocking. */
 wsync_result_t wsync_driver_drain(wsync_driver_t *d, wsync_error_t *err);
 

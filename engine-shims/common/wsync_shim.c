@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "wsync_dtype.h"
 #include "wsync_error.h"
 #include "wsync_request.h"
 
@@ -29,6 +30,54 @@ void wsync_shim_ctx_free(wsync_shim_ctx_t *ctx)
 {
     json_decref(ctx->state);
     ctx->state = NULL;
+}
+
+/* The weight checker: {"method": "wsync_check", "tensors": [{"name", "dtype", "shape"}, ...]}
+ * answers {"check": [...]} (wsync_driver_check_tensors). */
+static wsync_result_t wsync_shim_check(wsync_shim_ctx_t *ctx, json_t *req, json_t **extra,
+                                       wsync_error_t *err)
+{
+    json_t *list = json_object_get(req, "tensors"), *e;
+    size_t n = json_array_size(list), i;
+    if (!json_is_array(list))
+        return WSYNC_RECORD(err, WSYNC_ERR_BAD_REQUEST,
+                            "wsync_check needs \"tensors\": [{\"name\", \"dtype\", \"shape\"}]");
+    wsync_tensor_desc_t *t = calloc(n ? n : 1, sizeof(*t));
+    if (t == NULL)
+        return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "wsync_check: %zu tensors", n);
+    wsync_result_t rc = WSYNC_OK;
+    json_array_foreach(list, i, e)
+    {
+        json_t *shape = json_object_get(e, "shape"), *dim;
+        size_t k;
+        t[i].struct_size = sizeof(t[i]);
+        t[i].name = json_string_value(json_object_get(e, "name"));
+        t[i].dtype = wsync_dtype_from_name(json_string_value(json_object_get(e, "dtype")));
+        t[i].ndim = (uint32_t)json_array_size(shape);
+        if (t[i].name == NULL || t[i].dtype == WSYNC_DTYPE_INVALID || !json_is_array(shape) ||
+            t[i].ndim > WSYNC_MAX_DIMS) {
+            rc = WSYNC_RECORD(err, WSYNC_ERR_BAD_REQUEST,
+                              "wsync_check: tensors[%zu] needs a name, a known dtype and a shape "
+                              "of at most %d dimensions",
+                              i, WSYNC_MAX_DIMS);
+            break;
+        }
+        json_array_foreach(shape, k, dim) t[i].shape[k] = json_integer_value(dim);
+        if (wsync_tensor_nbytes(t[i].dtype, t[i].ndim, t[i].shape, &t[i].nbytes) != 0) {
+            rc = WSYNC_RECORD(err, WSYNC_ERR_BAD_REQUEST,
+                              "wsync_check: tensors[%zu] (\"%.80s\"): "
+                              "a bad shape",
+                              i, t[i].name);
+            break;
+        }
+    }
+    json_t *out = NULL;
+    if (rc == WSYNC_OK)
+        rc = wsync_driver_check_tensors(ctx->driver, t, n, &out, err);
+    free(t);
+    if (rc == WSYNC_OK)
+        *extra = json_pack("{s:o}", "check", out);
+    return rc;
 }
 
 /* wsync's own transaction methods, the same for every engine:
@@ -81,10 +130,12 @@ static wsync_result_t wsync_shim_txn(wsync_shim_ctx_t *ctx, const char *method, 
     } else if (strcmp(method, "wsync_abort") == 0) {
         const char *why = json_string_value(json_object_get(req, "reason"));
         wsync_driver_abort(d, why != NULL ? why : "aborted by its producer");
+    } else if (strcmp(method, "wsync_check") == 0) {
+        return wsync_shim_check(ctx, req, extra, err);
     } else if (strcmp(method, "wsync_state") != 0) {
         return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
                             "unknown method \"%s\"; wsync's own are wsync_begin, wsync_commit, "
-                            "wsync_abort and wsync_state",
+                            "wsync_abort, wsync_state and wsync_check",
                             method);
     }
     if (rc == WSYNC_OK)

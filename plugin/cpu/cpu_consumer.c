@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cpu_internal.h"
+#include "wsync_digest.h"
 #include "wsync_error.h"
 #include "wsync_manifest.h"
 
@@ -187,6 +188,35 @@ wsync_result_t wsync_cpu_mem_free(struct wsync_consumer *c, void *p, wsync_error
     (void)c;
     (void)err;
     free(p);
+    return WSYNC_OK;
+}
+
+wsync_result_t wsync_cpu_digest_regions(struct wsync_consumer *c, wsync_stream_t stream,
+                                        const wsync_copy_op_t *regions, size_t n, uint64_t *out,
+                                        wsync_error_t *err)
+{
+    if (c == NULL || (n > 0 && (regions == NULL || out == NULL)))
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "digest_regions needs a consumer, regions and out");
+    for (size_t i = 0; i < n; i++)
+        if (regions[i].rows > 0 && regions[i].row_bytes > 0 &&
+            (regions[i].dst == NULL ||
+             (regions[i].rows > 1 && regions[i].dst_pitch < regions[i].row_bytes)))
+            return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                              "region %zu: dst %p, %llu rows of %llu bytes, pitch %llu", i,
+                              regions[i].dst, (unsigned long long)regions[i].rows,
+                              (unsigned long long)regions[i].row_bytes,
+                              (unsigned long long)regions[i].dst_pitch);
+    /* the caller's CPU work is done when it calls; copies queued on the stream are not */
+    wsync_cpu_stream_synchronize(wsync_cpu_consumer_stream(c, stream));
+    for (size_t i = 0; i < n; i++) {
+        wsync64_state_t st;
+        wsync64_init(&st);
+        for (uint64_t r = 0; r < regions[i].rows && regions[i].row_bytes > 0; r++)
+            wsync64_update(&st, (const uint8_t *)regions[i].dst + r * regions[i].dst_pitch,
+                           (size_t)regions[i].row_bytes);
+        out[i] = wsync64_final(&st);
+    }
     return WSYNC_OK;
 }
 

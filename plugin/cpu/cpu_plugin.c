@@ -33,6 +33,7 @@ static const wsync_consumer_ops_v1_t wsync_cpu_consumer_table = {
     .mem_free = wsync_cpu_mem_free,
     .mem_copy = wsync_cpu_mem_copy,
     .copy_segments = wsync_cpu_copy_segments,
+    .digest_regions = wsync_cpu_digest_regions,
 };
 
 static const wsync_producer_ops_v1_t wsync_cpu_producer_table = {

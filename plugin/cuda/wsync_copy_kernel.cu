@@ -43,7 +43,7 @@ static __device__ __forceinline__ unsigned long long wsync_k_vec_sum(uint4 v, un
 
 /* Several short rows in one chunk (a row-parallel slice): index math per vector. Kept out of
  * line so that the registers of the 1-D loop stay few. */
-template <bool DIG, bool STREAM>
+template <bool DIG, bool STREAM, bool STORE = true>
 static __device__ __noinline__ void
 wsync_k_rows(const wsync_cuda_op_t &op, const unsigned char *sbase, unsigned char *dbase,
              unsigned long long lbase, uint32_t segv, uint32_t nv, unsigned long long &acc)
@@ -67,8 +67,9 @@ wsync_k_rows(const wsync_cuda_op_t &op, const unsigned char *sbase, unsigned cha
             const uint32_t r = idx / segv;
             const uint32_t cv = idx - r * segv;
             if (idx < nv) {
-                wsync_k_store<STREAM>(dbase + (uint64_t)r * op.dst_pitch + (uint64_t)cv * 16u,
-                                      v[u]);
+                if (STORE)
+                    wsync_k_store<STREAM>(dbase + (uint64_t)r * op.dst_pitch + (uint64_t)cv * 16u,
+                                          v[u]);
                 if (DIG)
                     acc += wsync_k_vec_sum(v[u], lbase + (unsigned long long)r * op.row_bytes +
                                                      (unsigned long long)cv * 16u);
@@ -78,7 +79,7 @@ wsync_k_rows(const wsync_cuda_op_t &op, const unsigned char *sbase, unsigned cha
 }
 
 /* One chunk of a vector-path op: nrows rows of [c0, c1) bytes each. */
-template <bool DIG, bool STREAM, int U>
+template <bool DIG, bool STREAM, int U, bool STORE = true>
 static __device__ __forceinline__ void wsync_k_chunk_vec(const wsync_cuda_op_t &op, uint64_t k,
                                                          unsigned long long &acc)
 {
@@ -113,14 +114,15 @@ static __device__ __forceinline__ void wsync_k_chunk_vec(const wsync_cuda_op_t &
             for (int u = 0; u < U; u++) {
                 const uint32_t idx = base + (uint32_t)u * nt;
                 if (idx < nv) {
-                    wsync_k_store<STREAM>(dbase + (uint64_t)idx * 16u, v[u]);
+                    if (STORE)
+                        wsync_k_store<STREAM>(dbase + (uint64_t)idx * 16u, v[u]);
                     if (DIG)
                         acc += wsync_k_vec_sum(v[u], lbase + (unsigned long long)idx * 16u);
                 }
             }
         }
     } else {
-        wsync_k_rows<DIG, STREAM>(op, sbase, dbase, lbase, segv, nv, acc);
+        wsync_k_rows<DIG, STREAM, STORE>(op, sbase, dbase, lbase, segv, nv, acc);
     }
     /* A 1-D op whose length is not a multiple of 16 ends in a short tail. */
     const uint32_t tail = seg & 15u;
@@ -130,7 +132,8 @@ static __device__ __forceinline__ void wsync_k_chunk_vec(const wsync_cuda_op_t &
         unsigned long long w[2] = {0, 0};
         for (uint32_t b = 0; b < tail; b++) {
             unsigned char x = s[b];
-            d[b] = x;
+            if (STORE)
+                d[b] = x;
             w[b >> 3] |= (unsigned long long)x << (8u * (b & 7u));
         }
         if (DIG) {
@@ -144,7 +147,7 @@ static __device__ __forceinline__ void wsync_k_chunk_vec(const wsync_cuda_op_t &
 
 /* One chunk of a byte-path op: logical bytes [k*CHUNK, ...) of the rows concatenated, one 8-byte
  * logical word per thread step. Slow, for misaligned sources or destinations only. */
-template <bool DIG>
+template <bool DIG, bool STORE = true>
 static __device__ __noinline__ void wsync_k_chunk_bytes(const wsync_cuda_op_t &op, uint64_t k,
                                                         unsigned long long &acc)
 {
@@ -160,7 +163,8 @@ static __device__ __noinline__ void wsync_k_chunk_bytes(const wsync_cuda_op_t &o
         unsigned long long word = 0;
         for (uint32_t b = 0; b < n; b++) {
             unsigned char x = op.src[r * op.src_pitch + col];
-            op.dst[r * op.dst_pitch + col] = x;
+            if (STORE)
+                op.dst[r * op.dst_pitch + col] = x;
             word |= (unsigned long long)x << (8u * b);
             if (++col == op.row_bytes) {
                 col = 0;
@@ -190,7 +194,8 @@ __device__ __forceinline__ uint32_t wsync_k_find_op(const wsync_cuda_op_t *__res
     return wsync_k_last_begin<wsync_cuda_op_t, &wsync_cuda_op_t::chunk_begin>(ops, n_ops, c);
 }
 
-template <bool VERIFY, bool STREAM, int U, int MINB>
+/* STORE false: the digest pass of the weight checker (reads and sums, writes nothing). */
+template <bool VERIFY, bool STREAM, int U, int MINB, bool STORE = true>
 __global__ void __launch_bounds__(WSYNC_CUDA_BLOCK_THREADS, MINB)
     wsync_copy_kernel(const wsync_cuda_op_t *__restrict__ ops, uint32_t n_ops,
                       uint64_t total_chunks, unsigned long long *__restrict__ sums)
@@ -214,17 +219,17 @@ __global__ void __launch_bounds__(WSYNC_CUDA_BLOCK_THREADS, MINB)
         if (op.flags & WSYNC_CUDA_OP_VEC) {
             if (dig)
                 for (; c < stop; c++)
-                    wsync_k_chunk_vec<true, STREAM, U>(op, c - op.chunk_begin, acc);
+                    wsync_k_chunk_vec<true, STREAM, U, STORE>(op, c - op.chunk_begin, acc);
             else
                 for (; c < stop; c++)
-                    wsync_k_chunk_vec<false, STREAM, U>(op, c - op.chunk_begin, acc);
+                    wsync_k_chunk_vec<false, STREAM, U, STORE>(op, c - op.chunk_begin, acc);
         } else {
             if (dig)
                 for (; c < stop; c++)
-                    wsync_k_chunk_bytes<true>(op, c - op.chunk_begin, acc);
+                    wsync_k_chunk_bytes<true, STORE>(op, c - op.chunk_begin, acc);
             else
                 for (; c < stop; c++)
-                    wsync_k_chunk_bytes<false>(op, c - op.chunk_begin, acc);
+                    wsync_k_chunk_bytes<false, STORE>(op, c - op.chunk_begin, acc);
         }
         if (dig)
             wsync_k_flush(acc, sums, i);
@@ -429,5 +434,20 @@ extern "C" cudaError_t wsync_cuda_launch_copy(const wsync_cuda_op_t *ops, uint32
     }
 #undef WSYNC_K_LAUNCH
 #undef WSYNC_K_LAUNCH_IL
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t wsync_cuda_launch_digest(const wsync_cuda_op_t *ops, uint32_t n_ops,
+                                                uint64_t total_chunks, unsigned long long *sums,
+                                                int sm_count, cudaStream_t stream)
+{
+    if (n_ops == 0 || total_chunks == 0)
+        return cudaSuccess;
+    uint64_t grid = (uint64_t)(sm_count > 0 ? sm_count : 1) * 2u;
+    if (grid > total_chunks)
+        grid = total_chunks;
+    wsync_copy_kernel<true, false, 8, 1, false>
+        <<<dim3((unsigned)grid), dim3(WSYNC_CUDA_BLOCK_THREADS), 0, stream>>>(ops, n_ops,
+                                                                              total_chunks, sums);
     return cudaGetLastError();
 }

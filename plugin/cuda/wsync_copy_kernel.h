@@ -87,6 +87,12 @@ cudaError_t wsync_cuda_launch_copy(const wsync_cuda_op_t *ops, uint32_t n_ops,
                                    int sm_count, const wsync_cuda_launch_cfg_t *cfg,
                                    cudaStream_t stream);
 
+/* The weight checker's pass: the wsync64 sums of ops (planned with digest, src the region; dst
+ * is not written) into the zeroed sums, one per op. Non-blocking. */
+cudaError_t wsync_cuda_launch_digest(const wsync_cuda_op_t *ops, uint32_t n_ops,
+                                     uint64_t total_chunks, unsigned long long *sums, int sm_count,
+                                     cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "wsync_cuda.h"
+#include "wsync_digest.h"
 #include "wsync_error.h"
 #include "wsync_log.h"
 #include "wsync_validate.h"
@@ -336,5 +337,68 @@ wsync_result_t wsync_cuda_record_consumed(struct wsync_consumer *c, struct wsync
     pthread_mutex_unlock(&c->lock);
     wsync_cuda_range_pop();
     wsync_cuda_stats_log();
+    return rc;
+}
+
+/* The weight checker: one digest pass (the copy kernel without its stores) over every region. */
+wsync_result_t wsync_cuda_digest_regions(struct wsync_consumer *c, wsync_stream_t stream,
+                                         const wsync_copy_op_t *regions, size_t n, uint64_t *out,
+                                         wsync_error_t *err)
+{
+    if (c == NULL || (n > 0 && (regions == NULL || out == NULL)) || n > UINT32_MAX)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "digest_regions needs a consumer, regions and out (at most 2^32)");
+    for (size_t i = 0; i < n; i++)
+        if (regions[i].rows > 0 && regions[i].row_bytes > 0 &&
+            (regions[i].dst == NULL ||
+             (regions[i].rows > 1 && regions[i].dst_pitch < regions[i].row_bytes)))
+            return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                              "region %zu: dst %p, %llu rows of %llu bytes, pitch %llu", i,
+                              regions[i].dst, (unsigned long long)regions[i].rows,
+                              (unsigned long long)regions[i].row_bytes,
+                              (unsigned long long)regions[i].dst_pitch);
+    if (n == 0)
+        return WSYNC_OK;
+    wsync_cuda_range_push("wsync:digest_regions");
+    cudaSetDevice(c->device);
+    const cudaStream_t s = wsync_cuda_stream(stream);
+    pthread_mutex_lock(&c->lock);
+    wsync_cuda_slot_t *slot = NULL;
+    wsync_result_t rc = wsync_cuda_ring_take(&c->ring, n, &slot, err);
+    if (rc == WSYNC_OK) {
+        wsync_cuda_op_t *table = (wsync_cuda_op_t *)slot->host;
+        const size_t ops_bytes = wsync_cuda_slot_ops_bytes(n);
+        uint64_t chunks = 0;
+        for (size_t i = 0; i < n; i++) {
+            const wsync_copy_op_t *r = &regions[i];
+            const uint64_t pitch = r->rows > 1 ? r->dst_pitch : r->row_bytes;
+            chunks += wsync_cuda_plan_op(&table[i], r->dst, r->dst, pitch, pitch, r->rows,
+                                         r->row_bytes, 1, chunks);
+        }
+        memset(slot->host + ops_bytes, 0, n * sizeof(uint64_t));
+        unsigned long long *sums = (unsigned long long *)(slot->dev + ops_bytes);
+        unsigned char *back =
+            slot->host + wsync_cuda_slot_ops_bytes(slot->cap_ops) + slot->cap_ops * 8u;
+        cudaError_t e = cudaMemcpyAsync(slot->dev, slot->host, ops_bytes + n * sizeof(uint64_t),
+                                        cudaMemcpyHostToDevice, s);
+        if (e == cudaSuccess)
+            e = wsync_cuda_launch_digest((const wsync_cuda_op_t *)slot->dev, (uint32_t)n, chunks,
+                                         sums, c->sm_count, s);
+        if (e == cudaSuccess)
+            e = cudaMemcpyAsync(back, sums, n * sizeof(uint64_t), cudaMemcpyDeviceToHost, s);
+        if (e == cudaSuccess)
+            e = cudaEventRecord(slot->done, s);
+        if (e == cudaSuccess) {
+            slot->used = 1;
+            e = cudaEventSynchronize(slot->done);
+        }
+        if (e != cudaSuccess)
+            rc = wsync_cuda_fail(err, e, "digest_regions", "the digest pass");
+        const uint64_t *got = (const uint64_t *)back;
+        for (size_t i = 0; rc == WSYNC_OK && i < n; i++)
+            out[i] = wsync_mix64(got[i] ^ (regions[i].rows * regions[i].row_bytes));
+    }
+    pthread_mutex_unlock(&c->lock);
+    wsync_cuda_range_pop();
     return rc;
 }

@@ -110,13 +110,64 @@ class ProducerOps(C.Structure):
     ]
 
 
+class CopyOp(C.Structure):
+    _fields_ = [
+        ("src_offset", C.c_uint64),
+        ("src_pitch", C.c_uint64),
+        ("dst", C.c_void_p),
+        ("dst_pitch", C.c_uint64),
+        ("dst_extent", C.c_uint64),
+        ("rows", C.c_uint64),
+        ("row_bytes", C.c_uint64),
+        ("digest", C.c_uint64),
+        ("has_digest", C.c_int),
+    ]
+
+
+class ConsumerConfig(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_size_t),
+        ("device_ordinal", C.c_int),
+        ("timeout_ms", C.c_uint32),
+        ("max_manifest_bytes", C.c_uint64),
+        ("max_manifest_tensors", C.c_uint64),
+    ]
+
+
+class ConsumerOps(C.Structure):
+    """The members Python calls (the weight checker's digests), the others as pointers."""
+    _fields_ = [
+        ("struct_size", C.c_size_t),
+        ("abi_version", C.c_uint32),
+        ("create", C.CFUNCTYPE(_R, C.POINTER(ConsumerConfig), C.POINTER(_P), _E)),
+        ("parse_manifest", C.c_void_p),
+        ("manifest_free", C.c_void_p),
+        ("open_handle", C.c_void_p),
+        ("close_handle", C.c_void_p),
+        ("copy_weights", C.c_void_p),
+        ("record_consumed", C.c_void_p),
+        ("hot_load_adapter", C.c_void_p),
+        ("enqueue_host_fn", C.c_void_p),
+        ("finalize", C.CFUNCTYPE(_R, _P, _E)),
+        ("stream_create", C.c_void_p),
+        ("stream_destroy", C.c_void_p),
+        ("stream_synchronize", C.c_void_p),
+        ("unload_adapter", C.c_void_p),
+        ("mem_alloc", C.c_void_p),
+        ("mem_free", C.c_void_p),
+        ("mem_copy", C.c_void_p),
+        ("copy_segments", C.c_void_p),
+        ("digest_regions", C.CFUNCTYPE(_R, _P, _P, C.POINTER(CopyOp), C.c_size_t, C.POINTER(C.c_uint64), _E)),
+    ]
+
+
 class Plugin(C.Structure):
     _fields_ = [
         ("struct_size", C.c_size_t),
         ("abi_version", C.c_uint32),
         ("name", C.c_char_p),
         ("version", C.c_char_p),
-        ("consumer", C.c_void_p),
+        ("consumer", C.POINTER(ConsumerOps)),
         ("producer", C.POINTER(ProducerOps)),
     ]
 

@@ -145,6 +145,10 @@ class LoadedPlugin:
     def producer(self) -> _abi.ProducerOps:
         return self.table.contents.producer.contents
 
+    @property
+    def consumer(self) -> _abi.ConsumerOps:
+        return self.table.contents.consumer.contents
+
 
 _plugins: dict = {}
 
