@@ -1,6 +1,9 @@
 /* See wsync_shim_api.h. Each entry point forwards to the shims' own code. */
 #include "wsync_shim_api.h"
 
+#include "wsync_dtype.h"
+#include "wsync_model.h"
+
 #include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -289,6 +292,36 @@ WSYNC_SHIM_API wsync_result_t wsync_shim_worker_shadows(wsync_shim_worker_t *w, 
     wsync_result_t rc = wsync_driver_set_shadows(w->driver, t, n, err);
     free(t);
     return rc;
+}
+
+WSYNC_SHIM_API char *wsync_shim_model_tensors(const char *config_json, size_t len,
+                                              wsync_error_t *err)
+{
+    wsync_model_t m;
+    char why[256];
+    if (config_json == NULL) {
+        WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT, "model_tensors needs a config text");
+        return NULL;
+    }
+    if (wsync_model_from_config(&m, config_json, len, why, sizeof(why)) != 0) {
+        WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT, "%s", why);
+        return NULL;
+    }
+    json_t *list = json_array();
+    for (size_t i = 0; list != NULL && i < m.n; i++) {
+        const wsync_model_tensor_t *t = &m.tensors[i];
+        json_t *shape = json_array();
+        for (uint32_t k = 0; k < t->ndim; k++)
+            json_array_append_new(shape, json_integer((json_int_t)t->shape[k]));
+        json_array_append_new(list, json_pack("{s:s, s:s, s:o}", "name", t->name, "dtype",
+                                              wsync_dtype_name(t->dtype), "shape", shape));
+    }
+    wsync_model_free(&m);
+    char *text = list != NULL ? json_dumps(list, JSON_COMPACT) : NULL;
+    json_decref(list);
+    if (text == NULL)
+        WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "model_tensors: out of memory");
+    return text;
 }
 
 WSYNC_SHIM_API uint64_t wsync_shim_worker_opens(const wsync_shim_worker_t *w)

@@ -72,6 +72,12 @@ char *wsync_shim_worker_serve(wsync_shim_worker_t *w, const char *text, size_t l
 /* Buffers and direct segments this worker has opened (wsync_driver_opens): 0 more per steady
  * sync. */
 uint64_t wsync_shim_worker_opens(const wsync_shim_worker_t *w);
+/* The model layer (models/wsync_model.h): the HF tensor list of a Hugging Face config.json
+ * (text, len bytes) as JSON text (malloc'd; free with wsync_shim_api_free): [{"name", "dtype",
+ * "shape"}, ...] in the checkpoint's order. NULL with err naming what is wrong (an unknown
+ * model_type, a size missing). */
+char *wsync_shim_model_tensors(const char *config_json, size_t len, wsync_error_t *err);
+
 /* Rollback mode (wsync_driver_set_shadows): copies into params[i] .. + bytes[i] go to shadows[i];
  * the engine fills each shadow when a version opens and copies it into place when the version
  * commits (its update_begin / update_end hooks). n = 0 turns it off. */

@@ -58,6 +58,7 @@ _FUNCTIONS = [
         C.c_int,
         [C.c_char_p, C.POINTER(C.POINTER(_abi.Plugin)), C.c_char_p, C.c_size_t, _E],
     ),
+    ("wsync_shim_model_tensors", _P, [C.c_char_p, C.c_size_t, _E]),
     ("wsync_shim_api_free", None, [_P]),
 ]
 

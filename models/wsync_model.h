@@ -1,7 +1,9 @@
-/* Synthetic model layouts shared by demo and bench: the tensor lists of Qwen3-8B ("dense", 399
- * tensors) and Qwen3-30B-A3B ("moe", 393 tensors per layer + 3) with HF names, optionally shrunk by
- * `scale` (large dims and head counts divided, head_dim, names and count kept). Tensor contents are
- * a pure function of (name, version), so a consumer can check what it received without trusting any
+/* The model layer: the HF tensor list (names, dtypes, shapes) of a Hugging Face config.json for
+ * Llama, Mistral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE and Mixtral (tied embeddings: no lm_head),
+ * and the two built-in layouts as configs of it: Qwen3-8B ("dense", 399 tensors) and
+ * Qwen3-30B-A3B ("moe", 393 tensors per layer + 3), optionally shrunk by `scale` (large dims and
+ * head counts divided, head_dim, names and count kept). Synthetic tensor contents are a pure
+ * function of (name, version), so a consumer can check what it received without trusting any
  * digest. */
 #ifndef WSYNC_MODEL_H
 #define WSYNC_MODEL_H
@@ -31,7 +33,7 @@ typedef struct wsync_model_config {
 } wsync_model_config_t;
 
 typedef struct wsync_model {
-    char layout[16];
+    char layout[32];
     wsync_model_tensor_t *tensors;
     size_t n;
     uint64_t payload_bytes; /* sum of nbytes */
@@ -43,6 +45,10 @@ typedef struct wsync_model {
 
 /* Build the tensor list. Returns 0, or -1 with `why` explaining (unknown layout, bad scale). */
 int wsync_model_build(wsync_model_t *m, const wsync_model_config_t *cfg, char *why, size_t len);
+/* The tensor list of a Hugging Face config (config.json text, json_len bytes). -1 with `why`
+ * naming what is wrong: not JSON, an unknown model_type (named), a size missing. */
+int wsync_model_from_config(wsync_model_t *m, const char *json, size_t json_len, char *why,
+                            size_t len);
 void wsync_model_free(wsync_model_t *m);
 
 /* Index of the tensor called `name`, or -1. */
