@@ -78,6 +78,13 @@ uint64_t wsync_shim_worker_opens(const wsync_shim_worker_t *w);
  * model_type, a size missing). */
 char *wsync_shim_model_tensors(const char *config_json, size_t len, wsync_error_t *err);
 
+/* A Hugging Face model directory's tensor plan (models/wsync_checkpoint.h), nothing moved: JSON
+ * text (malloc'd) {"model_type", "tensors": n, "bytes", "shards": k, "plan": [{"name", "dtype",
+ * "file_dtype", "shape", "bytes", "shard", "engine_param", "expert"}, ...]}, engine_param by
+ * `engine`'s mapping (NULL engine: "sglang"). NULL with err naming what is wrong (a tensor
+ * missing or of another shape, an unknown model_type, a file that is not safetensors). */
+char *wsync_shim_checkpoint_plan(const char *dir, const char *engine, wsync_error_t *err);
+
 /* Rollback mode (wsync_driver_set_shadows): copies into params[i] .. + bytes[i] go to shadows[i];
  * the engine fills each shadow when a version opens and copies it into place when the version
  * commits (its update_begin / update_end hooks). n = 0 turns it off. */

@@ -59,6 +59,7 @@ _FUNCTIONS = [
         [C.c_char_p, C.POINTER(C.POINTER(_abi.Plugin)), C.c_char_p, C.c_size_t, _E],
     ),
     ("wsync_shim_model_tensors", _P, [C.c_char_p, C.c_size_t, _E]),
+    ("wsync_shim_checkpoint_plan", _P, [C.c_char_p, C.c_char_p, _E]),
     ("wsync_shim_api_free", None, [_P]),
 ]
 

@@ -37,3 +37,16 @@ def tensors_from_config(config: Union[str, os.PathLike, Mapping[str, Any], Any])
         _native.check(err.code or 1, err)
     return [(t["name"], _DTYPES.get(t["dtype"], getattr(torch, t["dtype"], None)), tuple(t["shape"]))
             for t in json.loads(out)]
+
+
+def inspect(model_dir: Union[str, os.PathLike], engine: str = "sglang") -> dict:
+    """The tensor plan of a Hugging Face model directory (config.json and its safetensors,
+    sharded or not), by the C checkpoint reader, nothing moved: {"model_type", "tensors",
+    "bytes", "shards", "plan": [{"name", "dtype", "file_dtype", "shape", "bytes", "shard",
+    "engine_param", "expert"}]}. Raises naming a tensor missing or of another shape."""
+    shim = _native.shim()
+    err = _abi.Error.new()
+    out = shim.take_string(shim.checkpoint_plan(os.fspath(model_dir).encode(), engine.encode(), C.byref(err)))
+    if out is None:
+        _native.check(err.code or 1, err)
+    return json.loads(out)

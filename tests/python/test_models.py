@@ -68,3 +68,99 @@ def test_config_json_path(tmp_path):
     cfg.save_pretrained(tmp_path)
     got = tensors_from_config(tmp_path)
     assert got[0][0] == "model.embed_tokens.weight" and got[-1][0] == "lm_head.weight"
+
+
+def _save(tmp_path, family: str, tied: bool = False, dtype=torch.bfloat16, shard: str | None = None):
+    from transformers import AutoModelForCausalLM
+
+    cfg = _config(family, tied)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    kw = {"max_shard_size": shard} if shard else {}
+    model.save_pretrained(tmp_path, safe_serialization=True, **kw)
+    return model
+
+
+@pytest.mark.parametrize("family,tied,shard", [("qwen3", False, None), ("qwen3_moe", False, None),
+                                               ("llama", True, None), ("qwen3", False, "40KB")],
+                         ids=["dense", "moe", "tied", "two-shards"])
+def test_inspect_checkpoints_written_by_transformers(tmp_path, family, tied, shard):
+    import os
+
+    from wsync.models import inspect
+
+    _save(tmp_path, family, tied, shard=shard)
+    plan = inspect(tmp_path)
+    shards = [f for f in os.listdir(tmp_path) if f.endswith(".safetensors")]
+    assert plan["shards"] == len(shards) and (len(shards) > 1) == (shard is not None), shards
+    names = [p["name"] for p in plan["plan"]]
+    want = [n for n, _, _ in tensors_from_config(tmp_path)]
+    assert names == want and plan["tensors"] == len(want)
+    assert all(p["engine_param"] for p in plan["plan"]), [p for p in plan["plan"] if not p["engine_param"]][:2]
+    by = {p["name"]: p for p in plan["plan"]}
+    if family == "qwen3":
+        assert by["model.layers.0.self_attn.k_proj.weight"]["engine_param"].endswith("qkv_proj.weight")
+    if family == "qwen3_moe":
+        e = by["model.layers.0.mlp.experts.3.up_proj.weight"]
+        assert e["engine_param"].endswith("w13_weight") and e["expert"] == 3
+    assert ("lm_head.weight" in by) == (not tied)
+
+
+def test_inspect_f32_checkpoint_and_refusals(tmp_path):
+    import json
+    import os
+
+    from safetensors.torch import load_file, save_file
+    from wsync.models import inspect
+
+    _save(tmp_path, "qwen3", dtype=torch.float32)
+    plan = inspect(tmp_path)
+    assert {p["file_dtype"] for p in plan["plan"]} == {"float32"}
+    path = os.path.join(tmp_path, "model.safetensors")
+    sd = load_file(path)
+    # a tensor the config needs, missing: named, nothing else read
+    name = "model.layers.1.mlp.down_proj.weight"
+    save_file({k: v for k, v in sd.items() if k != name}, path, metadata={"format": "pt"})
+    with pytest.raises(wsync.WsyncError) as e:
+        inspect(tmp_path)
+    assert name in str(e.value) and "missing" in str(e.value)
+    # a shape that disagrees with config.json
+    sd[name] = sd[name][:, :-1].contiguous()
+    save_file(sd, path, metadata={"format": "pt"})
+    with pytest.raises(wsync.WsyncError) as e:
+        inspect(tmp_path)
+    assert name in str(e.value) and "config.json says" in str(e.value)
+    # an integer tensor where the model holds floats never converts
+    sd[name] = torch.zeros(tensors_shape(tmp_path, name), dtype=torch.int32)
+    save_file(sd, path, metadata={"format": "pt"})
+    with pytest.raises(wsync.WsyncError) as e:
+        inspect(tmp_path)
+    assert name in str(e.value) and "never integers" in str(e.value)
+    # an unknown model_type
+    cfg = json.load(open(os.path.join(tmp_path, "config.json")))
+    cfg["model_type"] = "falcon"
+    json.dump(cfg, open(os.path.join(tmp_path, "config.json"), "w"))
+    with pytest.raises(wsync.WsyncError) as e:
+        inspect(tmp_path)
+    assert "falcon" in str(e.value)
+
+
+def tensors_shape(model_dir, name):
+    return next(s for n, _, s in tensors_from_config(model_dir) if n == name)
+
+
+def test_cli_inspect(tmp_path):
+    import os
+    import subprocess
+
+    _save(tmp_path, "qwen3_moe")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    build = os.environ.get("WSYNC_BUILD", os.path.join(root, "build"))
+    exe = next((e for e in (os.path.join(str(wsync._native.lib_dir()), "..", "bin", "wsync"),
+                            os.path.join(build, "bin", "wsync")) if os.path.exists(e)), "wsync")
+    if not os.path.exists(exe):
+        pytest.skip(f"no wsync CLI at {exe} (the package alone is installed)")
+    out = subprocess.run([exe, "inspect", str(tmp_path), "--engine", "vllm"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "w13_weight [expert 3]" in out.stdout and out.stdout.strip().splitlines()[-1].startswith("qwen3_moe:")
