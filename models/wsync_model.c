@@ -3,6 +3,9 @@
 
 #include <jansson.h>
 
+#include "wsync_adapter_convert.h"
+#include "wsync_checkpoint.h"
+#include "wsync_dtype.h"
 #include "wsync_hf_config.h"
 
 #include <stdio.h>
@@ -137,9 +140,44 @@ int wsync_model_from_config(wsync_model_t *m, const char *json, size_t json_len,
     return wsync_model_make(m, json, json_len, 1, 0, NULL, why, len);
 }
 
+/* The tensor list and bytes of a model directory's checkpoint. */
+static int wsync_model_from_dir(wsync_model_t *m, const char *dir, char *why, size_t len)
+{
+    wsync_checkpoint_t *c = NULL;
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    if (wsync_checkpoint_open(dir, &c, &err) != WSYNC_OK) {
+        snprintf(why, len, "%s", err.message);
+        return -1;
+    }
+    const wsync_model_t *src = wsync_checkpoint_model(c);
+    snprintf(m->layout, sizeof(m->layout), "%s", src->layout);
+    m->tensors = malloc((src->n ? src->n : 1) * sizeof(*m->tensors));
+    if (m->tensors == NULL) {
+        wsync_checkpoint_close(c);
+        snprintf(why, len, "out of memory for %zu tensors", src->n);
+        return -1;
+    }
+    m->n = src->n;
+    for (size_t i = 0; i < src->n; i++) {
+        const wsync_ckpt_tensor_t *t = wsync_checkpoint_tensor(c, i);
+        m->tensors[i] = src->tensors[i];
+        m->tensors[i].data = t->data;
+        m->tensors[i].file_dtype = t->file_dtype;
+    }
+    m->checkpoint = c;
+    if (wsync_model_finish(m) != 0) {
+        wsync_model_free(m);
+        snprintf(why, len, "out of memory indexing %zu tensors", src->n);
+        return -1;
+    }
+    return 0;
+}
+
 int wsync_model_build(wsync_model_t *m, const wsync_model_config_t *cfg, char *why, size_t len)
 {
     memset(m, 0, sizeof(*m));
+    if (cfg->model_dir != NULL)
+        return wsync_model_from_dir(m, cfg->model_dir, why, len);
     if (cfg->scale < 1) {
         snprintf(why, len, "scale %u must be >= 1", cfg->scale);
         return -1;
@@ -156,6 +194,7 @@ int wsync_model_build(wsync_model_t *m, const wsync_model_config_t *cfg, char *w
 
 void wsync_model_free(wsync_model_t *m)
 {
+    wsync_checkpoint_close(m->checkpoint);
     free(m->tensors);
     free(m->slots);
     memset(m, 0, sizeof(*m));
@@ -180,6 +219,14 @@ long wsync_model_find(const wsync_model_t *m, const char *name)
  * version differ, and a moved or stale word is visible. */
 void wsync_model_fill(const wsync_model_tensor_t *t, uint64_t version, void *dst)
 {
+    if (t->data != NULL) { /* a checkpoint's bytes */
+        const size_t n = t->nbytes / wsync_dtype_size(t->dtype);
+        if (t->file_dtype == t->dtype)
+            memcpy(dst, t->data, t->nbytes);
+        else
+            wsync_convert_row(dst, t->dtype, t->data, t->file_dtype, n, 1.0);
+        return;
+    }
     uint64_t seed = wsync_model_mix(wsync_model_hash(t->name) ^ (version * WSYNC_MODEL_GOLDEN));
     unsigned char *p = dst;
     uint64_t nwords = t->nbytes / 8;

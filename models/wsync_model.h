@@ -22,14 +22,20 @@ typedef struct wsync_model_tensor {
     int64_t shape[2];
     uint64_t nbytes;
     uint64_t offset; /* in the packed image of the whole model (WSYNC_MODEL_ALIGN-aligned) */
+    /* A checkpoint's tensor (cfg->model_dir): its bytes in the read-only mapping, of file_dtype
+     * (converted to dtype when they differ: floating point only). NULL: synthetic contents. */
+    const void *data;
+    wsync_dtype_t file_dtype;
 } wsync_model_tensor_t;
 
 typedef struct wsync_model_config {
-    const char *layout; /* "dense" or "moe" */
-    unsigned scale;     /* >= 1: hidden, intermediate and vocab dims >= 512 are divided by it;
-                         * attention widths stay whole heads of 128 (head counts divided, at least
-                         * one kv head, q heads a multiple of kv heads); expert counts are kept */
-    unsigned layers;    /* 0: the real model's (dense 36, moe 48) */
+    const char *layout;    /* "dense" or "moe" */
+    unsigned scale;        /* >= 1: hidden, intermediate and vocab dims >= 512 are divided by it;
+                            * attention widths stay whole heads of 128 (head counts divided, at least
+                            * one kv head, q heads a multiple of kv heads); expert counts are kept */
+    unsigned layers;       /* 0: the real model's (dense 36, moe 48) */
+    const char *model_dir; /* a Hugging Face model directory: its config's tensor list and its
+                            * checkpoint's bytes (layout, scale and layers are then ignored) */
 } wsync_model_config_t;
 
 typedef struct wsync_model {
@@ -41,6 +47,7 @@ typedef struct wsync_model {
     uint64_t max_nbytes;
     size_t *slots; /* open-addressing name index: tensor index + 1, 0 = empty */
     size_t nslots;
+    void *checkpoint; /* the open wsync_checkpoint_t of cfg->model_dir, or NULL */
 } wsync_model_t;
 
 /* Build the tensor list. Returns 0, or -1 with `why` explaining (unknown layout, bad scale). */
@@ -54,7 +61,8 @@ void wsync_model_free(wsync_model_t *m);
 /* Index of the tensor called `name`, or -1. */
 long wsync_model_find(const wsync_model_t *m, const char *name);
 
-/* Write the content of tensor t for weight version `version` (t->nbytes bytes) into host dst. */
+/* Write the content of tensor t for weight version `version` (t->nbytes bytes) into host dst: a
+ * checkpoint's bytes (the same for every version, converted to t->dtype), else synthetic. */
 void wsync_model_fill(const wsync_model_tensor_t *t, uint64_t version, void *dst);
 
 #endif

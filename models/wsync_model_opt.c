@@ -15,6 +15,9 @@ int wsync_model_option(wsync_model_config_t *m, int c, const char *arg)
     case 'L':
         m->layers = (unsigned)strtoul(arg, NULL, 10);
         return 1;
+    case 'M':
+        m->model_dir = arg;
+        return 1;
     default:
         return 0;
     }

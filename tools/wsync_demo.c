@@ -20,11 +20,14 @@ static void wsync_demo_usage(FILE *out)
     fprintf(
         out,
         "usage: wsync demo [--plugin PATH] [--layout dense|moe] [--syncs N] [--bucket-mb M]\n"
-        "                  [--scale S] [--layers L] [--verify|--no-verify] [--timeout-ms T]\n"
+        "                  [--scale S] [--layers L] [--model DIR] [--verify|--no-verify]\n"
+        "                  [--timeout-ms T]\n"
         "  --layout     dense (Qwen3-8B, 399 tensors) or moe (Qwen3-30B-A3B, 393 per layer)\n"
         "  --syncs      weight versions to push (default 3)\n"
         "  --bucket-mb  staging buffer size, reused for every bucket (default 64)\n"
         "  --scale      divide large dims by S (default 8: a few hundred MB)\n"
+        "  --model      a Hugging Face model directory: push its checkpoint (config.json,\n"
+        "               model.safetensors or shards) and verify every tensor against the file\n"
         "  --layers     layers (default: dense 36, moe 12)\n"
         "  --verify     copy with digest verification and read every tensor back (default)\n"
         "  --timeout-ms bound on every wait (default 30000)\n"
@@ -220,6 +223,11 @@ int wsync_cmd_demo(int argc, char **argv)
         printf("wsync demo: adapter-only (LoRA rank %u, slot max rank %u) on layout %s (scale %u), "
                "%u syncs\n",
                o.lora_rank, o.lora_max_rank, o.model.layout, o.model.scale, o.syncs);
+    else if (o.model.model_dir != NULL)
+        printf("wsync demo: model %s (its config.json and checkpoint), %u syncs, %llu MiB bucket, "
+               "verify %s\n",
+               o.model.model_dir, o.syncs, (unsigned long long)(o.bucket_bytes >> 20),
+               o.verify ? "on" : "off");
     else
         printf("wsync demo: layout %s (scale %u), %u syncs, %llu MiB bucket, verify %s\n",
                o.model.layout, o.model.scale, o.syncs, (unsigned long long)(o.bucket_bytes >> 20),

@@ -356,6 +356,8 @@ static int wsync_demo(const wsync_engine_args_t *a, const char *self)
             argv[n++] = "--scale", argv[n++] = num[2];
             argv[n++] = "--layers", argv[n++] = num[3];
             argv[n++] = "--socket", argv[n++] = sockets[r];
+            if (a->model.model_dir != NULL) /* the engine allocates from the same config.json */
+                argv[n++] = "--model", argv[n++] = (char *)a->model.model_dir;
             if (a->engine_plugin != NULL || a->plugin != NULL)
                 argv[n++] = "--plugin",
                 argv[n++] = (char *)(a->engine_plugin ? a->engine_plugin : a->plugin);
@@ -372,7 +374,8 @@ static int wsync_demo(const wsync_engine_args_t *a, const char *self)
         if (!a->lora)
             printf("trainer: %s request format, plugin %s (%s), %zu HF tensors (%s, scale %u), "
                    "%zu buckets, %u engine processes (tp=%u)\n",
-                   a->engine, t.loader.plugin->name, t.loader.path, t.model.n, a->model.layout,
+                   a->engine, t.loader.plugin->name, t.loader.path, t.model.n,
+                   a->model.model_dir != NULL ? a->model.model_dir : a->model.layout,
                    a->model.scale, t.nbuckets, a->size, a->size);
         fflush(stdout);
         for (unsigned r = 0; r < a->size && status == 0; r++) {

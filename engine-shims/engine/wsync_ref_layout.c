@@ -188,8 +188,9 @@ int wsync_ref_layout_build(wsync_ref_layout_t *l, const char *engine,
         wsync_ref_layer(&b, i, engine);
     wsync_ref_add(&b, WSYNC_REF_REPLICATED, "model.norm.weight", "model.norm.weight",
                   l->dims.hidden, 0, 0);
-    wsync_ref_add(&b, WSYNC_REF_VOCAB, "lm_head.weight", "lm_head.weight", l->dims.vocab / n,
-                  l->dims.hidden, 0);
+    if (wsync_model_find(&l->model, "lm_head.weight") >= 0) /* none when embeddings are tied */
+        wsync_ref_add(&b, WSYNC_REF_VOCAB, "lm_head.weight", "lm_head.weight", l->dims.vocab / n,
+                      l->dims.hidden, 0);
     if (b.failed) {
         wsync_ref_layout_free(l);
         return wsync_ref_why(why, len, "out of memory");

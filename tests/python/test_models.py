@@ -27,11 +27,11 @@ FAMILIES = {
 }
 
 
-def _config(family: str, tied: bool):
+def _config(family: str, tied: bool, **extra):
     from transformers import AutoConfig
 
     model_type = family.split("_bias")[0]
-    kw = dict(COMMON, **FAMILIES[family], tie_word_embeddings=tied)
+    kw = dict(COMMON, **FAMILIES[family], tie_word_embeddings=tied) | extra
     return AutoConfig.for_model(model_type, **kw)
 
 
@@ -70,10 +70,10 @@ def test_config_json_path(tmp_path):
     assert got[0][0] == "model.embed_tokens.weight" and got[-1][0] == "lm_head.weight"
 
 
-def _save(tmp_path, family: str, tied: bool = False, dtype=torch.bfloat16, shard: str | None = None):
+def _save(tmp_path, family: str, tied: bool = False, dtype=torch.bfloat16, shard: str | None = None, **extra):
     from transformers import AutoModelForCausalLM
 
-    cfg = _config(family, tied)
+    cfg = _config(family, tied, **extra)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     kw = {"max_shard_size": shard} if shard else {}
@@ -164,3 +164,40 @@ def test_cli_inspect(tmp_path):
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert "w13_weight [expert 3]" in out.stdout and out.stdout.strip().splitlines()[-1].startswith("qwen3_moe:")
+
+
+def _cli():
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    build = os.environ.get("WSYNC_BUILD", os.path.join(root, "build"))
+    for e in (os.path.join(str(wsync._native.lib_dir()), "..", "bin", "wsync"), os.path.join(build, "bin", "wsync")):
+        if os.path.exists(e):
+            return e
+    pytest.skip("no wsync CLI beside the package or in the build tree (the package alone is installed)")
+
+
+@pytest.mark.parametrize("family,tied,engine", [("qwen3", False, None), ("qwen3_moe", False, "vllm"),
+                                                ("qwen3", True, "sglang"), ("qwen3", False, "lmdeploy")],
+                         ids=["dense-cpu-demo", "moe-vllm-tp2", "tied-sglang-tp2", "dense-lmdeploy-tp2"])
+def test_demo_pushes_a_checkpoint(tmp_path, family, tied, engine):
+    """wsync demo --model DIR: the checkpoint transformers wrote goes through the plugin (and the
+    engine's shim, at TP 2) into the reference engine, which allocates its parameters from the
+    same config.json and checks every one against the file's bytes."""
+    import os
+    import subprocess
+
+    exe = _cli()
+    # the reference engine holds every layer of a MoE model sparse
+    _save(tmp_path / "m", family, tied, **({"mlp_only_layers": []} if family == "qwen3_moe" else {}))
+    args = [exe, "demo", "--model", str(tmp_path / "m"), "--syncs", "2"]
+    if engine:
+        args += ["--engine", engine, "--tp", "2"]
+    env = dict(os.environ, WSYNC_PLUGIN_DIR=str(wsync._native.lib_dir()))
+    out = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    n = len(tensors_from_config(tmp_path / "m"))
+    if engine:
+        assert "all ranks verified" in out.stdout and "verified" in out.stdout
+    else:
+        assert f"verified {n}/{n} tensors" in out.stdout, out.stdout
