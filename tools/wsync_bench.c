@@ -173,7 +173,8 @@ static int wsync_bench_setup_run(wsync_bench_t *b, wsync_bench_run_t *r, const c
     wsync_model_config_t cfg = {
         .layout = layout,
         .scale = b->o->model.scale,
-        .layers = strcmp(layout, "moe") == 0 ? (b->o->model.layers ? b->o->model.layers : 12) : 0};
+        .layers = strcmp(layout, "moe") == 0 ? (b->o->model.layers ? b->o->model.layers : 12) : 0,
+        .model_dir = b->o->model.model_dir};
     wsync_staging_config_t scfg = {.struct_size = sizeof(scfg), .timeout_ms = 60000};
     char why[160];
     wsync_result_t rc;
@@ -299,8 +300,8 @@ static int wsync_bench_layout(wsync_bench_t *b, const char *layout)
     if (rc == 0) {
         for (int k = 0; k < 4; k++)
             med[k] = wsync_bench_median(t[k], n);
-        printf("%s: %zu tensors, %.1f MiB payload\n", layout, r.m.n,
-               (double)r.m.payload_bytes / (1 << 20));
+        printf("%s: %zu tensors, %.1f MiB payload\n", b->o->model.model_dir ? r.m.layout : layout,
+               r.m.n, (double)r.m.payload_bytes / (1 << 20));
         printf("  %-28s %9s %9s %11s %13s\n", "method", "ms", "GB/s", "vs memcpy", "vs per-tensor");
         wsync_bench_row("memcpy, one call", med[0], r.m.packed_bytes, med[0], med[1]);
         wsync_bench_row("memcpy, per tensor", med[1], r.m.payload_bytes, med[0], med[1]);
@@ -393,10 +394,14 @@ int wsync_cmd_bench(int argc, char **argv)
     printf("wsync bench: plugin %s %s (%s), ABI %u, scale %u, median of %u iterations\n",
            b.l.plugin->name, b.l.plugin->version, b.l.path, b.l.abi_version, o.model.scale,
            o.iters);
-    if (strcmp(o.model.layout, "moe") != 0)
+    if (o.model.model_dir != NULL) /* a checkpoint: its own tensor list, once */
         rc = wsync_bench_layout(&b, "dense");
-    if (rc == 0 && strcmp(o.model.layout, "dense") != 0)
-        rc = wsync_bench_layout(&b, "moe");
+    else {
+        if (strcmp(o.model.layout, "moe") != 0)
+            rc = wsync_bench_layout(&b, "dense");
+        if (rc == 0 && strcmp(o.model.layout, "dense") != 0)
+            rc = wsync_bench_layout(&b, "moe");
+    }
     b.cops->finalize(b.c, &err);
     wsync_loader_close(&b.l);
     return rc;
