@@ -315,3 +315,21 @@ wsync_result_t wsync_validate_segments(const wsync_copy_op_t *ops, const uint32_
     free(base);
     return r;
 }
+
+wsync_result_t wsync_validate_regions(const void *consumer, const wsync_copy_op_t *regions,
+                                      size_t n, const uint64_t *out, wsync_error_t *err)
+{
+    if (consumer == NULL || (n > 0 && (regions == NULL || out == NULL)) || n > UINT32_MAX)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "digest_regions needs a consumer, regions and out (at most 2^32)");
+    for (size_t i = 0; i < n; i++)
+        if (regions[i].rows > 0 && regions[i].row_bytes > 0 &&
+            (regions[i].dst == NULL ||
+             (regions[i].rows > 1 && regions[i].dst_pitch < regions[i].row_bytes)))
+            return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                              "region %zu: dst %p, %llu rows of %llu bytes, pitch %llu", i,
+                              regions[i].dst, (unsigned long long)regions[i].rows,
+                              (unsigned long long)regions[i].row_bytes,
+                              (unsigned long long)regions[i].dst_pitch);
+    return WSYNC_OK;
+}

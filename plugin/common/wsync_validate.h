@@ -30,6 +30,12 @@ wsync_result_t wsync_validate_segments(const wsync_copy_op_t *ops, const uint32_
                                        size_t n, size_t n_segs, wsync_segment_fn seg, void *user,
                                        const char *what, wsync_copy_op_t **out, wsync_error_t *err);
 
+/* digest_regions' arguments, for every backend: consumer, regions and out non-NULL when n > 0,
+ * n at most UINT32_MAX, and each region that has bytes a non-NULL dst with a pitch of at least
+ * its row_bytes when it has several rows. INVALID_ARGUMENT naming the region. */
+wsync_result_t wsync_validate_regions(const void *consumer, const wsync_copy_op_t *regions,
+                                      size_t n, const uint64_t *out, wsync_error_t *err);
+
 /* copy_weights' arguments, for every backend: ops non-NULL when n_ops > 0, n_ops at most
  * UINT32_MAX (one launch indexes ops with 32 bits), no flag but WSYNC_COPY_VERIFY.
  * INVALID_ARGUMENT naming the offending value. */

@@ -5,6 +5,7 @@
 #include "cpu_internal.h"
 #include "wsync_digest.h"
 #include "wsync_error.h"
+#include "wsync_validate.h"
 #include "wsync_manifest.h"
 
 wsync_result_t wsync_cpu_consumer_create(const wsync_consumer_config_t *config,
@@ -195,18 +196,9 @@ wsync_result_t wsync_cpu_digest_regions(struct wsync_consumer *c, wsync_stream_t
                                         const wsync_copy_op_t *regions, size_t n, uint64_t *out,
                                         wsync_error_t *err)
 {
-    if (c == NULL || (n > 0 && (regions == NULL || out == NULL)))
-        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                          "digest_regions needs a consumer, regions and out");
-    for (size_t i = 0; i < n; i++)
-        if (regions[i].rows > 0 && regions[i].row_bytes > 0 &&
-            (regions[i].dst == NULL ||
-             (regions[i].rows > 1 && regions[i].dst_pitch < regions[i].row_bytes)))
-            return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                              "region %zu: dst %p, %llu rows of %llu bytes, pitch %llu", i,
-                              regions[i].dst, (unsigned long long)regions[i].rows,
-                              (unsigned long long)regions[i].row_bytes,
-                              (unsigned long long)regions[i].dst_pitch);
+    wsync_result_t vr = wsync_validate_regions(c, regions, n, out, err);
+    if (vr != WSYNC_OK)
+        return vr;
     /* the caller's CPU work is done when it calls; copies queued on the stream are not */
     wsync_cpu_stream_synchronize(wsync_cpu_consumer_stream(c, stream));
     for (size_t i = 0; i < n; i++) {

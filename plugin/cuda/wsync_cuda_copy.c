@@ -345,18 +345,9 @@ wsync_result_t wsync_cuda_digest_regions(struct wsync_consumer *c, wsync_stream_
                                          const wsync_copy_op_t *regions, size_t n, uint64_t *out,
                                          wsync_error_t *err)
 {
-    if (c == NULL || (n > 0 && (regions == NULL || out == NULL)) || n > UINT32_MAX)
-        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                          "digest_regions needs a consumer, regions and out (at most 2^32)");
-    for (size_t i = 0; i < n; i++)
-        if (regions[i].rows > 0 && regions[i].row_bytes > 0 &&
-            (regions[i].dst == NULL ||
-             (regions[i].rows > 1 && regions[i].dst_pitch < regions[i].row_bytes)))
-            return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                              "region %zu: dst %p, %llu rows of %llu bytes, pitch %llu", i,
-                              regions[i].dst, (unsigned long long)regions[i].rows,
-                              (unsigned long long)regions[i].row_bytes,
-                              (unsigned long long)regions[i].dst_pitch);
+    wsync_result_t vr = wsync_validate_regions(c, regions, n, out, err);
+    if (vr != WSYNC_OK)
+        return vr;
     if (n == 0)
         return WSYNC_OK;
     wsync_cuda_range_push("wsync:digest_regions");
