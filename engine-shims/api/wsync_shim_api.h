@@ -72,13 +72,13 @@ char *wsync_shim_worker_serve(wsync_shim_worker_t *w, const char *text, size_t l
 /* Buffers and direct segments this worker has opened (wsync_driver_opens): 0 more per steady
  * sync. */
 uint64_t wsync_shim_worker_opens(const wsync_shim_worker_t *w);
-/* The model layer (models/wsync_model.h): the HF tensor list of a Hugging Face config.json
+/* The model layer (model/wsync_model.h): the HF tensor list of a Hugging Face config.json
  * (text, len bytes) as JSON text (malloc'd; free with wsync_shim_api_free): [{"name", "dtype",
  * "shape"}, ...] in the checkpoint's order. NULL with err naming what is wrong (an unknown
  * model_type, a size missing). */
 char *wsync_shim_model_tensors(const char *config_json, size_t len, wsync_error_t *err);
 
-/* A Hugging Face model directory's tensor plan (models/wsync_checkpoint.h), nothing moved: JSON
+/* A Hugging Face model directory's tensor plan (model/wsync_checkpoint.h), nothing moved: JSON
  * text (malloc'd) {"model_type", "tensors": n, "bytes", "shards": k, "plan": [{"name", "dtype",
  * "file_dtype", "shape", "bytes", "shard", "engine_param", "expert"}, ...]}, engine_param by
  * `engine`'s mapping (NULL engine: "sglang"). NULL with err naming what is wrong (a tensor

@@ -123,7 +123,7 @@ static int wsync_engine_parse(int argc, char **argv, wsync_engine_args_t *a)
         wsync_engine_usage();
         return -1;
     }
-    /* Default scale: a few hundred MB; any scale keeps whole heads (models/wsync_model.h). */
+    /* Default scale: a few hundred MB; any scale keeps whole heads (model/wsync_model.h). */
     if (a->model.scale == 0)
         a->model.scale = strcmp(a->model.layout, "moe") == 0 ? 4 : 8;
     return 0;

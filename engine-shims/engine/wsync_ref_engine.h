@@ -47,7 +47,7 @@ void wsync_ref_engine_close(wsync_ref_engine_t *e);
  *   {"method":"wsync.verify","version":k} -> {"verified":n,"total":N,"mismatch":"<first>"}
  *   {"method":"wsync.lora_verify","lora_name":n,"version":k,"rank":r}
  *                                         -> {"verified":n,"total":N,"mismatch":"<first>"}: the
- *                                            adapter slot against models/wsync_lora.h's adapter
+ *                                            adapter slot against model/wsync_lora.h's adapter
  *   {"method":"wsync.release"}            -> closes every mapping (retire handshake)
  *   {"method":"wsync.shutdown"}           -> *stop = 1 */
 char *wsync_ref_engine_handle(wsync_ref_engine_t *e, const char *text, size_t len,

@@ -1,4 +1,4 @@
-/* The reference engine's parameters: the synthetic model (models/wsync_model.h, HF names) in
+/* The reference engine's parameters: the synthetic model (model/wsync_model.h, HF names) in
  * ENGINE layout for one TP rank — fused qkv_proj and gate_up_proj, fused experts, vocab and
  * projection shards — and, written independently of the shims' mapping tables, the bytes each
  * parameter must hold after a sync of weight version k. The conformance suite and

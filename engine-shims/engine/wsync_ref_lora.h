@@ -4,7 +4,7 @@
  * max rank WSYNC_REF_LORA_MAX_RANK, two copies (the plugin loads the shadow, then switches
  * *active). Buffers come from the plugin's mem_alloc (engine memory).
  *
- * The expected slot bytes for an adapter of models/wsync_lora.h are computed here, independently
+ * The expected slot bytes for an adapter of model/wsync_lora.h are computed here, independently
  * of the adapters library's plan: parts stacked along the rank, zero padding. Not thread safe. */
 #ifndef WSYNC_REF_LORA_H
 #define WSYNC_REF_LORA_H

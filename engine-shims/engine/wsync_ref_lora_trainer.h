@@ -1,5 +1,5 @@
 /* The trainer side of an adapter-only sync through a shim (`wsync-engine demo --lora`): the
- * synthetic adapter of models/wsync_lora.h, version k per sync, delivered in the engine's own LoRA
+ * synthetic adapter of model/wsync_lora.h, version k per sync, delivered in the engine's own LoRA
  * request format to one reference engine (TP size 1). SGLang takes the tensors themselves: one
  * retained FIXED_LAYOUT staging, refreshed in place after wait_consumed of the previous
  * generation (docs/DESIGN.md §1.2). vLLM and LMDeploy load from a path: a PEFT directory (bf16)

@@ -1,5 +1,5 @@
 """The model layer from Python: the HF tensor list (names, dtypes, shapes in checkpoint order)
-that a Hugging Face config derives, by the C model layer (models/wsync_model.h; the same list
+that a Hugging Face config derives, by the C model layer (model/wsync_model.h; the same list
 the CLI and the reference engine use)."""
 
 from __future__ import annotations

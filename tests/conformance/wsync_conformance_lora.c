@@ -1,5 +1,5 @@
 /* The conformance suite's LoRA case (docs/DESIGN.md §6), for the shim and plugin under test: an
- * adapter (models/wsync_lora.h, all-linear on the dense layout) loaded through the shim's own
+ * adapter (model/wsync_lora.h, all-linear on the dense layout) loaded through the shim's own
  * messages into the reference engine's slots (packed qkv_proj / gate_up_proj), checked bit-exact
  * against wsync_ref_lora.c's independent expectation; a same-name reload (the upsert; vLLM resets
  * the prefix cache); bad adapters refused with a clear error and both copies unchanged; the
@@ -56,7 +56,7 @@ static wsync_result_t conf_lora_encode_send(conf_lora_t *l, const wsync_shim_lor
     return conf_lora_send(l, req, msg, len);
 }
 
-/* The PEFT directory of adapter `a` at `version` (models/wsync_lora.h). */
+/* The PEFT directory of adapter `a` at `version` (model/wsync_lora.h). */
 static int conf_lora_write(conf_lora_t *l, const wsync_lora_t *a, uint64_t version,
                            wsync_dtype_t dtype, const char *extra)
 {

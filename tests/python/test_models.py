@@ -1,4 +1,4 @@
-"""The model layer (models/wsync_model.h): the HF tensor list derived from a config equals, name
+"""The model layer (model/wsync_model.h): the HF tensor list derived from a config equals, name
 for name, dtype and shape, the state_dict of the transformers model built from that config, for
 Llama, Mistral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE and Mixtral, with and without tied embeddings;
 an unknown model_type is refused naming it."""
