@@ -230,9 +230,17 @@ static int wsync_trainer_sync(wsync_trainer_t *t, unsigned k)
                             "trainer") != 0)
         return 1;
     t0 = wsync_cli_now();
-    for (size_t b = 0; b < t->nbuckets; b++)
+    double shown = t0;
+    for (size_t b = 0; b < t->nbuckets; b++) {
         if (wsync_trainer_bucket(t, b) != 0)
             return 1;
+        /* a long push says how far it got, about once a second, on stderr */
+        const double now = wsync_cli_now();
+        if (now - shown >= 1.0 && b + 1 < t->nbuckets) {
+            fprintf(stderr, "sync %u/%u: bucket %zu/%zu\n", k, t->o->syncs, b + 1, t->nbuckets);
+            shown = now;
+        }
+    }
     dt = wsync_cli_now() - t0;
     rep = wsync_cli_recv_json(t->fd, "verified", t->o->timeout_ms * 4, "trainer");
     if (rep == NULL)

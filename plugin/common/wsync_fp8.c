@@ -1,0 +1,83 @@
+/* FP8 e4m3fn quantization on the host. Contract in wsync_fp8.h. */
+#include "wsync_fp8.h"
+
+#include <math.h>
+#include <string.h>
+
+uint8_t wsync_fp8_e4m3fn(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    const uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    u &= 0x7fffffffu;
+    if (u > 0x7f800000u) /* NaN */
+        return (uint8_t)(sign | 0x7fu);
+    if (u >= 0x43e00000u) /* 448 and above, infinity included: saturate */
+        return (uint8_t)(sign | 0x7eu);
+    if (u < 0x3c800000u) { /* below 2^-6: a subnormal m x 2^-9 (m = 8 is the smallest normal) */
+        float a;
+        memcpy(&a, &u, sizeof(a));
+        return (uint8_t)(sign | (uint8_t)nearbyintf(a * 512.0f)); /* exact scaling; RNE */
+    }
+    const int e = (int)(u >> 23) - 127; /* -6 .. 8 */
+    uint32_t keep = (u & 0x7fffffu) >> 20, rest = u & 0xfffffu;
+    if (rest > 0x80000u || (rest == 0x80000u && (keep & 1u)))
+        keep++; /* a carry runs into the exponent */
+    uint32_t v = ((uint32_t)(e + 7) << 3) + keep;
+    return (uint8_t)(sign | (v > 0x7eu ? 0x7eu : v));
+}
+
+static float wsync_fp8_load(const void *src, wsync_dtype_t dtype, int64_t i)
+{
+    if (dtype == WSYNC_DTYPE_F32) {
+        float f;
+        memcpy(&f, (const unsigned char *)src + 4 * i, 4);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, (const unsigned char *)src + 2 * i, 2);
+    if (dtype == WSYNC_DTYPE_BF16) {
+        uint32_t u = (uint32_t)h << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    /* f16, exactly */
+    const uint32_t s = (uint32_t)(h >> 15) << 31, ex = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (ex == 0)
+        return (s ? -1.0f : 1.0f) * ldexpf((float)m, -24);
+    uint32_t u = s | (ex == 31 ? (0xffu << 23) | (m << 13) : ((ex + 112u) << 23) | (m << 13));
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+int wsync_fp8_quantize_blocks(const void *src, wsync_dtype_t dtype, int64_t rows, int64_t cols,
+                              int64_t block, uint8_t *dst, float *scales, int64_t *bad)
+{
+    const int64_t brows = (rows + block - 1) / block, bcols = (cols + block - 1) / block;
+    for (int64_t br = 0; br < brows; br++)
+        for (int64_t bc = 0; bc < bcols; bc++) {
+            const int64_t r1 = br * block + block < rows ? br * block + block : rows;
+            const int64_t c1 = bc * block + block < cols ? bc * block + block : cols;
+            float amax = 0.0f;
+            for (int64_t r = br * block; r < r1; r++)
+                for (int64_t c = bc * block; c < c1; c++) {
+                    const float x = wsync_fp8_load(src, dtype, r * cols + c);
+                    if (!isfinite(x)) {
+                        *bad = r * cols + c;
+                        return -1;
+                    }
+                    amax = fabsf(x) > amax ? fabsf(x) : amax;
+                }
+            if (amax < 1e-4f)
+                amax = 1e-4f;
+            const float inv = WSYNC_FP8_E4M3_MAX / amax;
+            for (int64_t r = br * block; r < r1; r++)
+                for (int64_t c = bc * block; c < c1; c++)
+                    dst[r * cols + c] =
+                        wsync_fp8_e4m3fn(wsync_fp8_load(src, dtype, r * cols + c) * inv);
+            scales[br * bcols + bc] = amax / WSYNC_FP8_E4M3_MAX;
+        }
+    return 0;
+}

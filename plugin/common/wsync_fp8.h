@@ -1,0 +1,26 @@
+/* FP8 e4m3fn on the host: the conversion from float that PyTorch's `.to(torch.float8_e4m3fn)`
+ * performs (round to nearest even, saturating at +-448, NaN to 0x7f / 0xff), and the 128 x 128
+ * block quantizer of the DeepSeek-V3 / Qwen3-FP8 checkpoint layout, as DeepGEMM's
+ * per_block_cast_to_fp8 defines it (the reference vLLM's and SGLang's FP8 tests use): per block,
+ * amax = max |x| in float, clamped to at least 1e-4 (an all-zero block), each value x * (448 /
+ * amax) cast to e4m3fn, and the block's scale (weight_scale_inv) amax / 448. Bit-identical to that
+ * reference (tests/unit/common/fp8_vectors.py). Pure functions; thread safe. */
+#ifndef WSYNC_COMMON_FP8_H
+#define WSYNC_COMMON_FP8_H
+
+#include <stdint.h>
+
+#include "wsync_abi.h"
+
+#define WSYNC_FP8_E4M3_MAX 448.0f
+#define WSYNC_FP8_BLOCK 128
+
+uint8_t wsync_fp8_e4m3fn(float f);
+
+/* Quantize src (rows x cols, row-major, bf16, f16 or f32) into dst (rows x cols e4m3fn bytes) and
+ * scales (ceil(rows / block) x ceil(cols / block) floats, row-major). Returns 0, or -1 when a
+ * value is NaN or infinite, with *bad its element index (nothing is promised about dst then). */
+int wsync_fp8_quantize_blocks(const void *src, wsync_dtype_t dtype, int64_t rows, int64_t cols,
+                              int64_t block, uint8_t *dst, float *scales, int64_t *bad);
+
+#endif
