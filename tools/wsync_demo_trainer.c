@@ -63,6 +63,11 @@ static int wsync_trainer_plan(wsync_trainer_t *t)
     return 0;
 }
 
+static int wsync_trainer_from_file(const wsync_trainer_t *t, const wsync_model_tensor_t *m)
+{
+    return m->data != NULL && m->file_dtype == m->dtype && strcmp(t->l.plugin->name, "cpu") == 0;
+}
+
 static int wsync_trainer_setup(wsync_trainer_t *t)
 {
     wsync_error_t err = {.struct_size = sizeof(err)};
@@ -115,7 +120,9 @@ static int wsync_trainer_setup(wsync_trainer_t *t)
         s->dtype = m->dtype;
         s->ndim = m->ndim;
         memcpy(s->shape, m->shape, sizeof(m->shape));
-        s->src = (const char *)t->params + m->offset;
+        /* A checkpoint on the CPU plugin stages straight from the file's mapping (plugin
+         * memory is host memory); other bytes go through the trainer's parameters. */
+        s->src = wsync_trainer_from_file(t, m) ? m->data : (const char *)t->params + m->offset;
     }
     rc = t->pops->create(&scfg, &t->staging, &err);
     if (rc != WSYNC_OK)
@@ -151,6 +158,11 @@ static int wsync_trainer_fill(wsync_trainer_t *t, uint64_t version)
     for (size_t i = 0; i < t->model.n; i++) {
         const wsync_model_tensor_t *m = &t->model.tensors[i];
         wsync_result_t rc;
+        if (wsync_trainer_from_file(t, m)) { /* staged from the mapping itself */
+            if (t->o->verify)
+                t->expected[i] = wsync64(m->data, m->nbytes);
+            continue;
+        }
         wsync_model_fill(m, version, t->scratch);
         if (t->o->verify)
             t->expected[i] = wsync64(t->scratch, m->nbytes);
