@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import models
+import pytest
 import torch
 import wsync
 from conftest import plugin_for
@@ -189,4 +190,34 @@ def test_lmdeploy_update_params():
             prod.sync(sd, lambda m: [wl.update_params(em, wl.request(m))])  # UpdateParamsRequest fields
             _check(em, sd, "lmdeploy")
         assert len(loaded) == 3  # the post-load hook once per finished weight version
+        em._wsync_worker.release()
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "lmdeploy"])
+def test_direct_mode_through_the_integrations(engine):
+    """Producer(direct=True) through each engine's integration entry point: the engine reads
+    the trainer's own tensors (no staging), every parameter equal after each of 3 syncs."""
+    hf, sd, em = _setup(engine, "moe")
+    with wsync.Producer(engine, direct=True, plugin=plugin_for("cpu")) as prod:
+        if engine == "vllm":
+            from wsync.integrations.vllm import WsyncWorkerExtension
+
+            ext = WsyncWorkerExtension.__new__(WsyncWorkerExtension)
+            ext.__dict__.update(types.SimpleNamespace(model_runner=types.SimpleNamespace(model=em)).__dict__)
+            ext.wsync_init(plugin=plugin_for("cpu"))
+            send = lambda m: [ext.wsync_handle(m)]  # noqa: E731
+        elif engine == "sglang":
+            from wsync.integrations import sglang as ws
+
+            ws.worker_for(em, "sglang", plugin=plugin_for("cpu"))
+            send = lambda m: (ws.load_weights(em, ws.request_tensors(m)), ['{"ok":true}'])[1]  # noqa: E731
+        else:
+            from wsync.integrations import lmdeploy as wl
+
+            wl.worker_for(em, "lmdeploy", plugin=plugin_for("cpu"))
+            send = lambda m: [wl.update_params(em, wl.request(m))]  # noqa: E731
+        for k in range(3):
+            sd = models.step(hf, k)
+            prod.sync(sd, send, version=k + 1)
+            _check(em, sd, engine)
         em._wsync_worker.release()
