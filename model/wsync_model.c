@@ -141,7 +141,8 @@ int wsync_model_from_config(wsync_model_t *m, const char *json, size_t json_len,
 }
 
 /* The tensor list and bytes of a model directory's checkpoint. */
-static int wsync_model_from_dir(wsync_model_t *m, const char *dir, char *why, size_t len)
+static int wsync_model_from_dir(wsync_model_t *m, const char *dir, wsync_dtype_t dtype, char *why,
+                                size_t len)
 {
     wsync_checkpoint_t *c = NULL;
     wsync_error_t err = {.struct_size = sizeof(err)};
@@ -163,6 +164,11 @@ static int wsync_model_from_dir(wsync_model_t *m, const char *dir, char *why, si
         m->tensors[i] = src->tensors[i];
         m->tensors[i].data = t->data;
         m->tensors[i].file_dtype = t->file_dtype;
+        if (dtype != WSYNC_DTYPE_INVALID && wsync_convert_is_float(t->file_dtype)) {
+            m->tensors[i].dtype = dtype; /* converted on the way (wsync_model_fill) */
+            m->tensors[i].nbytes =
+                t->file_nbytes / wsync_dtype_size(t->file_dtype) * wsync_dtype_size(dtype);
+        }
     }
     m->checkpoint = c;
     if (wsync_model_finish(m) != 0) {
@@ -177,7 +183,7 @@ int wsync_model_build(wsync_model_t *m, const wsync_model_config_t *cfg, char *w
 {
     memset(m, 0, sizeof(*m));
     if (cfg->model_dir != NULL)
-        return wsync_model_from_dir(m, cfg->model_dir, why, len);
+        return wsync_model_from_dir(m, cfg->model_dir, cfg->dtype, why, len);
     if (cfg->scale < 1) {
         snprintf(why, len, "scale %u must be >= 1", cfg->scale);
         return -1;

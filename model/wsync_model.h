@@ -36,6 +36,8 @@ typedef struct wsync_model_config {
     unsigned layers;       /* 0: the real model's (dense 36, moe 48) */
     const char *model_dir; /* a Hugging Face model directory: its config's tensor list and its
                             * checkpoint's bytes (layout, scale and layers are then ignored) */
+    wsync_dtype_t dtype;   /* with model_dir: the dtype the model holds its floating-point
+                            * tensors in (a bf16 engine for an f32 checkpoint); 0: the file's */
 } wsync_model_config_t;
 
 typedef struct wsync_model {

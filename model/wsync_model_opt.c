@@ -3,6 +3,8 @@
 
 #include <stdlib.h>
 
+#include "wsync_dtype.h"
+
 int wsync_model_option(wsync_model_config_t *m, int c, const char *arg)
 {
     switch (c) {
@@ -17,6 +19,9 @@ int wsync_model_option(wsync_model_config_t *m, int c, const char *arg)
         return 1;
     case 'M':
         m->model_dir = arg;
+        return 1;
+    case 'D':
+        m->dtype = wsync_dtype_from_name(arg); /* unknown: INVALID, the file's dtypes */
         return 1;
     default:
         return 0;

@@ -1,7 +1,8 @@
 /* The synthetic model's command-line options, shared by every program that builds one (wsync
  * demo, wsync bench, wsync-engine): --layout L, --scale S, --layers N and --model DIR (a Hugging
- * Face model directory: its config and checkpoint), as getopt_long entries returning 'l', 'S',
- * 'L' and 'M'. Include <getopt.h> before this header to use the table macro. */
+ * Face model directory: its config and checkpoint) with --dtype T (the dtype the model holds
+ * its floats in: bfloat16 for an f32 checkpoint), as getopt_long entries returning 'l', 'S', 'L',
+ * 'M' and 'D'. Include <getopt.h> before this header to use the table macro. */
 #ifndef WSYNC_MODEL_OPT_H
 #define WSYNC_MODEL_OPT_H
 
@@ -10,9 +11,9 @@
 /* Entries for a `struct option` table (no terminator). */
 #define WSYNC_MODEL_LONGOPTS                                                                       \
     {"layout", required_argument, NULL, 'l'}, {"scale", required_argument, NULL, 'S'},             \
-        {"layers", required_argument, NULL, 'L'},                                                  \
+        {"layers", required_argument, NULL, 'L'}, {"model", required_argument, NULL, 'M'},         \
     {                                                                                              \
-        "model", required_argument, NULL, 'M'                                                      \
+        "dtype", required_argument, NULL, 'D'                                                      \
     }
 
 /* Apply getopt_long's option `c` with argument `arg` (borrowed: layout points into it) to m.

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "wsync_model_opt.h"
+#include "wsync_dtype.h"
 #include "wsync_ref_engine.h"
 #include "wsync_ref_lora_trainer.h"
 #include "wsync_ref_trainer.h"
@@ -358,6 +359,8 @@ static int wsync_demo(const wsync_engine_args_t *a, const char *self)
             argv[n++] = "--socket", argv[n++] = sockets[r];
             if (a->model.model_dir != NULL) /* the engine allocates from the same config.json */
                 argv[n++] = "--model", argv[n++] = (char *)a->model.model_dir;
+            if (a->model.dtype != WSYNC_DTYPE_INVALID)
+                argv[n++] = "--dtype", argv[n++] = (char *)wsync_dtype_name(a->model.dtype);
             if (a->engine_plugin != NULL || a->plugin != NULL)
                 argv[n++] = "--plugin",
                 argv[n++] = (char *)(a->engine_plugin ? a->engine_plugin : a->plugin);

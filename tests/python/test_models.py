@@ -177,10 +177,12 @@ def _cli():
     pytest.skip("no wsync CLI beside the package or in the build tree (the package alone is installed)")
 
 
-@pytest.mark.parametrize("family,tied,engine", [("qwen3", False, None), ("qwen3_moe", False, "vllm"),
-                                                ("qwen3", True, "sglang"), ("qwen3", False, "lmdeploy")],
-                         ids=["dense-cpu-demo", "moe-vllm-tp2", "tied-sglang-tp2", "dense-lmdeploy-tp2"])
-def test_demo_pushes_a_checkpoint(tmp_path, family, tied, engine):
+@pytest.mark.parametrize("family,tied,engine,f32", [("qwen3", False, None, False), ("qwen3_moe", False, "vllm", False),
+                                                    ("qwen3", True, "sglang", False), ("qwen3", False, "lmdeploy", False),
+                                                    ("qwen3", False, None, True), ("qwen3", False, "sglang", True)],
+                         ids=["dense-cpu-demo", "moe-vllm-tp2", "tied-sglang-tp2", "dense-lmdeploy-tp2",
+                              "f32-into-bf16-cpu-demo", "f32-into-bf16-sglang-tp2"])
+def test_demo_pushes_a_checkpoint(tmp_path, family, tied, engine, f32):
     """wsync demo --model DIR: the checkpoint transformers wrote goes through the plugin (and the
     engine's shim, at TP 2) into the reference engine, which allocates its parameters from the
     same config.json and checks every one against the file's bytes."""
@@ -189,8 +191,11 @@ def test_demo_pushes_a_checkpoint(tmp_path, family, tied, engine):
 
     exe = _cli()
     # the reference engine holds every layer of a MoE model sparse
-    _save(tmp_path / "m", family, tied, **({"mlp_only_layers": []} if family == "qwen3_moe" else {}))
+    _save(tmp_path / "m", family, tied, dtype=torch.float32 if f32 else torch.bfloat16,
+          **({"mlp_only_layers": []} if family == "qwen3_moe" else {}))
     args = [exe, "demo", "--model", str(tmp_path / "m"), "--syncs", "2"]
+    if f32:  # an f32 checkpoint into a model that holds bf16: converted on the way
+        args += ["--dtype", "bfloat16"]
     if engine:
         args += ["--engine", engine, "--tp", "2"]
     env = dict(os.environ, WSYNC_PLUGIN_DIR=str(wsync._native.lib_dir()))
