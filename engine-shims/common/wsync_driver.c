@@ -586,49 +586,6 @@ static void wsync_driver_release_unread(wsync_driver_t *d, const wsync_manifest_
     }
 }
 
-/* The manifest's tensor names, for the transaction (borrowed from m). */
-static const char **wsync_driver_names(const wsync_manifest_t *m, uint64_t **nbytes)
-{
-    const char **names = malloc((m->n_tensors ? m->n_tensors : 1) * sizeof(*names));
-    *nbytes = malloc((m->n_tensors ? m->n_tensors : 1) * sizeof(**nbytes));
-    if (names == NULL || *nbytes == NULL) {
-        free(names);
-        free(*nbytes);
-        *nbytes = NULL;
-        return NULL;
-    }
-    for (size_t t = 0; t < m->n_tensors; t++) {
-        names[t] = m->tensors[t].name;
-        (*nbytes)[t] = m->tensors[t].nbytes;
-    }
-    return names;
-}
-
-static wsync_result_t wsync_driver_txn_check(wsync_driver_t *d, const wsync_manifest_t *m,
-                                             wsync_error_t *err)
-{
-    if (d->txn.phase != WSYNC_TXN_UPDATING || d->txn.names == NULL)
-        return WSYNC_OK;
-    uint64_t *nbytes;
-    const char **names = wsync_driver_names(m, &nbytes);
-    if (names == NULL)
-        return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "driver: %zu names", m->n_tensors);
-    wsync_result_t rc = wsync_txn_check(&d->txn, names, m->n_tensors, err);
-    free(names);
-    free(nbytes);
-    return rc;
-}
-
-static void wsync_driver_txn_applied(wsync_driver_t *d, const wsync_manifest_t *m, int live)
-{
-    uint64_t *nbytes;
-    const char **names = wsync_driver_names(m, &nbytes);
-    if (names != NULL)
-        wsync_txn_applied(&d->txn, names, nbytes, m->n_tensors, live, m->buffer.pid);
-    free(names);
-    free(nbytes);
-}
-
 wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifests,
                                   const size_t *lens, size_t n, uint64_t *generation,
                                   wsync_error_t *err)
@@ -660,7 +617,7 @@ wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifest
         rc = live != NULL ? wsync_driver_validate(d, m, n, ops, live, err)
                           : WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "apply: out of memory");
         for (size_t i = 0; i < n && rc == WSYNC_OK; i++)
-            rc = wsync_driver_txn_check(d, m[i], err);
+            rc = wsync_txn_check(&d->txn, m[i]->tensors, m[i]->n_tensors, err);
         if (rc != WSYNC_OK)
             wsync_driver_release_unread(d, m, n);
     }
@@ -671,7 +628,7 @@ wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifest
     for (size_t i = 0; i < n && rc == WSYNC_OK; i++) {
         rc = wsync_driver_execute(d, m[i], ops + k, err);
         if (rc == WSYNC_OK)
-            wsync_driver_txn_applied(d, m[i], live[i]);
+            wsync_txn_applied(&d->txn, m[i]->tensors, m[i]->n_tensors, live[i], m[i]->buffer.pid);
         k += m[i]->n_tensors;
         if (m[i]->generation > gen)
             gen = m[i]->generation;

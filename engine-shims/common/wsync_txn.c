@@ -146,36 +146,33 @@ void wsync_txn_begin_implicit(wsync_txn_t *t)
     wsync_txn_open(t, next, 1);
 }
 
-wsync_result_t wsync_txn_check(const wsync_txn_t *t, const char *const *names, size_t n,
+wsync_result_t wsync_txn_check(const wsync_txn_t *t, const wsync_tensor_desc_t *tensors, size_t n,
                                wsync_error_t *err)
 {
     if (t->phase != WSYNC_TXN_UPDATING || t->names == NULL)
         return WSYNC_OK;
     for (size_t i = 0; i < n; i++)
-        if (wsync_txn_find(t, names[i]) < 0)
+        if (wsync_txn_find(t, tensors[i].name) < 0)
             return WSYNC_RECORD(err, WSYNC_ERR_NOT_FOUND,
                                 "tensor \"%.200s\" is not part of version %" PRIu64
                                 " (its begin declared %zu tensors)",
-                                names[i], t->version, t->n_names);
+                                tensors[i].name, t->version, t->n_names);
     return WSYNC_OK;
 }
 
-void wsync_txn_applied(wsync_txn_t *t, const char *const *names, const uint64_t *nbytes, size_t n,
-                       int wrote_live, int64_t producer_pid)
+void wsync_txn_applied(wsync_txn_t *t, const wsync_tensor_desc_t *tensors, size_t n, int wrote_live,
+                       int64_t producer_pid)
 {
-    uint64_t moved = 0;
     t->buckets++;
     for (size_t i = 0; i < n; i++) {
-        long k = t->names != NULL ? wsync_txn_find(t, names[i]) : -1;
+        long k = t->names != NULL ? wsync_txn_find(t, tensors[i].name) : -1;
         if (k >= 0 && t->seen[k])
             continue; /* sent again: counted once */
         if (k >= 0)
             t->seen[k] = 1;
         t->tensors++;
-        t->bytes += nbytes[i];
-        moved += nbytes[i];
+        t->bytes += tensors[i].nbytes;
     }
-    (void)moved;
     if (wrote_live) /* a bucket that wrote only shadows (rollback mode) leaves the weights */
         t->written++;
     if (producer_pid > 0)

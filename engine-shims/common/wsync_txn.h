@@ -44,14 +44,14 @@ wsync_result_t wsync_txn_begin(wsync_txn_t *t, uint64_t version, uint64_t expect
                                wsync_error_t *err);
 /* An engine request with no open version: open the next one, declaring nothing. */
 void wsync_txn_begin_implicit(wsync_txn_t *t);
-/* Before a bucket is written: every tensor must be one the open version declared (NOT_FOUND
- * naming it and the version). No-op without declared names. */
-wsync_result_t wsync_txn_check(const wsync_txn_t *t, const char *const *names, size_t n,
+/* Before a bucket is written: every tensor (a manifest's) must be one the open version declared
+ * (NOT_FOUND naming it and the version). No-op without declared names. */
+wsync_result_t wsync_txn_check(const wsync_txn_t *t, const wsync_tensor_desc_t *tensors, size_t n,
                                wsync_error_t *err);
 /* After a bucket was copied; wrote_live: it wrote engine parameters in place (not only the
  * shadows of rollback mode), so the weights are now mixed until the version commits. */
-void wsync_txn_applied(wsync_txn_t *t, const char *const *names, const uint64_t *nbytes, size_t n,
-                       int wrote_live, int64_t producer_pid);
+void wsync_txn_applied(wsync_txn_t *t, const wsync_tensor_desc_t *tensors, size_t n, int wrote_live,
+                       int64_t producer_pid);
 /* Commit the open version: refused (BAD_REQUEST naming counts and up to 4 missing names) unless
  * everything declared arrived; the version then stays open. */
 wsync_result_t wsync_txn_commit(wsync_txn_t *t, uint64_t version, wsync_error_t *err);

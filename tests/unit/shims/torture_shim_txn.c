@@ -12,7 +12,10 @@
 #include <cmocka.h>
 
 static const char *const names[] = {"a.weight", "b.weight", "c.weight"};
-static const uint64_t sizes[] = {10, 20, 30};
+/* the same three as a manifest's tensors */
+static const wsync_tensor_desc_t descs[] = {{.name = "a.weight", .nbytes = 10},
+                                            {.name = "b.weight", .nbytes = 20},
+                                            {.name = "c.weight", .nbytes = 30}};
 
 static void test_commit_needs_everything(void **state)
 {
@@ -21,15 +24,15 @@ static void test_commit_needs_everything(void **state)
     wsync_txn_init(&t);
     wsync_error_t err = {.struct_size = sizeof(err)};
     assert_int_equal(wsync_txn_begin(&t, 1, 3, 60, names, 3, &err), WSYNC_OK);
-    wsync_txn_applied(&t, names, sizes, 2, 1, 1234);
+    wsync_txn_applied(&t, descs, 2, 1, 1234);
     assert_int_equal(wsync_txn_commit(&t, 1, &err), WSYNC_ERR_BAD_REQUEST);
     assert_non_null(strstr(err.message, "2 of 3 tensors and 30 of 60 bytes"));
     assert_non_null(strstr(err.message, "\"c.weight\""));
     assert_int_equal(t.phase, WSYNC_TXN_UPDATING);
     assert_int_equal(t.committed, 0);
-    wsync_txn_applied(&t, names, sizes, 1, 1, 1234); /* a.weight again: counted once */
+    wsync_txn_applied(&t, descs, 1, 1, 1234); /* a.weight again: counted once */
     assert_int_equal(t.tensors, 2);
-    wsync_txn_applied(&t, names + 2, sizes + 2, 1, 1, 1234);
+    wsync_txn_applied(&t, descs + 2, 1, 1, 1234);
     err = (wsync_error_t){.struct_size = sizeof(err)};
     assert_int_equal(wsync_txn_commit(&t, 1, &err), WSYNC_OK);
     assert_int_equal(t.committed, 1);
@@ -44,9 +47,9 @@ static void test_versions_and_undeclared(void **state)
     wsync_txn_init(&t);
     wsync_error_t err = {.struct_size = sizeof(err)};
     assert_int_equal(wsync_txn_begin(&t, 5, 0, 0, names, 2, &err), WSYNC_OK);
-    assert_int_equal(wsync_txn_check(&t, names + 2, 1, &err), WSYNC_ERR_NOT_FOUND);
+    assert_int_equal(wsync_txn_check(&t, descs + 2, 1, &err), WSYNC_ERR_NOT_FOUND);
     assert_non_null(strstr(err.message, "\"c.weight\" is not part of version 5"));
-    wsync_txn_applied(&t, names, sizes, 2, 1, 1);
+    wsync_txn_applied(&t, descs, 2, 1, 1);
     assert_int_equal(wsync_txn_commit(&t, 5, NULL), WSYNC_OK);
     err = (wsync_error_t){.struct_size = sizeof(err)};
     assert_int_equal(wsync_txn_begin(&t, 5, 0, 0, NULL, 0, &err), WSYNC_ERR_STALE_GENERATION);
@@ -71,9 +74,9 @@ static void test_abort_and_abandon(void **state)
     assert_int_equal(wsync_txn_abort(&t, "aborted"), 1); /* nothing written */
     assert_int_equal(t.phase, WSYNC_TXN_CONSISTENT);
     assert_int_equal(wsync_txn_begin(&t, 2, 0, 0, NULL, 0, NULL), WSYNC_OK);
-    wsync_txn_applied(&t, names, sizes, 1, 1, 1);
+    wsync_txn_applied(&t, descs, 1, 1, 1);
     assert_int_equal(wsync_txn_begin(&t, 3, 0, 0, NULL, 0, NULL), WSYNC_OK); /* abandons 2 */
-    wsync_txn_applied(&t, names, sizes, 1, 1, 1);
+    wsync_txn_applied(&t, descs, 1, 1, 1);
     assert_int_equal(wsync_txn_abort(&t, "left unfinished"), 1);
     assert_int_equal(t.phase, WSYNC_TXN_PARTIAL);
     assert_non_null(strstr(t.reason, "version 3 left unfinished after 1 bucket"));
