@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes as C
 from typing import Any, Iterable, Mapping, Optional, Tuple, Union
 
@@ -50,6 +51,12 @@ def stream_handle(device: torch.device, stream: Optional[Any]) -> Optional[int]:
         return None
     s = stream if stream is not None else torch.cuda.current_stream(device)
     return int(s.cuda_stream) or None
+
+
+def on_stream(stream: Optional[Any]) -> Any:
+    """A context that runs torch work on `stream` (a torch stream), or on the current stream when
+    it is None."""
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
 def device_uuid(device: torch.device) -> str:

@@ -15,7 +15,8 @@ import torch
 
 from . import _abi, _native, _torch
 from .checkpoint import checkpoint_tensors
-from .errors import InvalidArgument, NotSupported, check_reply
+from .errors import InvalidArgument, NotSupported
+from .producer import _resolve, check_replies
 
 
 @dataclass
@@ -77,9 +78,7 @@ def check(named: _torch.NamedTensors, send: Any, *, plugin: Optional[str] = None
     if not pairs:
         raise InvalidArgument(1, "check", "no tensors to check")
     by = dict(pairs)
-    r = send(check_message(pairs))
-    r = r() if callable(r) else r.result() if callable(getattr(r, "result", None)) else r
-    replies = [check_reply(t) for t in ([r] if isinstance(r, (str, bytes)) else r)]
+    replies = check_replies(_resolve(send(check_message(pairs))))
     dev = pairs[0][1].device
     lp = _native.load_plugin(plugin if plugin is not None else None)
     dg = _Digester(lp, dev)

@@ -11,7 +11,6 @@ stream of the parameters' device when the request arrives.
 from __future__ import annotations
 
 import ctypes as C
-from contextlib import nullcontext as _nullcontext
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import torch
@@ -170,15 +169,9 @@ class EngineWorker:
         self._keep.append(f)
         return f
 
-    def _copy_stream(self) -> Any:
-        if self.device.type != "cuda":
-            return None
-        return torch.cuda.stream(self.stream) if self.stream is not None else None
-
     def _begin(self, version: int, user: Optional[Callable[[int], None]]) -> None:
         if self._shadows:  # bytes a version does not write carry over from the parameter
-            ctx = self._copy_stream()
-            with ctx if ctx is not None else _nullcontext():
+            with _torch.on_stream(self.stream if self.device.type == "cuda" else None):
                 for n, sh in self._shadows.items():
                     sh.copy_(self.params[n])
         if user is not None:
@@ -186,8 +179,7 @@ class EngineWorker:
 
     def _end(self, version: int, committed: bool, user: Optional[Callable[[int, bool], None]]) -> None:
         if committed and self._shadows:  # the flip: one copy per shadowed parameter
-            ctx = self._copy_stream()
-            with ctx if ctx is not None else _nullcontext():
+            with _torch.on_stream(self.stream if self.device.type == "cuda" else None):
                 for n, sh in self._shadows.items():
                     self.params[n].copy_(sh)
         if user is not None:

@@ -13,8 +13,6 @@ import torch
 
 from . import _abi, _native
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
 
 def tensors_from_config(config: Union[str, os.PathLike, Mapping[str, Any], Any]) -> List[Tuple[str, torch.dtype, tuple]]:
     """[(HF name, dtype, shape)] of `config`: a transformers config, a dict, a config.json path,
@@ -35,7 +33,7 @@ def tensors_from_config(config: Union[str, os.PathLike, Mapping[str, Any], Any])
     out = shim.take_string(shim.model_tensors(data, len(data), C.byref(err)))
     if out is None:
         _native.check(err.code or 1, err)
-    return [(t["name"], _DTYPES.get(t["dtype"], getattr(torch, t["dtype"], None)), tuple(t["shape"]))
+    return [(t["name"], getattr(torch, t["dtype"]), tuple(t["shape"]))
             for t in json.loads(out)]
 
 

@@ -297,17 +297,11 @@ class Producer:
         publish records *ready* on (so the engine reads the new values)."""
         if not self._cast:
             return
-        ctx = torch.cuda.stream(stream) if stream is not None else None
-        if ctx is not None:
-            ctx.__enter__()
-        try:
+        with _torch.on_stream(stream):
             for name, t in pairs:
                 buf = self._cast.get(name)
                 if buf is not None and t.dtype != self.cast_to:
                     buf.copy_(t.detach())
-        finally:
-            if ctx is not None:
-                ctx.__exit__(None, None, None)
 
     def stage_bucket(
         self,
