@@ -5,6 +5,7 @@
 
 #include "wsync_adapter_convert.h"
 #include "wsync_checkpoint.h"
+#include "wsync_digest.h"
 #include "wsync_dtype.h"
 #include "wsync_hf_config.h"
 
@@ -12,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define WSYNC_MODEL_GOLDEN 0x9E3779B97F4A7C15ull
 
 /* The built-in layouts are configs of the model layer: the public configs of Qwen3-8B and
  * Qwen3-30B-A3B, shrunk by `scale` before the tensor list is derived from them. */
@@ -27,13 +27,6 @@ static const char wsync_model_moe_config[] =
     "\"intermediate_size\":6144,\"moe_intermediate_size\":768,\"num_experts\":128,"
     "\"num_experts_per_tok\":8,\"decoder_sparse_step\":1,\"mlp_only_layers\":[],"
     "\"vocab_size\":151936,\"tie_word_embeddings\":false,\"torch_dtype\":\"bfloat16\"}";
-
-static uint64_t wsync_model_mix(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 static uint64_t wsync_model_hash(const char *s)
 {
@@ -233,17 +226,17 @@ void wsync_model_fill(const wsync_model_tensor_t *t, uint64_t version, void *dst
             wsync_convert_row(dst, t->dtype, t->data, t->file_dtype, n, 1.0);
         return;
     }
-    uint64_t seed = wsync_model_mix(wsync_model_hash(t->name) ^ (version * WSYNC_MODEL_GOLDEN));
+    uint64_t seed = wsync_mix64(wsync_model_hash(t->name) ^ (version * WSYNC64_GOLDEN));
     unsigned char *p = dst;
     uint64_t nwords = t->nbytes / 8;
     uint64_t i;
 
     for (i = 0; i < nwords; i++) {
-        uint64_t w = wsync_model_mix(seed + i * WSYNC_MODEL_GOLDEN);
+        uint64_t w = wsync_mix64(seed + i * WSYNC64_GOLDEN);
         memcpy(p + 8 * i, &w, 8);
     }
     if (t->nbytes % 8 != 0) {
-        uint64_t w = wsync_model_mix(seed + i * WSYNC_MODEL_GOLDEN);
+        uint64_t w = wsync_mix64(seed + i * WSYNC64_GOLDEN);
         memcpy(p + 8 * i, &w, t->nbytes % 8);
     }
 }
