@@ -26,13 +26,50 @@ static wsync_result_t wsync_cpu_note_carrier(struct wsync_handle *h, wsync_cpu_s
     return WSYNC_OK;
 }
 
+/* Under h's lock: the generation rule (several calls may carry one bucket, e.g. on several
+ * streams, until it is recorded), wait-ready, the copies (from h's mapping, or with remote_pid
+ * from that process's memory: ops' src_offset are its addresses), the carrier note. */
+static wsync_result_t wsync_cpu_enqueue(struct wsync_consumer *c, struct wsync_handle *h,
+                                        wsync_stream_t stream, uint64_t generation,
+                                        const wsync_copy_op_t *ops, size_t n_ops, uint32_t flags,
+                                        int64_t remote_pid, wsync_error_t *err)
+{
+    wsync_result_t r = WSYNC_OK;
+    uint64_t seq = 0;
+    wsync_cpu_stream_t *s = wsync_cpu_consumer_stream(c, stream);
+    pthread_mutex_lock(&h->lock);
+    if (h->pending_generation == 0 || generation != h->pending_generation)
+        r = wsync_validate_generation(wsync_cpu_handle_last_generation(h), generation, err);
+    if (r != WSYNC_OK)
+        goto out;
+    r = wsync_cpu_stream_wait_ready(s, h->control, generation, c->timeout_ms, h->peer_pid, &h->sink,
+                                    NULL, err);
+    if (r == WSYNC_OK)
+        r = remote_pid > 0 ? wsync_cpu_stream_copy_remote(s, remote_pid, ops, n_ops, generation,
+                                                          &h->sink, &seq, err)
+                           : wsync_cpu_stream_copy(s, h->data, ops, n_ops, flags, generation,
+                                                   &h->sink, &seq, err);
+    if (r == WSYNC_OK)
+        r = wsync_cpu_note_carrier(h, s, seq, err);
+    if (r != WSYNC_OK) {
+        /* Out of memory after a wait was queued: the wait alone writes nothing. Make sure a
+         * later close still waits for whatever was queued. */
+        wsync_cpu_stream_synchronize(s);
+        goto out;
+    }
+    h->entry->last_generation = generation;
+    h->pending_generation = generation;
+out:
+    pthread_mutex_unlock(&h->lock);
+    return r;
+}
+
 wsync_result_t wsync_cpu_copy_weights(struct wsync_consumer *c, struct wsync_handle *h,
                                       wsync_stream_t stream, uint64_t generation,
                                       const wsync_copy_op_t *ops, size_t n_ops, uint32_t flags,
                                       wsync_error_t *err)
 {
     wsync_result_t r;
-    uint64_t seq = 0;
 
     if (c == NULL || h == NULL || h->consumer != c)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
@@ -47,31 +84,7 @@ wsync_result_t wsync_cpu_copy_weights(struct wsync_consumer *c, struct wsync_han
     if ((r = wsync_validate_copy_ops(ops, n_ops, h->bytes, err)) != WSYNC_OK)
         return r;
 
-    wsync_cpu_stream_t *s = wsync_cpu_consumer_stream(c, stream);
-    pthread_mutex_lock(&h->lock);
-    /* Several calls may carry one bucket (e.g. on several streams) until it is recorded. */
-    if (h->pending_generation == 0 || generation != h->pending_generation) {
-        r = wsync_validate_generation(wsync_cpu_handle_last_generation(h), generation, err);
-        if (r != WSYNC_OK)
-            goto out;
-    }
-    r = wsync_cpu_stream_wait_ready(s, h->control, generation, c->timeout_ms, h->peer_pid, &h->sink,
-                                    NULL, err);
-    if (r == WSYNC_OK)
-        r = wsync_cpu_stream_copy(s, h->data, ops, n_ops, flags, generation, &h->sink, &seq, err);
-    if (r == WSYNC_OK)
-        r = wsync_cpu_note_carrier(h, s, seq, err);
-    if (r != WSYNC_OK) {
-        /* Out of memory after a wait was queued: the wait alone writes nothing. Make sure a
-         * later close still waits for whatever was queued. */
-        wsync_cpu_stream_synchronize(s);
-        goto out;
-    }
-    h->entry->last_generation = generation;
-    h->pending_generation = generation;
-out:
-    pthread_mutex_unlock(&h->lock);
-    return r;
+    return wsync_cpu_enqueue(c, h, stream, generation, ops, n_ops, flags, 0, err);
 }
 
 typedef struct cpu_segs {
@@ -98,7 +111,6 @@ wsync_result_t wsync_cpu_copy_segments(struct wsync_consumer *c, struct wsync_ha
                                        size_t n_ops, uint32_t flags, wsync_error_t *err)
 {
     wsync_result_t r;
-    uint64_t seq = 0;
 
     if (c == NULL || h == NULL || h->consumer != c || h->is_segment)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
@@ -112,25 +124,7 @@ wsync_result_t wsync_cpu_copy_segments(struct wsync_consumer *c, struct wsync_ha
                                      &sg, "an open host_pid segment of its producer", &moved,
                                      err)) != WSYNC_OK)
         return r;
-    wsync_cpu_stream_t *s = wsync_cpu_consumer_stream(c, stream);
-    pthread_mutex_lock(&h->lock);
-    if (h->pending_generation == 0 || generation != h->pending_generation)
-        r = wsync_validate_generation(wsync_cpu_handle_last_generation(h), generation, err);
-    if (r == WSYNC_OK)
-        r = wsync_cpu_stream_wait_ready(s, h->control, generation, c->timeout_ms, h->peer_pid,
-                                        &h->sink, NULL, err);
-    if (r == WSYNC_OK)
-        r = wsync_cpu_stream_copy_remote(s, h->peer_pid, moved, n_ops, generation, &h->sink, &seq,
-                                         err);
-    if (r == WSYNC_OK)
-        r = wsync_cpu_note_carrier(h, s, seq, err);
-    if (r == WSYNC_OK) {
-        h->entry->last_generation = generation;
-        h->pending_generation = generation;
-    } else {
-        wsync_cpu_stream_synchronize(s);
-    }
-    pthread_mutex_unlock(&h->lock);
+    r = wsync_cpu_enqueue(c, h, stream, generation, moved, n_ops, 0, h->peer_pid, err);
     free(moved);
     return r;
 }
