@@ -1,13 +1,11 @@
 /* wsync inspect DIR [--engine E]: the tensor plan of a Hugging Face model directory (HF name ->
- * engine parameter, dtype in the file and in the model, shape, shard, bytes), by the model
- * layer's checkpoint reader and the engine shim's mapping; nothing is moved. */
+ * engine parameter, dtype in the file and in the model, shape, shard, bytes): the plan
+ * wsync_ckpt_plan builds (also wsync_shim_checkpoint_plan's), printed; nothing is moved. */
 #include <stdio.h>
 #include <string.h>
 
-#include "wsync_checkpoint.h"
+#include "wsync_ckpt_plan.h"
 #include "wsync_cli.h"
-#include "wsync_dtype.h"
-#include "wsync_shim.h"
 
 int wsync_cmd_inspect(int argc, char **argv)
 {
@@ -35,36 +33,42 @@ int wsync_cmd_inspect(int argc, char **argv)
         return 2;
     }
     wsync_error_t err = {.struct_size = sizeof(err)};
-    wsync_checkpoint_t *c = NULL;
-    if (wsync_checkpoint_open(dir, &c, &err) != WSYNC_OK) {
+    json_t *doc = wsync_ckpt_plan(dir, shim, &err);
+    if (doc == NULL) {
         fprintf(stderr, "wsync inspect: %s\n", err.message);
         return 1;
     }
-    const wsync_model_t *m = wsync_checkpoint_model(c);
-    uint64_t bytes = 0;
     printf("%-56s %-44s %-9s %-9s %-16s %12s  %s\n", "HF name", "engine parameter", "file", "model",
            "shape", "bytes", "shard");
-    for (size_t i = 0; i < m->n; i++) {
-        const wsync_ckpt_tensor_t *t = wsync_checkpoint_tensor(c, i);
-        wsync_map_target_t to;
-        wsync_error_t local = {.struct_size = sizeof(local)};
-        char shape[48], target[WSYNC_MAP_NAME_MAX + 64];
-        snprintf(shape, sizeof(shape), t->want->ndim > 1 ? "[%lld, %lld]" : "[%lld]",
-                 (long long)t->want->shape[0], (long long)t->want->shape[1]);
-        if (wsync_map_resolve(shim->map, t->want->name, &to, &local) != WSYNC_OK)
+    size_t i;
+    json_t *t;
+    json_array_foreach(json_object_get(doc, "plan"), i, t)
+    {
+        json_t *shape = json_object_get(t, "shape");
+        const char *param = json_string_value(json_object_get(t, "engine_param"));
+        const json_int_t expert = json_integer_value(json_object_get(t, "expert"));
+        char dims[48], target[WSYNC_MAP_NAME_MAX + 64];
+        snprintf(dims, sizeof(dims), json_array_size(shape) > 1 ? "[%lld, %lld]" : "[%lld]",
+                 (long long)json_integer_value(json_array_get(shape, 0)),
+                 (long long)json_integer_value(json_array_get(shape, 1)));
+        if (param == NULL)
             snprintf(target, sizeof(target), "(no %s parameter)", engine);
-        else if (to.expert >= 0)
-            snprintf(target, sizeof(target), "%s [expert %lld]", to.engine_name,
-                     (long long)to.expert);
+        else if (expert >= 0)
+            snprintf(target, sizeof(target), "%s [expert %lld]", param, (long long)expert);
         else
-            snprintf(target, sizeof(target), "%s", to.engine_name);
-        printf("%-56s %-44s %-9s %-9s %-16s %12llu  %s\n", t->want->name, target,
-               wsync_dtype_name(t->file_dtype), wsync_dtype_name(t->want->dtype), shape,
-               (unsigned long long)t->file_nbytes, t->shard);
-        bytes += t->file_nbytes;
+            snprintf(target, sizeof(target), "%s", param);
+        printf("%-56s %-44s %-9s %-9s %-16s %12lld  %s\n",
+               json_string_value(json_object_get(t, "name")), target,
+               json_string_value(json_object_get(t, "file_dtype")),
+               json_string_value(json_object_get(t, "dtype")), dims,
+               (long long)json_integer_value(json_object_get(t, "bytes")),
+               json_string_value(json_object_get(t, "shard")));
     }
-    printf("%s: %zu tensors, %.3f GB in %zu shard(s), for %s\n", m->layout, m->n, bytes / 1e9,
-           wsync_checkpoint_shards(c), engine);
-    wsync_checkpoint_close(c);
+    printf("%s: %lld tensors, %.3f GB in %lld shard(s), for %s\n",
+           json_string_value(json_object_get(doc, "model_type")),
+           (long long)json_integer_value(json_object_get(doc, "tensors")),
+           (double)json_integer_value(json_object_get(doc, "bytes")) / 1e9,
+           (long long)json_integer_value(json_object_get(doc, "shards")), engine);
+    json_decref(doc);
     return 0;
 }

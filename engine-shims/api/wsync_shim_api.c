@@ -2,7 +2,7 @@
 #include "wsync_shim_api.h"
 
 #include "wsync_dtype.h"
-#include "wsync_checkpoint.h"
+#include "wsync_ckpt_plan.h"
 #include "wsync_model.h"
 
 #include <pthread.h>
@@ -311,11 +311,9 @@ WSYNC_SHIM_API char *wsync_shim_model_tensors(const char *config_json, size_t le
     json_t *list = json_array();
     for (size_t i = 0; list != NULL && i < m.n; i++) {
         const wsync_model_tensor_t *t = &m.tensors[i];
-        json_t *shape = json_array();
-        for (uint32_t k = 0; k < t->ndim; k++)
-            json_array_append_new(shape, json_integer((json_int_t)t->shape[k]));
-        json_array_append_new(list, json_pack("{s:s, s:s, s:o}", "name", t->name, "dtype",
-                                              wsync_dtype_name(t->dtype), "shape", shape));
+        json_array_append_new(list,
+                              json_pack("{s:s, s:s, s:o}", "name", t->name, "dtype",
+                                        wsync_dtype_name(t->dtype), "shape", wsync_ckpt_shape(t)));
     }
     wsync_model_free(&m);
     char *text = list != NULL ? json_dumps(list, JSON_COMPACT) : NULL;
@@ -329,40 +327,13 @@ WSYNC_SHIM_API char *wsync_shim_checkpoint_plan(const char *dir, const char *eng
                                                 wsync_error_t *err)
 {
     const wsync_shim_t *s = find_shim(engine != NULL ? engine : "sglang", err);
-    wsync_checkpoint_t *c = NULL;
-    if (s == NULL || dir == NULL || wsync_checkpoint_open(dir, &c, err) != WSYNC_OK) {
-        if (dir == NULL)
-            WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT, "checkpoint_plan needs a directory");
-        return NULL;
-    }
-    const wsync_model_t *m = wsync_checkpoint_model(c);
-    json_t *plan = json_array();
-    uint64_t bytes = 0;
-    for (size_t i = 0; plan != NULL && i < m->n; i++) {
-        const wsync_ckpt_tensor_t *t = wsync_checkpoint_tensor(c, i);
-        wsync_map_target_t to;
-        wsync_error_t local = {.struct_size = sizeof(local)};
-        const int mapped = wsync_map_resolve(s->map, t->want->name, &to, &local) == WSYNC_OK;
-        json_t *shape = json_array();
-        for (uint32_t k = 0; k < t->want->ndim; k++)
-            json_array_append_new(shape, json_integer((json_int_t)t->want->shape[k]));
-        json_array_append_new(plan,
-                              json_pack("{s:s, s:s, s:s, s:o, s:I, s:s, s:s?, s:I}", "name",
-                                        t->want->name, "dtype", wsync_dtype_name(t->want->dtype),
-                                        "file_dtype", wsync_dtype_name(t->file_dtype), "shape",
-                                        shape, "bytes", (json_int_t)t->file_nbytes, "shard",
-                                        t->shard, "engine_param", mapped ? to.engine_name : NULL,
-                                        "expert", (json_int_t)(mapped ? to.expert : -1)));
-        bytes += t->file_nbytes;
-    }
-    json_t *doc = json_pack("{s:s, s:I, s:I, s:I, s:o}", "model_type", m->layout, "tensors",
-                            (json_int_t)m->n, "bytes", (json_int_t)bytes, "shards",
-                            (json_int_t)wsync_checkpoint_shards(c), "plan", plan);
-    wsync_checkpoint_close(c);
+    if (dir == NULL)
+        WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT, "checkpoint_plan needs a directory");
+    json_t *doc = s != NULL && dir != NULL ? wsync_ckpt_plan(dir, s, err) : NULL;
     char *text = doc != NULL ? json_dumps(doc, JSON_COMPACT) : NULL;
-    json_decref(doc);
-    if (text == NULL)
+    if (doc != NULL && text == NULL)
         WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "checkpoint_plan: out of memory");
+    json_decref(doc);
     return text;
 }
 
