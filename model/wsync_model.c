@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 /* The built-in layouts are configs of the model layer: the public configs of Qwen3-8B and
  * Qwen3-30B-A3B, shrunk by `scale` before the tensor list is derived from them. */
 static const char wsync_model_dense_config[] =
