@@ -3,7 +3,7 @@
 # test on this code (and, with $OLD_PATCH, on the code before the stream fix, where it must
 # fail), the pytest suite (gpu tests included), the Python benchmark. Logs under $OUT.
 #   usage: tests/gpu/python_on_device.sh   env: OLD_PATCH (a patch that restores the old plugin),
-#   STEPS ("build test bench", default all: run them in separate calls on a warm machine)
+#   STEPS ("build test digest bench", default all: run them in separate calls on a warm machine)
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$ROOT/device-out}
@@ -16,18 +16,18 @@ fi
 export PATH=/usr/local/cuda/bin:$PATH
 nvidia-smi -L | tee "$OUT/machine.log"; python3 -c 'import torch; print("torch", torch.__version__)' | tee -a "$OUT/machine.log"
 B=$ROOT/build-py
-STEPS=${STEPS:-build test bench}
+STEPS=${STEPS:-build test digest bench}
 status=0
 if [[ " $STEPS " == *" build "* ]]; then
 cmake -S "$ROOT" -B "$B" -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 &&
   cmake --build "$B" -j16 --target wsync_cuda wsync_cuda_broken wsync_cpu wsync_shim wsync-bench-cuda \
-    torture_gpu_stream0 torture_gpu_torn torture_gpu_sync torture_gpu_cache torture_cuda_init \
+    torture_gpu_stream0 torture_gpu_torn torture_gpu_sync torture_gpu_cache torture_cuda_init torture_gpu_digest \
     >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 echo "built: $SECONDS s"
 fi
 export WSYNC_PLUGIN_DIR=$B/lib PYTHONPATH=$ROOT/python PYTHONUNBUFFERED=1
 if [[ " $STEPS " == *" test "* ]]; then
-(cd "$B" && ctest -R "torture_gpu_stream0|torture_gpu_torn|torture_gpu_sync|torture_gpu_cache|torture_cuda_init" --output-on-failure) 2>&1 | tee "$OUT/ctest.log" | tail -15 || status=1
+(cd "$B" && ctest -R "torture_gpu_stream0|torture_gpu_torn|torture_gpu_sync|torture_gpu_cache|torture_cuda_init|torture_gpu_digest" --output-on-failure) 2>&1 | tee "$OUT/ctest.log" | tail -15 || status=1
 if [ -n "${OLD_PATCH:-}" ]; then
   rm -rf /tmp/old && cp -r "$ROOT" /tmp/old && (cd /tmp/old && patch -R -p1 -s <"$OLD_PATCH") &&
   cmake -S /tmp/old -B /tmp/old/b -DCMAKE_BUILD_TYPE=Release >/dev/null 2>&1 &&
@@ -36,10 +36,14 @@ if [ -n "${OLD_PATCH:-}" ]; then
 fi
 for t in ${PYTESTS:-test_gpu_stream0 test_gpu_torch_handles test_gpu_busy_stream_1000_buckets test_gpu_sync test_gpu_direct}; do
   (cd "$ROOT" && timeout -s INT ${PYT:-70} python3 -m pytest -q -rs -x --tb=short -o faulthandler_timeout=${FHT:-60} \
-    tests/python/test_gpu.py tests/python/test_gpu_direct.py tests/python/test_gpu_checker.py -k $t 2>&1) >"$OUT/pytest-$t.log"; echo "$t: rc $?"; tail -3 "$OUT/pytest-$t.log"
+    tests/python/test_gpu.py tests/python/test_gpu_direct.py tests/python/test_gpu_checker.py \
+    tests/python/test_gpu_transactions.py -k $t 2>&1) >"$OUT/pytest-$t.log"; echo "$t: rc $?"; tail -3 "$OUT/pytest-$t.log"
 done
 bash "$ROOT/tests/gpu/check_no_device_skips.sh" "$OUT"/ctest.log "$OUT"/pytest-*.log "$B/Testing/Temporary/LastTest.log" || status=1
 [ "${HOST_TESTS:-1}" = 1 ] && { (cd "$ROOT" && timeout 150 python3 -m pytest -q -rfEs --tb=line -m "not gpu" tests/python 2>&1) | tee "$OUT/pytest.log" | tail -8 || status=1; }
+fi
+if [[ " $STEPS " == *" digest "* ]]; then  # the weight checker's digest pass vs read bandwidth
+  timeout ${BENCH_T:-300} "$B/bin/wsync-bench-cuda" --digest --iters ${ITERS:-10} 2>&1 | tee "$OUT/bench-digest.log"
 fi
 if [[ " $STEPS " == *" bench "* ]]; then
   export WSYNC_BENCH_CUDA=${WSYNC_BENCH_CUDA-$B/bin/wsync-bench-cuda}  # empty: skip the C path

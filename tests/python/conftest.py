@@ -59,7 +59,8 @@ def recv(conn, proc, timeout: float = 120.0):
 
 
 @child
-def _engine_main(conn, engine: str, layout: str, rank: int, tp: int, device: str, verify: bool) -> None:
+def _engine_main(conn, engine: str, layout: str, rank: int, tp: int, device: str, verify: bool,
+                 rollback: bool = False) -> None:
     import models
     import wsync
 
@@ -68,7 +69,8 @@ def _engine_main(conn, engine: str, layout: str, rank: int, tp: int, device: str
     params = models.zeros_like_layout(ref, device)
     ptrs = {k: v.data_ptr() for k, v in params.items()}
     w = wsync.EngineWorker(
-        params, engine=engine, config=model.config, tp_rank=rank, tp_size=tp, verify=verify, plugin=plugin_for(device)
+        params, engine=engine, config=model.config, tp_rank=rank, tp_size=tp, verify=verify, plugin=plugin_for(device),
+        rollback=rollback,
     )
     conn.send(("ready", w.backend))
     while True:
@@ -86,6 +88,8 @@ def _engine_main(conn, engine: str, layout: str, rank: int, tp: int, device: str
             conn.send("released")
         elif op == "opens":
             conn.send(w.opens)
+        elif op == "txn":
+            conn.send(w.state())
         else:
             w.close()
             conn.send("bye")
@@ -95,14 +99,15 @@ def _engine_main(conn, engine: str, layout: str, rank: int, tp: int, device: str
 class EngineRanks:
     """tp engine ranks of `engine`, each in its own process."""
 
-    def __init__(self, engine: str, layout: str, tp: int, device: str = "cpu", verify: bool = False):
+    def __init__(self, engine: str, layout: str, tp: int, device: str = "cpu", verify: bool = False,
+                 rollback: bool = False):
         ctx = mp.get_context("spawn")
         self.conns = []
         self.procs = []
         for r in range(tp):
             a, b = ctx.Pipe()
             dev = device if device == "cpu" else f"cuda:{r if torch.cuda.device_count() > r else 0}"
-            p = ctx.Process(target=_engine_main, args=(b, engine, layout, r, tp, dev, verify), daemon=True)
+            p = ctx.Process(target=_engine_main, args=(b, engine, layout, r, tp, dev, verify, rollback), daemon=True)
             p.start()
             self.conns.append(a)
             self.procs.append(p)
@@ -129,6 +134,12 @@ class EngineRanks:
         """Buffers and direct segments each rank has opened so far."""
         for c in self.conns:
             c.send(("opens", None))
+        return [recv(c, p) for c, p in zip(self.conns, self.procs)]
+
+    def txn(self) -> List[dict]:
+        """Each rank's update state (EngineWorker.state())."""
+        for c in self.conns:
+            c.send(("txn", None))
         return [recv(c, p) for c, p in zip(self.conns, self.procs)]
 
     def release(self) -> None:

@@ -5,6 +5,7 @@
  *   wsync-bench-cuda --lora [--iters N] [--plugin PATH] [--layers L]   (wsync_bench_lora.h)
  *   wsync-bench-cuda --pingpong [--iters N]                             (wsync_bench_pingpong.h)
  *   wsync-bench-cuda --lanes [--layout L] [--iters N]                   (wsync_bench_lanes.h)
+ *   wsync-bench-cuda --digest [--layout L] [--iters N] [--plugin PATH]  (wsync_bench_digest.h)
  *
  * One consumer process per layout measures, with CUDA events (median of N after warm-up):
  *   (a) one cudaMemcpyAsync of the whole packed payload (the limit),
@@ -37,6 +38,7 @@
 
 #include "wsync_abi.h"
 #include "wsync_client.h"
+#include "wsync_bench_digest.h"
 #include "wsync_bench_lanes.h"
 #include "wsync_bench_layout.h"
 #include "wsync_bench_lora.h"
@@ -58,6 +60,7 @@ typedef struct wb_opts {
     int lora;
     int pingpong;
     int lanes;
+    int digest;
     const char *dir;
     const char *params; /* "fused" | "separate": the consumer's engine parameters */
     int grouped;        /* --order grouped: the trainer's MoE experts grouped (see the layout) */
@@ -893,6 +896,7 @@ static void wb_usage(FILE *f)
                "       wsync-bench-cuda --lora [--iters N] [--plugin PATH] [--layers L]\n"
                "       wsync-bench-cuda --pingpong [--iters N]\n"
                "       wsync-bench-cuda --lanes [--layout dense|moe|both] [--iters N]\n"
+               "       wsync-bench-cuda --digest [--layout dense|moe|both] [--iters N]\n"
                "  --params: the engine parameters the copies land in: fused (default; per layer\n"
                "            one qkv_proj, one gate_up_proj or MoE w13 + w2 over all experts, as\n"
                "            SGLang, vLLM and LMDeploy hold them) or separate (one cudaMalloc per\n"
@@ -912,7 +916,8 @@ int main(int argc, char **argv)
         {"help", no_argument, NULL, 'h'},         {"lora", no_argument, NULL, 'o'},
         {"dir", required_argument, NULL, 'd'},    {"pingpong", no_argument, NULL, 'P'},
         {"lanes", no_argument, NULL, 'N'},        {"params", required_argument, NULL, 'm'},
-        {"order", required_argument, NULL, 'O'},  {NULL, 0, NULL, 0}};
+        {"order", required_argument, NULL, 'O'},  {"digest", no_argument, NULL, 'D'},
+        {NULL, 0, NULL, 0}};
     wb_opts_t o = {.layout = "both",
                    .iters = 20,
                    .scale = 1,
@@ -957,6 +962,9 @@ int main(int argc, char **argv)
             break;
         case 'N':
             o.lanes = 1;
+            break;
+        case 'D':
+            o.digest = 1;
             break;
         case 'm':
             o.params = optarg;
@@ -1006,6 +1014,8 @@ int main(int argc, char **argv)
     }
     if (o.lanes)
         return wb_lanes_main(o.layout, o.iters);
+    if (o.digest)
+        return wb_digest_main(o.plugin, o.layout, o.iters);
     if (o.lora)
         return wb_lora_main(wb_self, o.plugin, o.iters, o.layers);
 
