@@ -908,16 +908,23 @@ static void wb_usage(FILE *f)
 
 int main(int argc, char **argv)
 {
-    static const struct option lo[] = {
-        {"layout", required_argument, NULL, 'l'}, {"iters", required_argument, NULL, 'i'},
-        {"plugin", required_argument, NULL, 'p'}, {"layers", required_argument, NULL, 'L'},
-        {"scale", required_argument, NULL, 'S'},  {"bucket-mib", required_argument, NULL, 'b'},
-        {"role", required_argument, NULL, 'r'},   {"fd", required_argument, NULL, 'f'},
-        {"help", no_argument, NULL, 'h'},         {"lora", no_argument, NULL, 'o'},
-        {"dir", required_argument, NULL, 'd'},    {"pingpong", no_argument, NULL, 'P'},
-        {"lanes", no_argument, NULL, 'N'},        {"params", required_argument, NULL, 'm'},
-        {"order", required_argument, NULL, 'O'},  {"digest", no_argument, NULL, 'D'},
-        {NULL, 0, NULL, 0}};
+    static const struct option lo[] = {{"layout", required_argument, NULL, 'l'},
+                                       {"iters", required_argument, NULL, 'i'},
+                                       {"plugin", required_argument, NULL, 'p'},
+                                       {"layers", required_argument, NULL, 'L'},
+                                       {"scale", required_argument, NULL, 'S'},
+                                       {"bucket-mib", required_argument, NULL, 'b'},
+                                       {"role", required_argument, NULL, 'r'},
+                                       {"fd", required_argument, NULL, 'f'},
+                                       {"help", no_argument, NULL, 'h'},
+                                       {"lora", no_argument, NULL, 'o'},
+                                       {"dir", required_argument, NULL, 'd'},
+                                       {"pingpong", no_argument, NULL, 'P'},
+                                       {"lanes", no_argument, NULL, 'N'},
+                                       {"params", required_argument, NULL, 'm'},
+                                       {"order", required_argument, NULL, 'O'},
+                                       {"digest", no_argument, NULL, 'D'},
+                                       {NULL, 0, NULL, 0}};
     wb_opts_t o = {.layout = "both",
                    .iters = 20,
                    .scale = 1,

@@ -86,11 +86,11 @@ static int wd_layout(wd_env_t *x, const char *kind, unsigned iters)
     }
     /* Each HF tensor's region inside its engine parameter, as the checker digests them. */
     for (size_t i = 0; i < l.n; i++)
-        x->regions[i] = (wsync_copy_op_t){.dst = (unsigned char *)groups[l.t[i].group] +
-                                                 l.t[i].goff,
-                                          .rows = 1,
-                                          .row_bytes = l.t[i].bytes,
-                                          .dst_pitch = l.t[i].bytes};
+        x->regions[i] =
+            (wsync_copy_op_t){.dst = (unsigned char *)groups[l.t[i].group] + l.t[i].goff,
+                              .rows = 1,
+                              .row_bytes = l.t[i].bytes,
+                              .dst_pitch = l.t[i].bytes};
     x->n = l.n;
     x->bytes = l.payload;
     WD_CK(cudaMalloc(&x->flat, x->bytes));
@@ -109,15 +109,16 @@ static int wd_layout(wd_env_t *x, const char *kind, unsigned iters)
         h[k] = wd_host_read(x);
         rc = wd_digest(x, &t[k]);
         if (rc == 0 && memcmp(first, x->out, l.n * sizeof(*first)) != 0) {
-            fprintf(stderr, WD_WHO ": the digests changed between two passes over the same bytes\n");
+            fprintf(stderr,
+                    WD_WHO ": the digests changed between two passes over the same bytes\n");
             rc = 1;
         }
     }
     if (rc == 0) {
         const double dg = wh_median(t, iters), hr = wh_median(h, iters);
         const double gb = (double)x->bytes / 1e9;
-        printf("%s: %zu engine parameter regions in %zu allocations, %.2f GB, median of %u\n",
-               kind, l.n, l.n_groups, gb, iters);
+        printf("%s: %zu engine parameter regions in %zu allocations, %.2f GB, median of %u\n", kind,
+               l.n, l.n_groups, gb, iters);
         printf("  read-only kernel, one buffer (events)      %8.3f ms  %7.1f GB/s  (limit)\n", rd,
                gb / rd * 1e3);
         printf("  read-only kernel, launch to host (wall)    %8.3f ms  %7.1f GB/s\n", hr,
