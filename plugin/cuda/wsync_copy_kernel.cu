@@ -35,10 +35,10 @@ static __device__ __forceinline__ void wsync_k_store(unsigned char *p, uint4 v)
 /* Digest contribution of one 16-byte vector whose first byte is logical byte `l` (16-aligned). */
 static __device__ __forceinline__ unsigned long long wsync_k_vec_sum(uint4 v, unsigned long long l)
 {
-    unsigned long long j = l >> 3;
+    const unsigned long long jg = (l >> 3) * WSYNC_K_GOLDEN; /* (j + 1) * G = j * G + G */
     unsigned long long w0 = (unsigned long long)v.x | ((unsigned long long)v.y << 32);
     unsigned long long w1 = (unsigned long long)v.z | ((unsigned long long)v.w << 32);
-    return wsync_k_mix(w0 ^ (j * WSYNC_K_GOLDEN)) + wsync_k_mix(w1 ^ ((j + 1) * WSYNC_K_GOLDEN));
+    return wsync_k_mix(w0 ^ jg) + wsync_k_mix(w1 ^ (jg + WSYNC_K_GOLDEN));
 }
 
 /* Several short rows in one chunk (a row-parallel slice): index math per vector. Kept out of
@@ -439,15 +439,26 @@ extern "C" cudaError_t wsync_cuda_launch_copy(const wsync_cuda_op_t *ops, uint32
 
 extern "C" cudaError_t wsync_cuda_launch_digest(const wsync_cuda_op_t *ops, uint32_t n_ops,
                                                 uint64_t total_chunks, unsigned long long *sums,
-                                                int sm_count, cudaStream_t stream)
+                                                int sm_count, int variant, cudaStream_t stream)
 {
     if (n_ops == 0 || total_chunks == 0)
         return cudaSuccess;
-    uint64_t grid = (uint64_t)(sm_count > 0 ? sm_count : 1) * 2u;
+    /* variant 0 (the plugin's): 4 vectors in flight, at most 64 registers, so two blocks of
+     * 512 threads share an SM and one hides the other's mixing; 1: 8 in flight, one block per
+     * SM (the copy path's shape); 2: as 0 with 4 blocks per SM queued; 3: as 0, 3 per SM. */
+    const int per_sm = variant == 2 ? 4 : variant == 3 ? 3 : 2;
+    uint64_t grid = (uint64_t)(sm_count > 0 ? sm_count : 1) * (uint64_t)per_sm;
     if (grid > total_chunks)
         grid = total_chunks;
-    wsync_copy_kernel<true, false, 8, 1, false>
-        <<<dim3((unsigned)grid), dim3(WSYNC_CUDA_BLOCK_THREADS), 0, stream>>>(ops, n_ops,
-                                                                              total_chunks, sums);
+    const dim3 g((unsigned)grid), b(WSYNC_CUDA_BLOCK_THREADS);
+    if (variant == 1)
+        wsync_copy_kernel<true, false, 8, 1, false>
+            <<<g, b, 0, stream>>>(ops, n_ops, total_chunks, sums);
+    else if (variant == 3)
+        wsync_copy_kernel<true, false, 4, 3, false>
+            <<<g, b, 0, stream>>>(ops, n_ops, total_chunks, sums);
+    else
+        wsync_copy_kernel<true, false, 4, 2, false>
+            <<<g, b, 0, stream>>>(ops, n_ops, total_chunks, sums);
     return cudaGetLastError();
 }

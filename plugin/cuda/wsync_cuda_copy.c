@@ -374,7 +374,7 @@ wsync_result_t wsync_cuda_digest_regions(struct wsync_consumer *c, wsync_stream_
                                         cudaMemcpyHostToDevice, s);
         if (e == cudaSuccess)
             e = wsync_cuda_launch_digest((const wsync_cuda_op_t *)slot->dev, (uint32_t)n, chunks,
-                                         sums, c->sm_count, s);
+                                         sums, c->sm_count, 0, s);
         if (e == cudaSuccess)
             e = cudaMemcpyAsync(back, sums, n * sizeof(uint64_t), cudaMemcpyDeviceToHost, s);
         if (e == cudaSuccess)

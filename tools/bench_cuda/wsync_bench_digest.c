@@ -11,6 +11,7 @@
 
 #include "wsync_bench_kernels.h"
 #include "wsync_bench_layout.h"
+#include "wsync_copy_kernel.h"
 #include "wsync_cuda_harness.h"
 
 #define WD_WHO "wsync-bench-cuda --digest"
@@ -28,6 +29,10 @@ typedef struct wd_env {
     wsync_copy_op_t *regions;
     size_t n;
     uint64_t *out;
+    wsync_cuda_op_t *dops; /* the regions planned as the plugin plans them (bare kernel rows) */
+    uint64_t chunks;
+    unsigned long long *sums;
+    int variant;
 } wd_env_t;
 
 static void wd_read(void *a, cudaStream_t s)
@@ -40,6 +45,14 @@ static void wd_memcpy(void *a, cudaStream_t s)
 {
     wd_env_t *x = a;
     WD_CK(cudaMemcpyAsync(x->flat2, x->flat, x->bytes, cudaMemcpyDeviceToDevice, s));
+}
+
+static void wd_bare(void *a, cudaStream_t s)
+{
+    wd_env_t *x = a;
+    WD_CK(cudaMemsetAsync(x->sums, 0, x->n * sizeof(*x->sums), s));
+    WD_CK(wsync_cuda_launch_digest(x->dops, (uint32_t)x->n, x->chunks, x->sums, x->sm, x->variant,
+                                   s));
 }
 
 /* Host-timed: what a caller waits for, launch to result on the host. */
@@ -98,6 +111,21 @@ static int wd_layout(wd_env_t *x, const char *kind, unsigned iters)
     WD_CK(wh_fill(x->flat, x->bytes, 7, x->s));
     WD_CK(cudaStreamSynchronize(x->s));
 
+    wsync_cuda_op_t *hops = calloc(l.n, sizeof(*hops));
+    if (hops == NULL)
+        return 1;
+    x->chunks = 0;
+    for (size_t i = 0; i < l.n; i++)
+        x->chunks += wsync_cuda_plan_op(&hops[i], x->regions[i].dst, x->regions[i].dst,
+                                        x->regions[i].row_bytes, x->regions[i].row_bytes, 1,
+                                        x->regions[i].row_bytes, 1, x->chunks);
+    WD_CK(cudaMalloc((void **)&x->dops, l.n * sizeof(*hops)));
+    WD_CK(cudaMalloc((void **)&x->sums, l.n * sizeof(*x->sums)));
+    WD_CK(cudaMemcpy(x->dops, hops, l.n * sizeof(*hops), cudaMemcpyHostToDevice));
+    free(hops);
+    double bare[WSYNC_CUDA_DIGEST_VARIANTS];
+    for (x->variant = 0; x->variant < WSYNC_CUDA_DIGEST_VARIANTS; x->variant++)
+        bare[x->variant] = wh_time_events(WD_WHO, x->e0, x->e1, x->s, WD_WARMUP, iters, wd_bare, x);
     const double rd = wh_time_events(WD_WHO, x->e0, x->e1, x->s, WD_WARMUP, iters, wd_read, x);
     const double cp = wh_time_events(WD_WHO, x->e0, x->e1, x->s, WD_WARMUP, iters, wd_memcpy, x);
     int rc = 0;
@@ -125,12 +153,18 @@ static int wd_layout(wd_env_t *x, const char *kind, unsigned iters)
                gb / hr * 1e3);
         printf("  one cudaMemcpyAsync, same bytes (events)   %8.3f ms  %7.1f GB/s read+write\n", cp,
                2 * gb / cp * 1e3);
+        for (int v = 0; v < WSYNC_CUDA_DIGEST_VARIANTS; v++)
+            printf(
+                "  digest kernel variant %d%s (events)        %8.3f ms  %7.1f GB/s  %.3f of read\n",
+                v, v == 0 ? " (plugin)" : "         ", bare[v], gb / bare[v] * 1e3, rd / bare[v]);
         printf("  digest_regions, per tensor (wall, blocking) %7.3f ms  %7.1f GB/s\n", dg,
                gb / dg * 1e3);
         printf("  digest / read bandwidth: %.3f of the read-only kernel (events), %.3f of it "
                "launch to host\n",
                rd / dg, hr / dg);
     }
+    WD_CK(cudaFree(x->dops));
+    WD_CK(cudaFree(x->sums));
     WD_CK(cudaFree(x->flat));
     WD_CK(cudaFree(x->flat2));
     for (size_t g = 0; g < l.n_groups; g++)
