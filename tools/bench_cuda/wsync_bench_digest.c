@@ -124,11 +124,22 @@ static int wd_layout(wd_env_t *x, const char *kind, unsigned iters)
     WD_CK(cudaMemcpy(x->dops, hops, l.n * sizeof(*hops), cudaMemcpyHostToDevice));
     free(hops);
     double bare[WSYNC_CUDA_DIGEST_VARIANTS];
-    for (x->variant = 0; x->variant < WSYNC_CUDA_DIGEST_VARIANTS; x->variant++)
+    int rc = 0;
+    unsigned long long *ref = calloc(2 * l.n, sizeof(*ref));
+    if (ref == NULL)
+        return 1;
+    for (x->variant = 0; x->variant < WSYNC_CUDA_DIGEST_VARIANTS; x->variant++) {
         bare[x->variant] = wh_time_events(WD_WHO, x->e0, x->e1, x->s, WD_WARMUP, iters, wd_bare, x);
+        unsigned long long *got = ref + (x->variant == 0 ? 0 : l.n);
+        WD_CK(cudaMemcpy(got, x->sums, l.n * sizeof(*got), cudaMemcpyDeviceToHost));
+        if (x->variant > 0 && memcmp(ref, got, l.n * sizeof(*got)) != 0) {
+            fprintf(stderr, WD_WHO ": digest variant %d disagrees with variant 0\n", x->variant);
+            rc = 1;
+        }
+    }
+    free(ref);
     const double rd = wh_time_events(WD_WHO, x->e0, x->e1, x->s, WD_WARMUP, iters, wd_read, x);
     const double cp = wh_time_events(WD_WHO, x->e0, x->e1, x->s, WD_WARMUP, iters, wd_memcpy, x);
-    int rc = 0;
     double ms;
     for (unsigned k = 0; k < WD_WARMUP && rc == 0; k++)
         rc = wd_digest(x, &ms);
