@@ -340,6 +340,15 @@ wsync_result_t wsync_cuda_record_consumed(struct wsync_consumer *c, struct wsync
     return rc;
 }
 
+/* WSYNC_CUDA_DIGEST_VARIANT (read per call, docs/PERFORMANCE.md): the digest kernel's shape,
+ * 0 (default) .. WSYNC_CUDA_DIGEST_VARIANTS - 1 (wsync_copy_kernel.h). */
+static int digest_variant(void)
+{
+    const char *v = getenv("WSYNC_CUDA_DIGEST_VARIANT");
+    const int k = v != NULL ? atoi(v) : 0;
+    return k >= 0 && k < WSYNC_CUDA_DIGEST_VARIANTS ? k : 0;
+}
+
 /* The weight checker: one digest pass (the copy kernel without its stores) over every region. */
 wsync_result_t wsync_cuda_digest_regions(struct wsync_consumer *c, wsync_stream_t stream,
                                          const wsync_copy_op_t *regions, size_t n, uint64_t *out,
@@ -374,7 +383,7 @@ wsync_result_t wsync_cuda_digest_regions(struct wsync_consumer *c, wsync_stream_
                                         cudaMemcpyHostToDevice, s);
         if (e == cudaSuccess)
             e = wsync_cuda_launch_digest((const wsync_cuda_op_t *)slot->dev, (uint32_t)n, chunks,
-                                         sums, c->sm_count, 0, s);
+                                         sums, c->sm_count, digest_variant(), s);
         if (e == cudaSuccess)
             e = cudaMemcpyAsync(back, sums, n * sizeof(uint64_t), cudaMemcpyDeviceToHost, s);
         if (e == cudaSuccess)

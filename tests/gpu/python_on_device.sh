@@ -43,7 +43,10 @@ bash "$ROOT/tests/gpu/check_no_device_skips.sh" "$OUT"/ctest.log "$OUT"/pytest-*
 [ "${HOST_TESTS:-1}" = 1 ] && { (cd "$ROOT" && timeout 150 python3 -m pytest -q -rfEs --tb=line -m "not gpu" tests/python 2>&1) | tee "$OUT/pytest.log" | tail -8 || status=1; }
 fi
 if [[ " $STEPS " == *" digest "* ]]; then  # the weight checker's digest pass vs read bandwidth
-  timeout ${BENCH_T:-300} "$B/bin/wsync-bench-cuda" --digest --iters ${ITERS:-10} 2>&1 | tee "$OUT/bench-digest.log"
+  for v in ${DIGEST_VARIANTS:-0}; do
+    echo "=== WSYNC_CUDA_DIGEST_VARIANT=$v"
+    WSYNC_CUDA_DIGEST_VARIANT=$v timeout ${BENCH_T:-300} "$B/bin/wsync-bench-cuda" --digest --layout dense --iters ${ITERS:-10} 2>&1
+  done | tee "$OUT/bench-digest.log"
 fi
 if [[ " $STEPS " == *" bench "* ]]; then
   export WSYNC_BENCH_CUDA=${WSYNC_BENCH_CUDA-$B/bin/wsync-bench-cuda}  # empty: skip the C path
