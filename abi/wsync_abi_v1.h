@@ -49,7 +49,8 @@ extern "C" {
  *       Appended in 0.1.2 (direct mode): WSYNC_STAGING_DIRECT; buffer kind host_pid (5);
  *         wsync_manifest_v1_t.n_segments, segments, tensor_segment;
  *         wsync_consumer_ops_v1_t.copy_segments (optional); digest_regions (optional, the
- *         weight checker). */
+ *         weight checker).
+ *       Appended in 0.1.3: buffer kind cuda_vmm_run (6), direct mode's segments in cuMem memory. */
 #define WSYNC_ABI_VERSION_1 1u
 
 /* ------------------------------------------------------------------ results */
@@ -142,7 +143,11 @@ typedef enum wsync_buffer_kind {
     /* Appended in 0.1.2, a segment kind only (direct mode): the producer process's own memory,
      * read by the CPU backend with process_vm_readv; handle bytes are the segment's address in
      * that process (8 bytes, little-endian). */
-    WSYNC_BUFFER_HOST_PID = 5
+    WSYNC_BUFFER_HOST_PID = 5,
+    /* Appended in 0.1.3, a segment kind only (direct mode): a run of the producer's cuMem chunks
+     * (PyTorch's expandable segments, VMM memory), one POSIX fd per chunk, mapped back to back by
+     * the CUDA backend; the handle names a descriptor listing the fds (docs/ABI.md). */
+    WSYNC_BUFFER_CUDA_VMM_RUN = 6
 } wsync_buffer_kind_t;
 
 /* ------------------------------------------------------------ manifest view */

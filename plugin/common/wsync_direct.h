@@ -34,4 +34,10 @@ wsync_result_t wsync_direct_emit(const wsync_direct_t *d, const wsync_buffer_des
                                  wsync_error_t *err);
 void wsync_direct_free(wsync_direct_t *d);
 
+/* Engines read a direct producer's memory through ptrace access (process_vm_readv, pidfd_getfd).
+ * Under Yama's ptrace_scope 1 only an ancestor may; a producer that opts into direct mode lets
+ * its engines (any process of this user) do so. Scopes 2 and 3 forbid it: the engine reports
+ * PERMISSION. */
+void wsync_direct_allow_readers(void);
+
 #endif

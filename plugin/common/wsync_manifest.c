@@ -32,6 +32,8 @@ const char *wsync_buffer_kind_name(wsync_buffer_kind_t k)
         return "torch_expandable";
     case WSYNC_BUFFER_HOST_PID:
         return "host_pid";
+    case WSYNC_BUFFER_CUDA_VMM_RUN:
+        return "cuda_vmm_run";
     case WSYNC_BUFFER_INVALID:
         break;
     }
@@ -52,6 +54,8 @@ wsync_buffer_kind_t wsync_buffer_kind_from_name(const char *name)
         return WSYNC_BUFFER_TORCH_EXPANDABLE;
     if (strcmp(name, "host_pid") == 0)
         return WSYNC_BUFFER_HOST_PID;
+    if (strcmp(name, "cuda_vmm_run") == 0)
+        return WSYNC_BUFFER_CUDA_VMM_RUN;
     return WSYNC_BUFFER_INVALID;
 }
 
@@ -216,7 +220,7 @@ static wsync_result_t wsync_parse_buffer(const json_t *b, long segment, wsync_bu
     if (d->kind == WSYNC_BUFFER_INVALID)
         return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
                           "%s.kind: unknown kind \"%.64s\" (expected cuda_ipc, host_shm, "
-                          "cuda_vmm_fd, torch, torch_expandable or host_pid)",
+                          "cuda_vmm_fd, torch, torch_expandable, host_pid or cuda_vmm_run)",
                           what, s);
 
     p.field = "handle";
@@ -241,6 +245,11 @@ static wsync_result_t wsync_parse_buffer(const json_t *b, long segment, wsync_bu
                           "%s: a host_pid buffer is a segment of a direct manifest whose handle is "
                           "its 8-byte address, got %s with %u handle bytes",
                           what, segment < 0 ? "the buffer" : "a segment", d->handle_len);
+    if (d->kind == WSYNC_BUFFER_CUDA_VMM_RUN && segment < 0)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "%s: a cuda_vmm_run buffer is a segment of a direct manifest, not a "
+                          "bucket's buffer",
+                          what);
     /* a segment's cuda_ipc handle may carry the producer's allocation id after the 64 bytes */
     if (d->kind == WSYNC_BUFFER_CUDA_IPC && d->handle_len != WSYNC_CUDA_IPC_HANDLE_BYTES &&
         !(segment >= 0 && d->handle_len == WSYNC_CUDA_IPC_HANDLE_BYTES + 8))

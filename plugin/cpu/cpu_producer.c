@@ -4,12 +4,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "cpu_direct.h"
 #include "cpu_internal.h"
 #include "cpu_unlink.h"
+#include "wsync_direct.h"
 #include "wsync_error.h"
 #include "wsync_layout.h"
 #include "wsync_manifest.h"
@@ -45,22 +45,6 @@ static wsync_cpu_stream_t *wsync_cpu_staging_stream(struct wsync_staging *s, wsy
     return st != NULL ? (wsync_cpu_stream_t *)st : s->default_stream;
 }
 
-/* Direct mode: the engine reads this process's memory with process_vm_readv. Under Yama's
- * ptrace_scope 1 only an ancestor may; a producer that opts into direct mode lets its engines
- * (any process of this user) read it. Scopes 2 and 3 forbid it: the engine reports PERMISSION. */
-static void wsync_cpu_direct_allow_readers(void)
-{
-    FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
-    int scope = 0;
-    if (f != NULL) {
-        if (fscanf(f, "%d", &scope) != 1)
-            scope = 0;
-        fclose(f);
-    }
-    if (scope == 1)
-        (void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
-}
-
 wsync_result_t wsync_cpu_staging_create(const wsync_staging_config_t *config,
                                         struct wsync_staging **out, wsync_error_t *err)
 {
@@ -83,7 +67,7 @@ wsync_result_t wsync_cpu_staging_create(const wsync_staging_config_t *config,
                           flags & ~known);
     const uint64_t bytes = (flags & WSYNC_STAGING_DIRECT) ? WSYNC_CPU_DIRECT_BYTES : config->bytes;
     if (flags & WSYNC_STAGING_DIRECT)
-        wsync_cpu_direct_allow_readers();
+        wsync_direct_allow_readers();
     if (bytes == 0 || bytes > SIZE_MAX - WSYNC_CONTROL_SIZE)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "staging bytes %llu; ask for 1..%zu bytes",

@@ -5,7 +5,8 @@
  * exported once with cudaIpcGetMemHandle; the export is cached by base address and id, so a
  * steady trainer exports nothing per sync and memory freed and re-made at the same address is
  * exported again under its new id. cuMem (VMM) memory, e.g. PyTorch's expandable segments,
- * has no legacy IPC handle: such a tensor is refused naming it (stage it instead). */
+ * has no legacy IPC handle: the run of chunks holding the tensor is exported instead (one fd
+ * per chunk, wsync_cuda_vmm.h), cached by address and the chunks' physical allocations. */
 #include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +37,67 @@ struct locate_ctx {
      * not change within one stage call) */
     size_t *found; /* indices into exports (which may move as it grows) */
     size_t n_found;
+    size_t *found_runs; /* indices into exports->runs */
+    size_t n_found_runs;
 };
+
+static void describe_run(const locate_ctx_t *ctx, const wsync_cuda_vmm_run_t *r, uintptr_t at,
+                         wsync_buffer_desc_t *seg, uint64_t *offset)
+{
+    seg->kind = WSYNC_BUFFER_CUDA_VMM_RUN;
+    wsync_cuda_vmm_run_handle(r, seg->handle, &seg->handle_len);
+    seg->bytes = r->chunk * r->n;
+    seg->pid = (int64_t)getpid();
+    snprintf(seg->device, sizeof(seg->device), "%s", ctx->uuid);
+    *offset = (uint64_t)(at - r->base);
+}
+
+/* cuMem memory: the run of chunks holding the tensor, exported once per physical memory. */
+static wsync_result_t locate_run(locate_ctx_t *ctx, const char *name, uintptr_t at, uint64_t nbytes,
+                                 wsync_buffer_desc_t *seg, uint64_t *offset, wsync_error_t *err)
+{
+    wsync_cuda_exports_t *x = ctx->exports;
+    for (size_t i = 0; i < ctx->n_found_runs; i++) {
+        const wsync_cuda_vmm_run_t *r = &x->runs[ctx->found_runs[i]];
+        const uint64_t size = r->chunk * r->n;
+        if (at >= r->base && at - r->base <= size && nbytes <= size - (at - r->base)) {
+            describe_run(ctx, r, at, seg, offset);
+            return WSYNC_OK;
+        }
+    }
+    wsync_cuda_vmm_run_t probe;
+    wsync_result_t rc = wsync_cuda_vmm_run_probe(name, at, nbytes, ctx->device, &probe, err);
+    if (rc != WSYNC_OK)
+        return rc;
+    size_t k = 0;
+    while (k < x->n_runs && !(x->runs[k].base == probe.base && x->runs[k].n == probe.n))
+        k++;
+    if (k < x->n_runs && wsync_cuda_vmm_run_same(&x->runs[k], &probe)) {
+        wsync_cuda_vmm_run_free(&probe);
+    } else {
+        if (k < x->n_runs) { /* other memory at that address now: the old export is stale */
+            wsync_cuda_vmm_run_free(&x->runs[k]);
+        } else if (x->n_runs == x->cap_runs) {
+            size_t cap = x->cap_runs ? 2 * x->cap_runs : 16;
+            void *p = realloc(x->runs, cap * sizeof(*x->runs));
+            if (p == NULL) {
+                wsync_cuda_vmm_run_free(&probe);
+                return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu runs", cap);
+            }
+            x->runs = p;
+            x->cap_runs = cap;
+        }
+        rc = wsync_cuda_vmm_run_export(name, &probe, err);
+        if (rc != WSYNC_OK) /* a freed slot stays zeroed (base 0 matches no tensor) */
+            return rc;
+        x->runs[k] = probe;
+        if (k == x->n_runs)
+            x->n_runs++;
+    }
+    ctx->found_runs[ctx->n_found_runs++] = k;
+    describe_run(ctx, &x->runs[k], at, seg, offset);
+    return WSYNC_OK;
+}
 
 static wsync_result_t locate(void *user, const char *name, const void *src, uint64_t nbytes,
                              wsync_buffer_desc_t *seg, uint64_t *offset, wsync_error_t *err)
@@ -69,11 +130,7 @@ static wsync_result_t locate(void *user, const char *name, const void *src, uint
                           "(%llu bytes from %p)",
                           name, (unsigned long long)nbytes, size, (void *)(uintptr_t)base);
     if (!legacy)
-        return WSYNC_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
-                          "tensor \"%.80s\" lives in memory without a legacy CUDA IPC handle "
-                          "(cuMem/VMM memory, e.g. PyTorch's expandable segments): direct mode "
-                          "exports cudaMalloc segments; stage this tensor instead",
-                          name);
+        return locate_run(ctx, name, at, nbytes, seg, offset, err);
     wsync_cuda_export_t *e = export_find(ctx->exports, base, id);
     if (e == NULL) {
         if (ctx->exports->n == ctx->exports->cap) {
@@ -119,15 +176,23 @@ wsync_result_t wsync_cuda_direct_build(wsync_cuda_exports_t *x, int device, cons
 {
     locate_ctx_t ctx = {.exports = x, .device = device, .uuid = uuid};
     ctx.found = malloc((n ? n : 1) * sizeof(*ctx.found));
-    if (ctx.found == NULL)
+    ctx.found_runs = malloc((n ? n : 1) * sizeof(*ctx.found_runs));
+    if (ctx.found == NULL || ctx.found_runs == NULL) {
+        free(ctx.found);
+        free(ctx.found_runs);
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory to locate %zu tensors", n);
+    }
     wsync_result_t rc = wsync_direct_build(t, n, locate, &ctx, out, err);
     free(ctx.found);
+    free(ctx.found_runs);
     return rc;
 }
 
 void wsync_cuda_exports_free(wsync_cuda_exports_t *x)
 {
+    for (size_t k = 0; k < x->n_runs; k++)
+        wsync_cuda_vmm_run_free(&x->runs[k]);
+    free(x->runs);
     free(x->at);
     memset(x, 0, sizeof(*x));
 }

@@ -1,11 +1,13 @@
 /* Direct mode on the CUDA backend: the producer's cudaMalloc segments as cuda_ipc segments of a
- * direct manifest (handle: the 64 IPC bytes, then the 8-byte allocation id). */
+ * direct manifest (handle: the 64 IPC bytes, then the 8-byte allocation id), and its cuMem
+ * memory (PyTorch's expandable segments) as cuda_vmm_run segments (wsync_cuda_vmm.h). */
 #ifndef WSYNC_CUDA_DIRECT_H
 #define WSYNC_CUDA_DIRECT_H
 
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "wsync_cuda_vmm.h"
 #include "wsync_direct.h"
 
 typedef struct wsync_cuda_export {
@@ -15,14 +17,18 @@ typedef struct wsync_cuda_export {
     cudaIpcMemHandle_t handle;
 } wsync_cuda_export_t;
 
-/* A staging's exports, kept for its life (one per segment ever named). */
+/* A staging's exports, kept for its life (one per segment ever named; a cuMem run replaced when
+ * its address holds other memory). */
 typedef struct wsync_cuda_exports {
     wsync_cuda_export_t *at;
     size_t n, cap;
+    wsync_cuda_vmm_run_t *runs;
+    size_t n_runs, cap_runs;
 } wsync_cuda_exports_t;
 
 /* Locate every tensor of `t` (device memory on `device`) in its segment, exporting segments not
- * seen before. Errors name the tensor: not device memory, another device, VMM memory. */
+ * seen before. Errors name the tensor: not device memory, another device, cuMem memory that
+ * cannot be exported. */
 wsync_result_t wsync_cuda_direct_build(wsync_cuda_exports_t *x, int device, const char *uuid,
                                        const wsync_stage_tensor_t *t, size_t n, wsync_direct_t *out,
                                        wsync_error_t *err);

@@ -89,9 +89,10 @@ wsync_result_t wsync_cuda_map(void *user, const wsync_buffer_desc_t *desc, void 
     wsync_result_t rc = WSYNC_OK;
     cudaError_t e;
     if (desc->kind != WSYNC_BUFFER_CUDA_IPC && desc->kind != WSYNC_BUFFER_CUDA_VMM_FD &&
-        desc->kind != WSYNC_BUFFER_TORCH_EXPANDABLE)
+        desc->kind != WSYNC_BUFFER_TORCH_EXPANDABLE && desc->kind != WSYNC_BUFFER_CUDA_VMM_RUN)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                          "buffer kind %d is none of cuda_ipc, cuda_vmm_fd, torch_expandable: "
+                          "buffer kind %d is none of cuda_ipc, cuda_vmm_fd, torch_expandable, "
+                          "cuda_vmm_run: "
                           "load the plugin that matches the producer (libwsync_cpu.so for "
                           "host_shm)",
                           (int)desc->kind);
@@ -112,12 +113,16 @@ wsync_result_t wsync_cuda_map(void *user, const wsync_buffer_desc_t *desc, void 
     rc = wsync_cuda_peer_enable(c->device, desc->device, NULL, err);
     if (rc != WSYNC_OK)
         goto fail;
-    if (desc->kind == WSYNC_BUFFER_CUDA_VMM_FD || desc->kind == WSYNC_BUFFER_TORCH_EXPANDABLE) {
-        rc = desc->kind == WSYNC_BUFFER_CUDA_VMM_FD
-                 ? wsync_cuda_vmm_import(desc->handle, desc->handle_len, desc->pid, c->device,
-                                         &m->vmm, err)
-                 : wsync_cuda_vmm_import_torch(desc->handle, desc->handle_len, c->device, &m->vmm,
-                                               err);
+    if (desc->kind != WSYNC_BUFFER_CUDA_IPC) {
+        if (desc->kind == WSYNC_BUFFER_CUDA_VMM_FD)
+            rc = wsync_cuda_vmm_import(desc->handle, desc->handle_len, desc->pid, c->device,
+                                       &m->vmm, err);
+        else if (desc->kind == WSYNC_BUFFER_CUDA_VMM_RUN)
+            rc = wsync_cuda_vmm_import_run(desc->handle, desc->handle_len, desc->pid, c->device,
+                                           &m->vmm, err);
+        else
+            rc = wsync_cuda_vmm_import_torch(desc->handle, desc->handle_len, c->device, &m->vmm,
+                                             err);
         if (rc != WSYNC_OK)
             goto fail;
         m->is_vmm = 1;

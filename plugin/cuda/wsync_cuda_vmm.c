@@ -1,6 +1,7 @@
 /* See wsync_cuda_vmm.h. */
 #define _GNU_SOURCE
 #include "wsync_cuda_vmm.h"
+#include "wsync_cuda_vmm_api.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -19,25 +20,7 @@
 #include "wsync_log.h"
 #include "wsync_torch_handle.h"
 
-typedef struct vmm_api {
-    CUresult (*granularity)(size_t *, const CUmemAllocationProp *,
-                            CUmemAllocationGranularity_flags);
-    CUresult (*create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
-                       unsigned long long);
-    CUresult (*export_fd)(void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType,
-                          unsigned long long);
-    CUresult (*import_fd)(CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType);
-    CUresult (*reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
-    CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
-    CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
-    CUresult (*unmap)(CUdeviceptr, size_t);
-    CUresult (*address_free)(CUdeviceptr, size_t);
-    CUresult (*release)(CUmemGenericAllocationHandle);
-    CUresult (*error_name)(CUresult, const char **);
-    int ok;
-} vmm_api_t;
-
-static vmm_api_t api;
+static wsync_cuda_vmm_api_t api;
 static pthread_once_t api_once = PTHREAD_ONCE_INIT;
 
 static void *entry(const char *name, int *ok)
@@ -64,6 +47,7 @@ static void api_load(void)
     api.address_free = entry("cuMemAddressFree", &ok);
     api.release = entry("cuMemRelease", &ok);
     api.error_name = entry("cuGetErrorName", &ok);
+    api.retain = entry("cuMemRetainAllocationHandle", &ok);
     api.ok = ok;
 }
 
@@ -77,7 +61,13 @@ static wsync_result_t need_api(wsync_error_t *err)
     return WSYNC_OK;
 }
 
-static wsync_result_t cu_fail(wsync_error_t *err, CUresult r, const char *where, const char *what)
+const wsync_cuda_vmm_api_t *wsync_cuda_vmm_api(wsync_error_t *err)
+{
+    return need_api(err) == WSYNC_OK ? &api : NULL;
+}
+
+wsync_result_t wsync_cuda_vmm_cu_fail(wsync_error_t *err, int r, const char *where,
+                                      const char *what)
 {
     const char *name = "?";
     if (api.error_name)
@@ -91,7 +81,7 @@ static wsync_result_t cu_fail(wsync_error_t *err, CUresult r, const char *where,
     do {                                                                                           \
         CUresult r_ = (call);                                                                      \
         if (r_ != CUDA_SUCCESS) {                                                                  \
-            rc = cu_fail(err, r_, __func__, what);                                                 \
+            rc = wsync_cuda_vmm_cu_fail(err, r_, __func__, what);                                  \
             goto fail;                                                                             \
         }                                                                                          \
     } while (0)
@@ -106,7 +96,7 @@ static void prop_init(CUmemAllocationProp *p, int device)
 }
 
 /* Read/write access for `device` over [p, p + size). */
-static CUresult set_rw_access(CUdeviceptr p, size_t size, int device)
+int wsync_cuda_vmm_rw(unsigned long long p, size_t size, int device)
 {
     CUmemAccessDesc a;
     memset(&a, 0, sizeof(a));
@@ -126,7 +116,7 @@ static wsync_result_t map_here(wsync_cuda_vmm_t *v, CUmemGenericAllocationHandle
     CU_TRY(api.reserve(&p, v->size, align, 0, 0), "cuMemAddressReserve");
     CU_TRY(api.map(p, v->size, 0, h, 0), "cuMemMap");
     mapped = 1;
-    CU_TRY(set_rw_access(p, v->size, device), "cuMemSetAccess");
+    CU_TRY(wsync_cuda_vmm_rw(p, v->size, device), "cuMemSetAccess");
     v->ptr = p;
     return WSYNC_OK;
 fail:
@@ -137,14 +127,14 @@ fail:
     return rc;
 }
 
-static size_t granularity(int device, wsync_error_t *err, wsync_result_t *rc)
+size_t wsync_cuda_vmm_granularity(int device, wsync_error_t *err, wsync_result_t *rc)
 {
     CUmemAllocationProp prop;
     prop_init(&prop, device);
     size_t g = 0;
     CUresult r = api.granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
     if (r != CUDA_SUCCESS) {
-        *rc = cu_fail(err, r, __func__, "cuMemGetAllocationGranularity");
+        *rc = wsync_cuda_vmm_cu_fail(err, r, __func__, "cuMemGetAllocationGranularity");
         return 0;
     }
     while (g < WSYNC_CUDA_VMM_MIN_GRANULARITY)
@@ -161,7 +151,7 @@ wsync_result_t wsync_cuda_vmm_create(int device, uint64_t bytes, wsync_cuda_vmm_
     memset(out, 0, sizeof(*out));
     out->fd = -1;
     (void)cudaFree(0); /* the runtime's primary context must exist for the driver calls */
-    size_t g = granularity(device, err, &rc);
+    size_t g = wsync_cuda_vmm_granularity(device, err, &rc);
     if (g == 0)
         return rc;
     out->size = (bytes + g - 1) / g * g;
@@ -197,7 +187,7 @@ void wsync_cuda_vmm_handle(const wsync_cuda_vmm_t *v, uint8_t *out, uint32_t *le
 }
 
 /* pidfd_open(pid): the exporter of an fd-based handle. */
-static wsync_result_t pidfd_open_producer(int64_t pid, int *out, wsync_error_t *err)
+wsync_result_t wsync_cuda_vmm_pidfd(int64_t pid, int *out, wsync_error_t *err)
 {
     int pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
     if (pidfd < 0) {
@@ -212,7 +202,8 @@ static wsync_result_t pidfd_open_producer(int64_t pid, int *out, wsync_error_t *
 }
 
 /* pidfd_getfd: a copy of the producer's descriptor `remote` in this process. */
-static wsync_result_t take_fd(int pidfd, int64_t pid, int remote, int *out, wsync_error_t *err)
+wsync_result_t wsync_cuda_vmm_take_fd(int pidfd, int64_t pid, int remote, int *out,
+                                      wsync_error_t *err)
 {
     int fd = (int)syscall(SYS_pidfd_getfd, pidfd, remote, 0);
     int e = errno;
@@ -253,10 +244,10 @@ wsync_result_t wsync_cuda_vmm_import(const uint8_t *handle, uint32_t len, int64_
     if (rc != WSYNC_OK)
         return rc;
     int pidfd = -1, fd = -1;
-    rc = pidfd_open_producer(pid, &pidfd, err);
+    rc = wsync_cuda_vmm_pidfd(pid, &pidfd, err);
     if (rc != WSYNC_OK)
         return rc;
-    rc = take_fd(pidfd, pid, h.fd, &fd, err);
+    rc = wsync_cuda_vmm_take_fd(pidfd, pid, h.fd, &fd, err);
     close(pidfd);
     if (rc != WSYNC_OK)
         return rc;
@@ -268,7 +259,7 @@ wsync_result_t wsync_cuda_vmm_import(const uint8_t *handle, uint32_t len, int64_
            "cuMemImportFromShareableHandle(POSIX_FILE_DESCRIPTOR)");
     close(fd);
     fd = -1;
-    size_t g = granularity(device, err, &rc);
+    size_t g = wsync_cuda_vmm_granularity(device, err, &rc);
     if (g == 0)
         goto fail;
     rc = map_here(out, mh, device, g, err);
@@ -287,6 +278,67 @@ fail:
     return rc;
 }
 
+wsync_result_t wsync_cuda_vmm_map_fds(int pidfd, int64_t pid, const int32_t *fds, uint32_t n,
+                                      uint64_t seg_size, int device, wsync_cuda_vmm_t *out,
+                                      wsync_error_t *err)
+{
+    wsync_result_t rc = need_api(err);
+    memset(out, 0, sizeof(*out));
+    out->fd = -1;
+    if (rc != WSYNC_OK)
+        return rc;
+    size_t g = 0;
+    (void)cudaFree(0);
+    if ((g = wsync_cuda_vmm_granularity(device, err, &rc)) == 0)
+        return rc;
+    if (n == 0 || seg_size == 0 || seg_size % g != 0)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "%u segments of %llu bytes: segments must be a non-zero multiple of "
+                          "the device's %zu-byte granularity",
+                          n, (unsigned long long)seg_size, g);
+    CUmemGenericAllocationHandle *mh = calloc(n, sizeof(*mh));
+    if (mh == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %u segment handles", n);
+    uint32_t got = 0, mapped = 0;
+    CUdeviceptr p = 0;
+    for (; got < n; got++) {
+        int fd = -1;
+        if ((rc = wsync_cuda_vmm_take_fd(pidfd, pid, fds[got], &fd, err)) != WSYNC_OK)
+            goto fail;
+        CUresult r = api.import_fd(&mh[got], (void *)(uintptr_t)fd,
+                                   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        close(fd);
+        if (r != CUDA_SUCCESS) {
+            rc =
+                wsync_cuda_vmm_cu_fail(err, r, __func__, "cuMemImportFromShareableHandle(segment)");
+            goto fail;
+        }
+    }
+    out->seg_size = seg_size;
+    out->size = seg_size * n;
+    CU_TRY(api.reserve(&p, out->size, g, 0, 0), "cuMemAddressReserve");
+    for (; mapped < n; mapped++)
+        CU_TRY(api.map(p + mapped * seg_size, seg_size, 0, mh[mapped], 0), "cuMemMap(segment)");
+    CU_TRY(wsync_cuda_vmm_rw(p, out->size, device), "cuMemSetAccess");
+    for (uint32_t i = 0; i < n; i++)
+        api.release(mh[i]); /* the mappings keep the allocations alive until unmapped */
+    free(mh);
+    out->ptr = p;
+    out->n_seg = n;
+    return WSYNC_OK;
+fail:
+    for (uint32_t i = 0; i < mapped; i++)
+        api.unmap(p + i * seg_size, seg_size);
+    if (p)
+        api.address_free(p, out->size);
+    for (uint32_t i = 0; i < got; i++)
+        api.release(mh[i]);
+    free(mh);
+    memset(out, 0, sizeof(*out));
+    out->fd = -1;
+    return rc;
+}
+
 wsync_result_t wsync_cuda_vmm_import_torch(const uint8_t *handle, uint32_t len, int device,
                                            wsync_cuda_vmm_t *out, wsync_error_t *err)
 {
@@ -294,56 +346,13 @@ wsync_result_t wsync_cuda_vmm_import_torch(const uint8_t *handle, uint32_t len, 
     memset(out, 0, sizeof(*out));
     out->fd = -1;
     wsync_result_t rc = wsync_torch_segments_decode(handle, len, &seg, err);
-    if (rc == WSYNC_OK)
-        rc = need_api(err);
     if (rc != WSYNC_OK)
         return rc;
-    size_t g = 0;
-    (void)cudaFree(0);
-    if ((g = granularity(device, err, &rc)) == 0)
-        return rc;
     int pidfd = -1;
-    if ((rc = pidfd_open_producer(seg.pid, &pidfd, err)) != WSYNC_OK)
+    if ((rc = wsync_cuda_vmm_pidfd(seg.pid, &pidfd, err)) != WSYNC_OK)
         return rc;
-    CUmemGenericAllocationHandle mh[WSYNC_TORCH_SEGMENTS_MAX] = {0};
-    uint32_t got = 0;
-    CUdeviceptr p = 0;
-    uint32_t mapped = 0;
-    for (; got < seg.n; got++) {
-        int fd = -1;
-        if ((rc = take_fd(pidfd, seg.pid, seg.fds[got], &fd, err)) != WSYNC_OK)
-            goto fail;
-        CUresult r = api.import_fd(&mh[got], (void *)(uintptr_t)fd,
-                                   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-        close(fd);
-        if (r != CUDA_SUCCESS) {
-            rc = cu_fail(err, r, __func__, "cuMemImportFromShareableHandle(torch segment)");
-            goto fail;
-        }
-    }
-    out->seg_size = seg.segment_size;
-    out->size = seg.segment_size * seg.n;
-    CU_TRY(api.reserve(&p, out->size, g, 0, 0), "cuMemAddressReserve");
-    for (; mapped < seg.n; mapped++)
-        CU_TRY(api.map(p + mapped * seg.segment_size, seg.segment_size, 0, mh[mapped], 0),
-               "cuMemMap(torch segment)");
-    CU_TRY(set_rw_access(p, out->size, device), "cuMemSetAccess");
-    for (uint32_t i = 0; i < seg.n; i++)
-        api.release(mh[i]); /* the mappings keep the allocations alive until unmapped */
+    rc = wsync_cuda_vmm_map_fds(pidfd, seg.pid, seg.fds, seg.n, seg.segment_size, device, out, err);
     close(pidfd);
-    out->ptr = p;
-    out->n_seg = seg.n;
-    return WSYNC_OK;
-fail:
-    for (uint32_t i = 0; i < mapped; i++)
-        api.unmap(p + i * seg.segment_size, seg.segment_size);
-    if (p)
-        api.address_free(p, out->size);
-    for (uint32_t i = 0; i < got; i++)
-        api.release(mh[i]);
-    close(pidfd);
-    memset(out, 0, sizeof(*out));
-    out->fd = -1;
     return rc;
 }
 

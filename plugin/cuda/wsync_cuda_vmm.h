@@ -55,6 +55,52 @@ wsync_result_t wsync_cuda_vmm_import_torch(const uint8_t *handle, uint32_t len, 
  * caller guarantees no work still uses the memory. Safe on a zeroed struct. */
 void wsync_cuda_vmm_destroy(wsync_cuda_vmm_t *v);
 
+/* Direct mode's cuda_vmm_run segment (wsync_cuda_vmm_run.c): the run of equal-size cuMem
+ * chunks that holds a tensor (PyTorch's expandable segments map their memory this way), found
+ * from the tensor's pointer and identified by each chunk's physical allocation
+ * (CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID). Exported once: one POSIX fd per chunk, and a memfd
+ * listing their numbers, so the handle stays 32 bytes however many chunks the run has. The
+ * consumer takes the list and every fd with pidfd_getfd and maps the chunks back to back. */
+#define WSYNC_CUDA_VMM_RUN_MAGIC 0x524d5657u /* "WVMR" */
+
+typedef struct wsync_cuda_vmm_run_handle {
+    uint32_t magic;
+    int32_t list_fd; /* the producer's memfd of n int32 fd numbers */
+    uint64_t chunk;  /* bytes of each chunk */
+    uint32_t n;      /* chunks */
+    uint32_t reserved;
+    uint64_t nonce; /* unique per export */
+} wsync_cuda_vmm_run_handle_t;
+
+typedef struct wsync_cuda_vmm_run {
+    uintptr_t base; /* the first chunk's address in the producer */
+    uint64_t chunk;
+    uint32_t n;
+    uint64_t *blocks;            /* each chunk's CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID */
+    unsigned long long *handles; /* exported: each chunk's retained allocation handle */
+    int *fds;                    /* exported: each chunk's fd */
+    int list_fd;
+    uint64_t nonce;
+} wsync_cuda_vmm_run_t;
+
+/* Producer: the run holding [at, at + nbytes) of tensor `name` on `device` (not exported). Errors
+ * name the tensor: memory that is no cuMem mapping, chunks of unequal sizes, another device. */
+wsync_result_t wsync_cuda_vmm_run_probe(const char *name, uintptr_t at, uint64_t nbytes, int device,
+                                        wsync_cuda_vmm_run_t *out, wsync_error_t *err);
+/* 1 when a and b name the same chunks of the same physical allocations. */
+int wsync_cuda_vmm_run_same(const wsync_cuda_vmm_run_t *a, const wsync_cuda_vmm_run_t *b);
+/* Export a probed run (fds, list, nonce). An allocation made without the POSIX fd handle type is
+ * refused naming the tensor (PyTorch: TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC=1). */
+wsync_result_t wsync_cuda_vmm_run_export(const char *name, wsync_cuda_vmm_run_t *r,
+                                         wsync_error_t *err);
+void wsync_cuda_vmm_run_handle(const wsync_cuda_vmm_run_t *r, uint8_t *out, uint32_t *len);
+/* Close the fds and release the handles; safe on a probed-only or zeroed run. */
+void wsync_cuda_vmm_run_free(wsync_cuda_vmm_run_t *r);
+/* Consumer: import a cuda_vmm_run segment of process `pid` and map it on `device`. Errors as
+ * wsync_cuda_vmm_import. */
+wsync_result_t wsync_cuda_vmm_import_run(const uint8_t *handle, uint32_t len, int64_t pid,
+                                         int device, wsync_cuda_vmm_t *out, wsync_error_t *err);
+
 /* Which kind the producer makes: WSYNC_CUDA_STAGING_KIND=vmm|ipc; unset: cuda_vmm_fd, unless
  * Yama's kernel.yama.ptrace_scope is non-zero (consumers could not take the fd): then ipc. */
 wsync_buffer_kind_t wsync_cuda_staging_kind(void);

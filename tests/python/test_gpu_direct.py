@@ -1,4 +1,5 @@
-"""CUDA direct mode: the engine copies straight from the trainer's own cudaMalloc segments.
+"""CUDA direct mode: the engine copies straight from the trainer's own memory (cudaMalloc segments
+and cuMem chunks).
 Skipped with the reason on machines without a GPU.
 
 - Qwen3 (MoE) syncs into SGLang's and vLLM's fused layouts at TP 1 and 2, every parameter equal
@@ -6,8 +7,11 @@ Skipped with the reason on machines without a GPU.
   segment opened after the first sync;
 - a segment freed and re-made at the same address between two syncs is opened again, and the
   engine holds the new bytes (the old mapping would still show the old ones);
-- a segment freed before the engine opened it, and a tensor in expandable-segments memory, are
-  refused naming what is wrong, every engine parameter unchanged.
+- a segment freed before the engine opened it is refused naming what is wrong, every engine
+  parameter unchanged;
+- a trainer in PyTorch's expandable segments (cuMem memory) syncs bit-exact through cuda_vmm_run
+  segments, opens nothing in the steady state, and memory re-made at the same address is opened
+  again.
 """
 
 from __future__ import annotations
@@ -109,27 +113,112 @@ def test_gpu_direct_segment_gone_before_the_engine_opened_it(engine_ranks):
         ranks.release()
 
 
-def test_gpu_direct_refuses_expandable_segments_memory():
+def _forward(a, p, ranks, on_synced):
+    """Serve a trainer child: forward its messages to the engine ranks and answer its checks."""
+    from conftest import recv
+
+    while True:
+        m = recv(a, p, 120)
+        if m[0] == "msg":
+            a.send(ranks.send(m[1]))
+        elif m[0] == "synced":
+            a.send(on_synced(*m[1:]))
+        else:
+            return m
+
+
+def test_gpu_direct_expandable_segments(engine_ranks):
+    """A trainer whose tensors live in PyTorch's expandable segments (cuMem memory): each
+    tensor's run of chunks is exported as fds once; 3 syncs bit-exact with no open after the
+    first; then a tensor re-made at the same address in new physical memory is opened again
+    and read new."""
     import multiprocessing as mp
 
-    from conftest import recv
+    ranks = engine_ranks("sglang", "dense", 1, device="cuda")
+    seen = []
+
+    def synced(k, sd, same_addr):
+        _equal(ranks, sd, "sglang", 1, k)
+        seen.append((k, ranks.opens()[0], same_addr))
+        return "ok"
 
     ctx = mp.get_context("spawn")
     a, b = ctx.Pipe()
-    p = ctx.Process(target=_expandable_trainer, args=(b,), daemon=True)
+    p = ctx.Process(target=_expandable_trainer, args=(b, True), daemon=True)
     p.start()
-    kind, msg = recv(a, p)
+    end = _forward(a, p, ranks, synced)
     p.join(30)
-    assert kind == "NotSupported" and "expandable segments" in msg and "model." in msg, (kind, msg)
+    assert end[0] == "done", end
+    assert [k for k, _, _ in seen] == [0, 1, 2, 3, 4], seen
+    assert seen[0][1] >= 2 and seen[1][1] == seen[0][1] == seen[2][1], seen  # steady: no open
+    if seen[4][2]:  # same address, new physical memory: opened again (and read new, above)
+        assert seen[4][1] > seen[3][1], seen
+    ranks.release()
+
+
+def test_gpu_direct_expandable_segments_without_ipc_handles(engine_ranks):
+    """Without TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC torch may make its cuMem memory without a
+    shareable handle type: then the stage is refused naming the tensor and the setting;
+    otherwise it syncs bit-exact."""
+    import multiprocessing as mp
+
+    ranks = engine_ranks("sglang", "dense", 1, device="cuda")
+    ctx = mp.get_context("spawn")
+    a, b = ctx.Pipe()
+    p = ctx.Process(target=_expandable_trainer, args=(b, False), daemon=True)
+    p.start()
+    before, _ = ranks.state()[0]
+    end = _forward(a, p, ranks, lambda k, sd, _s: (_equal(ranks, sd, "sglang", 1, k), "ok")[1])
+    p.join(30)
+    if end[0] != "done":
+        kind, msg = end
+        assert kind == "NotSupported" and "TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC" in msg and "model." in msg, end
+        after, same = ranks.state()[0]
+        assert same and all(torch.equal(after[n], before[n]) for n in before)
+    ranks.release()
 
 
 @child
-def _expandable_trainer(conn) -> None:
+def _expandable_trainer(conn, ipc: bool) -> None:
+    import os
+
+    if ipc:
+        os.environ["TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC"] = "1"
     torch.cuda.memory._set_allocator_settings("expandable_segments:True")
     model = models.tiny_model("dense").cuda()
-    with wsync.Producer("sglang", device="cuda", direct=True, plugin=plugin_for("cuda")) as prod:
-        try:
-            prod.stage_bucket(list(models.step(model, 0).items()), finished=True)
-            conn.send(("ok", ""))
-        except wsync.WsyncError as e:
-            conn.send((type(e).__name__, str(e)))
+
+    def send(m):
+        conn.send(("msg", m))
+        return conn.recv()
+
+    name = "model.embed_tokens.weight"
+    try:
+        with wsync.Producer("sglang", device="cuda", direct=True, plugin=plugin_for("cuda")) as prod:
+            for k in range(3):
+                sd = models.step(model, k)
+                prod.sync(sd, send)
+                conn.send(("synced", k, {n: v.cpu() for n, v in sd.items()}, False))
+                conn.recv()
+            if not ipc:
+                conn.send(("done",))
+                return
+            # a tensor in chunks of its own, synced, freed, and re-made at the same address
+            addr, held = None, []
+            for k in (3, 4):
+                sd = dict(models.step(model, k))
+                if held:
+                    held.clear()
+                    torch.cuda.synchronize()
+                    torch.cuda.empty_cache()  # expandable segments unmap the freed chunks
+                held.append(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"))
+                n = sd[name].numel() * sd[name].element_size()
+                sd[name] = held[0][:n].view(sd[name].dtype).view(sd[name].shape).copy_(sd[name])
+                prod.sync(sd, send)
+                now = held[0].data_ptr()
+                conn.send(("synced", k, {n: x.cpu() for n, x in sd.items()}, now == addr))
+                conn.recv()
+                addr = now
+                del sd
+            conn.send(("done",))
+    except wsync.WsyncError as e:
+        conn.send((type(e).__name__, str(e)))

@@ -720,6 +720,20 @@ static void test_segments(void **state)
                     "\"pid\":1,\"device\":\"GPU-0\"}",
                     T0),
                 BAD, "buffer.handle: a cuda_ipc handle is 64 bytes, got 72");
+    /* cuda_vmm_run: a segment kind (a run of cuMem chunks), never a bucket's buffer */
+    wsync_manifest_owned_t *r =
+        expect_ok(direct_doc("[{\"kind\":\"cuda_vmm_run\",\"handle\":\"" H16 "\",\"bytes\":"
+                             "4194304,\"pid\":4711,\"device\":\"GPU-0123\"}]",
+                             TS1));
+    assert_int_equal(r->view.segments[0].kind, WSYNC_BUFFER_CUDA_VMM_RUN);
+    wsync_manifest_owned_t *r2 = reparse(&r->view);
+    assert_int_equal(r2->view.segments[0].kind, WSYNC_BUFFER_CUDA_VMM_RUN);
+    wsync_manifest_free(r);
+    wsync_manifest_free(r2);
+    expect_fail(doc("{\"kind\":\"cuda_vmm_run\",\"handle\":\"" H16 "\",\"bytes\":4096,"
+                    "\"pid\":1,\"device\":\"GPU-0\"}",
+                    T0),
+                BAD, "buffer: a cuda_vmm_run buffer is a segment of a direct manifest");
 }
 
 static void test_kind_names(void **state)
@@ -728,6 +742,8 @@ static void test_kind_names(void **state)
     assert_string_equal(wsync_buffer_kind_name(WSYNC_BUFFER_CUDA_IPC), "cuda_ipc");
     assert_string_equal(wsync_buffer_kind_name(WSYNC_BUFFER_HOST_SHM), "host_shm");
     assert_string_equal(wsync_buffer_kind_name(WSYNC_BUFFER_CUDA_VMM_FD), "cuda_vmm_fd");
+    assert_string_equal(wsync_buffer_kind_name(WSYNC_BUFFER_CUDA_VMM_RUN), "cuda_vmm_run");
+    assert_int_equal(wsync_buffer_kind_from_name("cuda_vmm_run"), WSYNC_BUFFER_CUDA_VMM_RUN);
     assert_string_equal(wsync_buffer_kind_name(WSYNC_BUFFER_INVALID), "invalid");
     assert_int_equal(wsync_buffer_kind_from_name("cuda_ipc"), WSYNC_BUFFER_CUDA_IPC);
     assert_int_equal(wsync_buffer_kind_from_name("host_shm"), WSYNC_BUFFER_HOST_SHM);
