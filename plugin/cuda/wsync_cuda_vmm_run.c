@@ -72,9 +72,9 @@ wsync_result_t wsync_cuda_vmm_run_probe(const char *name, uintptr_t at, uint64_t
     out->blocks[0] = block;
     for (uint32_t k = 1; k < out->n; k++) {
         const uintptr_t q = base + (uintptr_t)k * chunk;
-        uintptr_t b2;
-        uint64_t c2;
-        int o2;
+        uintptr_t b2 = 0;
+        uint64_t c2 = 0;
+        int o2 = -1;
         if (!chunk_at(q, &b2, &c2, &out->blocks[k], &o2) || b2 != q || c2 != chunk ||
             o2 != device) {
             wsync_cuda_vmm_run_free(out);
