@@ -90,7 +90,7 @@ cudaError_t wsync_cuda_launch_copy(const wsync_cuda_op_t *ops, uint32_t n_ops,
 /* The weight checker's pass: the wsync64 sums of ops (planned with digest, src the region; dst
  * is not written) into the zeroed sums, one per op. variant 0 is the plugin's; 1..3 are tuning
  * shapes that wsync-bench-cuda --digest compares (wsync_copy_kernel.cu). Non-blocking. */
-#define WSYNC_CUDA_DIGEST_VARIANTS 4
+#define WSYNC_CUDA_DIGEST_VARIANTS 7
 cudaError_t wsync_cuda_launch_digest(const wsync_cuda_op_t *ops, uint32_t n_ops,
                                      uint64_t total_chunks, unsigned long long *sums, int sm_count,
                                      int variant, cudaStream_t stream);

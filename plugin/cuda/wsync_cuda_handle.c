@@ -243,8 +243,9 @@ wsync_result_t wsync_cuda_open_handle(struct wsync_consumer *c, const wsync_buff
     h->magic = WSYNC_CUDA_HANDLE_MAGIC;
     h->base_offset = desc->base_offset;
     h->bytes = desc->bytes;
-    h->segment =
-        desc->kind == WSYNC_BUFFER_CUDA_IPC && desc->handle_len == WSYNC_CUDA_SEGMENT_HANDLE_BYTES;
+    h->segment = desc->kind == WSYNC_BUFFER_CUDA_VMM_RUN ||
+                 (desc->kind == WSYNC_BUFFER_CUDA_IPC &&
+                  desc->handle_len == WSYNC_CUDA_SEGMENT_HANDLE_BYTES);
     *out = h;
     return WSYNC_OK;
 }
