@@ -32,13 +32,20 @@ static __device__ __forceinline__ void wsync_k_store(unsigned char *p, uint4 v)
         *q = v;
 }
 
-/* Digest contribution of one 16-byte vector whose first byte is logical byte `l` (16-aligned). */
-static __device__ __forceinline__ unsigned long long wsync_k_vec_sum(uint4 v, unsigned long long l)
+/* Digest contribution of one 16-byte vector whose first 8-byte word is logical word j, given
+ * jg = j * G (mod 2^64; the next word's is jg + G). */
+static __device__ __forceinline__ unsigned long long wsync_k_vec_sum_jg(uint4 v,
+                                                                        unsigned long long jg)
 {
-    const unsigned long long jg = (l >> 3) * WSYNC_K_GOLDEN; /* (j + 1) * G = j * G + G */
     unsigned long long w0 = (unsigned long long)v.x | ((unsigned long long)v.y << 32);
     unsigned long long w1 = (unsigned long long)v.z | ((unsigned long long)v.w << 32);
     return wsync_k_mix(w0 ^ jg) + wsync_k_mix(w1 ^ (jg + WSYNC_K_GOLDEN));
+}
+
+/* The same for the vector whose first byte is logical byte `l` (16-aligned). */
+static __device__ __forceinline__ unsigned long long wsync_k_vec_sum(uint4 v, unsigned long long l)
+{
+    return wsync_k_vec_sum_jg(v, (l >> 3) * WSYNC_K_GOLDEN);
 }
 
 /* Several short rows in one chunk (a row-parallel slice): index math per vector. Kept out of
@@ -101,8 +108,12 @@ static __device__ __forceinline__ void wsync_k_chunk_vec(const wsync_cuda_op_t &
     const uint32_t nt = WSYNC_CUDA_BLOCK_THREADS; /* compile-time: immediate address offsets */
 
     if (nrows == 1) {
-        /* The common case: one contiguous run, 8 independent 16-byte loads in flight. */
-        for (uint32_t base = tid; base < nv; base += nt * U) {
+        /* The common case: one contiguous run, U independent 16-byte loads in flight. Vector idx
+         * starts at logical word (lbase >> 3) + 2 idx: its j * G advances by a constant per
+         * unrolled step and per loop turn, so the digest needs no multiply for it. */
+        const unsigned long long step = 2ull * nt * WSYNC_K_GOLDEN; /* one unrolled step (nt) */
+        unsigned long long jg = DIG ? ((lbase >> 3) + 2ull * tid) * WSYNC_K_GOLDEN : 0;
+        for (uint32_t base = tid; base < nv; base += nt * U, jg += (unsigned long long)U * step) {
             uint4 v[U];
 #pragma unroll
             for (int u = 0; u < U; u++) {
@@ -117,7 +128,7 @@ static __device__ __forceinline__ void wsync_k_chunk_vec(const wsync_cuda_op_t &
                     if (STORE)
                         wsync_k_store<STREAM>(dbase + (uint64_t)idx * 16u, v[u]);
                     if (DIG)
-                        acc += wsync_k_vec_sum(v[u], lbase + (unsigned long long)idx * 16u);
+                        acc += wsync_k_vec_sum_jg(v[u], jg + (unsigned long long)u * step);
                 }
             }
         }
