@@ -454,11 +454,11 @@ extern "C" cudaError_t wsync_cuda_launch_digest(const wsync_cuda_op_t *ops, uint
 {
     if (n_ops == 0 || total_chunks == 0)
         return cudaSuccess;
-    /* variant 0 (the plugin's): 4 vectors in flight, at most 64 registers, so two blocks of
-     * 512 threads share an SM and one hides the other's mixing; 1: 8 in flight, one block per
-     * SM (the copy path's shape); 2: as 0 with 4 blocks per SM queued; 3: as 0, 3 per SM;
-     * 4: as 0 with streaming loads; 5: 2 vectors in flight, two blocks per SM; 6: as 1 with
-     * streaming loads. */
+    /* variant 0 (the plugin's): the copy kernel's shape, 8 vectors in flight, one block of 512
+     * threads per SM resident (2 per SM queued); 1: 4 in flight and at most 64 registers, so two
+     * blocks share an SM; 2: as 1 with 4 blocks per SM queued; 3: as 1, 3 per SM; 4: as 1 with
+     * streaming loads; 5: 2 vectors in flight, two blocks per SM; 6: as 0 with streaming loads.
+     * docs/PERFORMANCE.md has each one's figures. */
     const int per_sm = variant == 2 ? 4 : variant == 3 ? 3 : 2;
     uint64_t grid = (uint64_t)(sm_count > 0 ? sm_count : 1) * (uint64_t)per_sm;
     if (grid > total_chunks)
@@ -473,7 +473,7 @@ extern "C" cudaError_t wsync_cuda_launch_digest(const wsync_cuda_op_t *ops, uint
     else if (variant == 6)
         wsync_copy_kernel<true, true, 8, 1, false>
             <<<g, b, 0, stream>>>(ops, n_ops, total_chunks, sums);
-    else if (variant == 1)
+    else if (variant == 0)
         wsync_copy_kernel<true, false, 8, 1, false>
             <<<g, b, 0, stream>>>(ops, n_ops, total_chunks, sums);
     else if (variant == 3)
