@@ -221,3 +221,39 @@ def test_direct_mode_through_the_integrations(engine):
             prod.sync(sd, send, version=k + 1)
             _check(em, sd, engine)
         em._wsync_worker.release()
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "lmdeploy"])
+def test_weight_checker_through_the_integrations(engine):
+    """wsync.checker through each engine's entry point: the digests agree after a sync, and one
+    flipped byte in an engine parameter is named, the rest still equal."""
+    from wsync.checker import check
+    from wsync.integrations import lmdeploy as wl
+    from wsync.integrations import sglang as ws
+    from wsync.integrations.vllm import WsyncWorkerExtension
+
+    hf, sd, em = _setup(engine, "moe")
+    if engine == "vllm":
+        ext = WsyncWorkerExtension.__new__(WsyncWorkerExtension)
+        ext.__dict__.update(model_runner=types.SimpleNamespace(model=em))
+        ext.wsync_init(plugin=plugin_for("cpu"))
+        send = lambda m: [ext.wsync_handle(m)]  # noqa: E731  (collective_rpc("wsync_handle"))
+        ask = send
+    else:
+        mod = ws if engine == "sglang" else wl
+        mod.worker_for(em, engine, plugin=plugin_for("cpu"))
+        send = lambda m: [em._wsync_worker.handle(m)]  # noqa: E731
+        ask = lambda m: [mod.check_weights(em, m)]  # noqa: E731
+    with wsync.Producer(engine, bucket_bytes=64 << 10, plugin=plugin_for("cpu")) as prod:
+        prod.sync(sd, send)
+        rep = check(sd, ask, plugin=plugin_for("cpu"))
+        assert rep.ok and rep.model == rep.trainer_model, rep.mismatches[:3]
+        p = next(p for n, p in em.named_parameters() if "layers.1." in n and p.numel() > 64)
+        with torch.no_grad():
+            p.view(torch.uint8).view(-1)[7] ^= 0x04
+        rep = check(sd, ask, plugin=plugin_for("cpu"))
+        assert not rep.ok and len(rep.mismatches) == 1, rep.mismatches
+        with torch.no_grad():
+            p.view(torch.uint8).view(-1)[7] ^= 0x04
+        assert check(sd, ask, plugin=plugin_for("cpu")).ok
+        em._wsync_worker.release()

@@ -5,7 +5,7 @@ LMDeploy's ``UpdateParamsRequest`` (lmdeploy/serve/openai/protocol.py as read:
 worker's model agent. :func:`update_params` serves a wsync request carried in it: the C LMDeploy
 shim's ``update_params`` message (flattened buckets of a persistent staging buffer, *consumed* on
 the copy stream, the post-load hook on ``finished``), as JSON text in
-``serialized_named_tensors``.
+``serialized_named_tensors``. :func:`check_weights` answers a ``wsync.checker`` request.
 """
 
 from __future__ import annotations
@@ -35,3 +35,10 @@ def update_params(model: torch.nn.Module, req: Any, *, tp_rank: int = 0, tp_size
         raise InvalidArgument(1, "update_params", "serialized_named_tensors must be the wsync request text")
     w = worker_for(model, "lmdeploy", tp_rank=tp_rank, tp_size=tp_size, plugin=plugin, on_post_load=post_load)
     return json.dumps(w.apply(text))  # the shim drains and runs the post-load hook on finished
+
+
+def check_weights(model: torch.nn.Module, message: str, *, tp_rank: int = 0, tp_size: int = 1,
+                  plugin: Optional[str] = None) -> str:
+    """Serve one ``wsync.checker`` request on this rank: the reply JSON with the digests of where
+    each named HF tensor lives in `model`."""
+    return worker_for(model, "lmdeploy", tp_rank=tp_rank, tp_size=tp_size, plugin=plugin).handle(message)

@@ -8,6 +8,11 @@ its device. The trainer puts one wsync request (the C SGLang shim's
 ``update_weights_from_tensor`` message, one FlattenedTensorBucket per rank naming the trainer's
 staging buffer) into a single uint8 tensor named :data:`REQUEST_NAME` (:func:`request_tensors`);
 no weight bytes travel through SGLang's serializer.
+
+:func:`check_weights` is wsync's counterpart of SGLang's own weight checker
+(``Engine.check_weights`` / ``WeightChecker``, which snapshots and compares on the engine alone):
+it answers a ``wsync.checker`` request with this rank's digests, for the trainer to compare with
+its own tensors.
 """
 
 from __future__ import annotations
@@ -43,6 +48,13 @@ def load_weights(model: torch.nn.Module, named_tensors: Sequence[Tuple[str, torc
     # Non-blocking: the weights come from the trainer's staging buffer, whose reuse waits for
     # *consumed* (recorded after the copies), and the request's flush_cache drains at the end.
     w.apply(msg)
+
+
+def check_weights(model: torch.nn.Module, message: str, *, plugin: Optional[str] = None) -> str:
+    """Serve one ``wsync.checker`` request (``{"method": "wsync_check", ...}``) on this rank:
+    the reply JSON with the digests of where each named HF tensor lives in `model`."""
+    rank, size = _tp()
+    return worker_for(model, "sglang", tp_rank=rank, tp_size=size, plugin=plugin).handle(message)
 
 
 def _tp() -> Tuple[int, int]:

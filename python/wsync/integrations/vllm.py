@@ -82,7 +82,8 @@ class WsyncWorkerExtension:
 
     def wsync_handle(self, msg: str) -> str:
         """One wsync vLLM-shim message (start_weight_update / update_weights /
-        finish_weight_update); returns the reply JSON."""
+        finish_weight_update, or a ``wsync.checker`` request: wsync's counterpart of vLLM's
+        weight checksums); returns the reply JSON."""
         return self._wsync_worker(None, False).handle(msg)
 
     def _wsync_worker(self, plugin: Optional[str], verify: bool) -> Any:
