@@ -115,6 +115,12 @@ static void fwd_update_end(void *u, uint64_t version, int committed)
     w->engine->update_end(w->engine->user, version, committed);
 }
 
+static void fwd_moe(void *u, uint32_t *ep_rank, uint32_t *ep_size, uint32_t *mr, uint32_t *ms)
+{
+    const wsync_shim_worker_t *w = u;
+    w->engine->moe(w->engine->user, ep_rank, ep_size, mr, ms);
+}
+
 static void params_free(wsync_shim_worker_t *w)
 {
     for (size_t i = 0; i < w->n_params; i++)
@@ -176,6 +182,8 @@ static wsync_result_t params_take(wsync_shim_worker_t *w, const wsync_shim_worke
         w->ops.update_begin = e->update_begin ? fwd_update_begin : NULL;
         w->ops.update_end = e->update_end ? fwd_update_end : NULL;
     }
+    if (WSYNC_HAS_FIELD(wsync_engine_ops_t, e, moe))
+        w->ops.moe = e->moe ? fwd_moe : NULL;
     return WSYNC_OK;
 }
 

@@ -242,6 +242,56 @@ static wsync_result_t wsync_map_check_shape(const wsync_tensor_desc_t *t,
                         t->name, got_s, tg->engine_name, want_s);
 }
 
+void wsync_map_ep_share(int64_t experts, uint32_t ep_rank, uint32_t ep_size, int64_t *first,
+                        int64_t *count)
+{
+    const int64_t b = experts / ep_size, m = experts % ep_size, r = ep_rank;
+    *count = b + (r < m ? 1 : 0);
+    *first = r * b + (r < m ? r : m);
+}
+
+/* An expert part under expert parallelism: the expert's local index on this rank, or *skip when
+ * another EP rank owns it; *rank / *size become the MoE TP group's. */
+static wsync_result_t wsync_map_experts(const wsync_engine_ops_t *eng, const wsync_model_dims_t *d,
+                                        const wsync_param_info_t *p, const char *name,
+                                        wsync_map_target_t *tg, uint32_t *rank, uint32_t *size,
+                                        int *skip, wsync_error_t *err)
+{
+    uint32_t ep_rank = 0, ep_size = 1, mr = *rank, ms = *size;
+    if (!WSYNC_HAS_FIELD(wsync_engine_ops_t, eng, moe) || eng->moe == NULL)
+        return WSYNC_OK;
+    eng->moe(eng->user, &ep_rank, &ep_size, &mr, &ms);
+    if (ep_size == 0 || ep_rank >= ep_size || ms == 0 || mr >= ms)
+        return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
+                            "engine reports EP rank %u of %u, MoE TP rank %u of %u", ep_rank,
+                            ep_size, mr, ms);
+    *rank = mr;
+    *size = ms;
+    if (ep_size == 1)
+        return WSYNC_OK;
+    if (d->experts <= 0)
+        return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
+                            "tensor \"%s\": EP size %u needs the model's expert count (its "
+                            "dims report %" PRId64 ")",
+                            name, ep_size, d->experts);
+    if (tg->expert >= d->experts)
+        return WSYNC_RECORD(err, WSYNC_ERR_NOT_FOUND,
+                            "tensor \"%s\": expert %" PRId64
+                            " does not exist, the model has %" PRId64 " experts",
+                            name, tg->expert, d->experts);
+    int64_t first, count;
+    wsync_map_ep_share(d->experts, ep_rank, ep_size, &first, &count);
+    if (p->ndim != 3 || p->shape[0] != count)
+        return WSYNC_RECORD(err, WSYNC_ERR_LAYOUT_MISMATCH,
+                            "%s holds %" PRId64 " experts, but EP rank %u of %u owns %" PRId64
+                            " (experts %" PRId64 "..%" PRId64 " of %" PRId64 ")",
+                            tg->engine_name, p->ndim == 3 ? p->shape[0] : -1, ep_rank, ep_size,
+                            count, first, first + count - 1, d->experts);
+    *skip = tg->expert < first || tg->expert >= first + count;
+    tg->expert = *skip ? 0 : tg->expert - first;
+    return WSYNC_OK;
+}
+
 wsync_result_t wsync_map_plan(const wsync_map_table_t *table, const wsync_engine_ops_t *eng,
                               const wsync_tensor_desc_t *t, wsync_copy_op_t *op, wsync_error_t *err)
 {
@@ -274,12 +324,24 @@ wsync_result_t wsync_map_plan(const wsync_map_table_t *table, const wsync_engine
     if (size == 0 || rank >= size)
         return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT, "engine reports tp rank %u of size %u",
                             rank, size);
+    int skip = 0;
+    if (tg.rule->part >= WSYNC_PART_EXPERT_W1) {
+        rc = wsync_map_experts(eng, &d, &p, t->name, &tg, &rank, &size, &skip, err);
+        if (rc != WSYNC_OK)
+            return rc;
+    }
     rc = wsync_map_geometry(&tg, &p, &d, rank, size, &g, err);
     if (rc != WSYNC_OK)
         return rc;
     rc = wsync_map_check_shape(t, &tg, &p, &g, err);
     if (rc != WSYNC_OK)
         return rc;
+    if (skip) { /* another EP rank's expert: checked, nothing to read or write here */
+        memset(op, 0, sizeof(*op));
+        op->dst = p.ptr;
+        op->src_offset = t->offset;
+        return WSYNC_OK;
+    }
     if (g.cols != g.dst_cols && tg.rule->split != WSYNC_TP_ROW)
         return WSYNC_RECORD(err, WSYNC_ERR_LAYOUT_MISMATCH,
                             "wrong shape for tensor \"%s\": %" PRId64

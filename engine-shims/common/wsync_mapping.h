@@ -8,7 +8,9 @@
  *   row-parallel (o_proj, down_proj, experts w2): a dim-1 slice, a 2-D op with pitches;
  *   replicated (norms, router): the whole tensor;
  *   k/v heads: split when tp <= kv_heads, replicated (rank r takes head r / (tp / kv_heads))
- *   when tp > kv_heads.
+ *   when tp > kv_heads;
+ *   experts under expert parallelism: only the rank's own (wsync_map_ep_share), split over its
+ *   MoE TP group; another rank's expert plans to an empty op.
  * Pure functions of their inputs; thread safe. */
 #ifndef WSYNC_MAPPING_H
 #define WSYNC_MAPPING_H
@@ -75,6 +77,14 @@ wsync_result_t wsync_map_resolve(const wsync_map_table_t *table, const char *hf_
 wsync_result_t wsync_map_plan(const wsync_map_table_t *table, const wsync_engine_ops_t *eng,
                               const wsync_tensor_desc_t *t, wsync_copy_op_t *op,
                               wsync_error_t *err);
+
+/* Expert parallelism, the linear placement (vLLM's determine_expert_map "linear", its default,
+ * as read in vLLM 0.11-0.33; SGLang's EP MoE with the expert count divisible by the EP size):
+ * with b = experts / ep_size and m = experts % ep_size, rank r owns experts [first, first +
+ * count) with count = b + (r < m) and first = r * b + min(r, m); its local index is e - first.
+ * Planning skips an expert another rank owns: an empty op (nothing read, nothing written). */
+void wsync_map_ep_share(int64_t experts, uint32_t ep_rank, uint32_t ep_size, int64_t *first,
+                        int64_t *count);
 
 /* The order the engine holds `names` in, as indices into names (order: n entries): tensors of one
  * engine parameter next to each other, in the parameter's own order (q, k, v in qkv_proj; gate,

@@ -84,6 +84,15 @@ typedef struct wsync_engine_ops {
      * commits, so keep refusing to serve). */
     void (*update_begin)(void *user, uint64_t version);
     void (*update_end)(void *user, uint64_t version, int committed);
+
+    /* Expert parallelism (appended; optional; docs/SHIMS.md). This rank's place among the
+     * engine's EP ranks (ep_size >= 1) and the tensor-parallel group its experts are split over
+     * (moe_tp_size >= 1). The rank holds its share of the model's `experts` in the linear
+     * placement vLLM and SGLang use by default (wsync_map_ep_share); its fused expert parameters
+     * hold only those, by local index. Without this member: EP size 1 and the experts split over
+     * the rank's TP group (`tp`). */
+    void (*moe)(void *user, uint32_t *ep_rank, uint32_t *ep_size, uint32_t *moe_tp_rank,
+                uint32_t *moe_tp_size);
 } wsync_engine_ops_t;
 
 #endif

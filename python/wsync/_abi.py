@@ -244,6 +244,8 @@ HookFn = C.CFUNCTYPE(None, C.c_void_p)
 
 UpdateBeginFn = C.CFUNCTYPE(None, C.c_void_p, C.c_uint64)
 UpdateEndFn = C.CFUNCTYPE(None, C.c_void_p, C.c_uint64, C.c_int)
+MoeFn = C.CFUNCTYPE(None, C.c_void_p, C.POINTER(C.c_uint32), C.POINTER(C.c_uint32), C.POINTER(C.c_uint32),
+                    C.POINTER(C.c_uint32))
 
 
 class EngineOps(C.Structure):
@@ -263,6 +265,7 @@ class EngineOps(C.Structure):
         ("reset_prefix_cache", LoraNameFn),
         ("update_begin", UpdateBeginFn),
         ("update_end", UpdateEndFn),
+        ("moe", MoeFn),
     ]
 
 

@@ -49,7 +49,12 @@ class EngineWorker:
     only once a version ends committed. ``rollback`` (True, or parameter names): those
     parameters are written through shadow copies that a commit copies into place, so a version
     that never commits leaves them exactly as they were (for groups small enough to hold twice:
-    norms, adapters, a draft model)."""
+    norms, adapters, a draft model). ``ep_rank`` of ``ep_size``: expert parallelism, this rank
+    holds its share of the experts in the linear placement vLLM and SGLang use by default
+    (docs/SHIMS.md), its fused expert parameters by local index, and the others' experts are
+    skipped unread; ``moe_tp_rank`` of ``moe_tp_size``: the TP group the rank's experts are split
+    over (default: ``tp_rank`` of ``tp_size`` without EP, 0 of 1 with it, as vLLM runs EP;
+    SGLang's is ``tp_size // ep_size``)."""
 
     def __init__(
         self,
@@ -69,6 +74,10 @@ class EngineWorker:
         on_update_begin: Optional[Callable[[int], None]] = None,
         on_update_end: Optional[Callable[[int, bool], None]] = None,
         rollback: Union[bool, Sequence[str]] = False,
+        ep_rank: int = 0,
+        ep_size: int = 1,
+        moe_tp_rank: Optional[int] = None,
+        moe_tp_size: Optional[int] = None,
     ) -> None:
         named = params.named_parameters() if isinstance(params, torch.nn.Module) else params
         self.params = dict(_torch.items(named))
@@ -84,6 +93,10 @@ class EngineWorker:
             _torch.dtype_code(name, t)  # a dtype wsync has no type for is named here
         self.engine = engine
         self.tp_rank, self.tp_size = int(tp_rank), int(tp_size)
+        self.ep_rank, self.ep_size = int(ep_rank), int(ep_size)
+        if moe_tp_size is None:
+            moe_tp_rank, moe_tp_size = (self.tp_rank, self.tp_size) if self.ep_size == 1 else (0, 1)
+        self.moe_tp_rank, self.moe_tp_size = int(moe_tp_rank or 0), int(moe_tp_size)
         self.stream = stream
         self._dims = dims_from_config(config)
         self._shim = _native.shim()
@@ -97,6 +110,7 @@ class EngineWorker:
             post_load=self._cb(_abi.HookFn, lambda _u: on_post_load and on_post_load()),
             update_begin=self._cb(_abi.UpdateBeginFn, lambda _u, v: self._begin(int(v), on_update_begin)),
             update_end=self._cb(_abi.UpdateEndFn, lambda _u, v, ok: self._end(int(v), bool(ok), on_update_end)),
+            moe=self._cb(_abi.MoeFn, self._moe),
         )
         self._shadows: dict = {}  # rollback mode: parameter name -> its shadow
         self.lora = lora  # a wsync.lora.LoraSlots: adapter requests load into it
@@ -188,6 +202,10 @@ class EngineWorker:
     def _tp(self, _user: int, rank: Any, size: Any) -> None:
         rank[0] = self.tp_rank
         size[0] = self.tp_size
+
+    def _moe(self, _user: int, ep_rank: Any, ep_size: Any, mtp_rank: Any, mtp_size: Any) -> None:
+        ep_rank[0], ep_size[0] = self.ep_rank, self.ep_size
+        mtp_rank[0], mtp_size[0] = self.moe_tp_rank, self.moe_tp_size
 
     def _dims_cb(self, _user: int, out: Any) -> None:
         C.memmove(out, C.byref(self._dims), C.sizeof(_abi.ModelDims))

@@ -24,7 +24,7 @@ STRUCTS = {
     "wsync_param_info_t": (_abi.ParamInfo, ["ptr", "dtype", "ndim", "shape"]),
     "wsync_model_dims_t": (_abi.ModelDims, ["kv_heads", "vocab"]),
     "wsync_engine_ops_t": (_abi.EngineOps, ["param", "tp", "dims", "stream", "post_load", "reset_prefix_cache",
-                                             "update_begin", "update_end"]),
+                                             "update_begin", "update_end", "moe"]),
     "wsync_shim_param_t": (_abi.ShimParam, ["name", "info"]),
     "wsync_shim_worker_config_t": (_abi.WorkerConfig, ["engine", "ops", "copy_flags", "log_level", "params", "n_params"]),
 }

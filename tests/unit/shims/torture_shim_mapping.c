@@ -245,6 +245,72 @@ static void test_engine_order(void **state)
     assert_int_equal(wsync_map_order(&wsync_map_fused_moe_w13, NULL, 0, NULL, &err), WSYNC_OK);
 }
 
+/* Expert parallelism: the linear placement's shares (with remainders), and planning on EP rank
+ * 1 of 2 of a 4-expert model (experts 2, 3 here, local 0, 1; split over a MoE TP group of 4):
+ * its own experts land at their local index, the others plan to empty ops; a parameter holding
+ * another count is refused naming it. */
+static void ep_dims_cb(void *user, wsync_model_dims_t *d)
+{
+    fake_dims_cb(user, d);
+    d->experts = 4;
+}
+static uint32_t ep_size_now = 2;
+static void ep_moe_cb(void *user, uint32_t *ep_rank, uint32_t *ep_size, uint32_t *mr, uint32_t *ms)
+{
+    (void)user;
+    *ep_rank = 1;
+    *ep_size = ep_size_now;
+    *mr = 3;
+    *ms = 4;
+}
+
+static void test_expert_parallel(void **state)
+{
+    int64_t first, count;
+    (void)state;
+    const int64_t want[][4] = {
+        {8, 3, 0, 3}, {8, 3, 2, 2}, {6, 4, 1, 2}, {6, 4, 3, 1}, {4, 8, 5, 0}};
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        wsync_map_ep_share(want[i][0], (uint32_t)want[i][2], (uint32_t)want[i][1], &first, &count);
+        assert_int_equal(count, want[i][3]);
+    }
+    wsync_map_ep_share(8, 2, 3, &first, &count);
+    assert_int_equal(first, 6);
+    wsync_map_ep_share(6, 3, 4, &first, &count);
+    assert_int_equal(first, 5);
+
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    wsync_copy_op_t op;
+    wsync_engine_ops_t ep_ops = ops;
+    ep_ops.dims = ep_dims_cb;
+    ep_ops.moe = ep_moe_cb;
+    ep_size_now = 2;
+    fake_engine_init(&eng, 3, 4); /* w13 [2, 2, 8], w2 [2, 8, 1] */
+    wsync_tensor_desc_t up = tensor("model.layers.0.mlp.experts.3.up_proj.weight", 4, 8, 0);
+    assert_int_equal(wsync_map_plan(&wsync_map_fused_moe_w13, &ep_ops, &up, &op, &err), WSYNC_OK);
+    assert_int_equal(op.src_offset, 3 * 8 * 2); /* MoE TP rank 3's row */
+    assert_ptr_equal(op.dst,
+                     fake_mem(&eng, "model.layers.0.mlp.experts.w13_weight") + (16 + 8) * 2);
+    wsync_tensor_desc_t other = tensor("model.layers.0.mlp.experts.1.down_proj.weight", 8, 4, 64);
+    assert_int_equal(wsync_map_plan(&wsync_map_fused_moe_w13, &ep_ops, &other, &op, &err),
+                     WSYNC_OK);
+    assert_int_equal(op.rows * op.row_bytes, 0); /* rank 0's expert: nothing read or written */
+    wsync_tensor_desc_t bad = tensor("model.layers.0.mlp.experts.1.down_proj.weight", 8, 5, 0);
+    assert_int_equal(wsync_map_plan(&wsync_map_fused_moe_w13, &ep_ops, &bad, &op, &err),
+                     WSYNC_ERR_LAYOUT_MISMATCH); /* a skipped expert's shape is still checked */
+    wsync_tensor_desc_t gone = tensor("model.layers.0.mlp.experts.4.up_proj.weight", 4, 8, 0);
+    err = (wsync_error_t){.struct_size = sizeof(err)};
+    assert_int_equal(wsync_map_plan(&wsync_map_fused_moe_w13, &ep_ops, &gone, &op, &err),
+                     WSYNC_ERR_NOT_FOUND);
+    assert_non_null(strstr(err.message, "expert 4 does not exist, the model has 4"));
+    ep_size_now = 4; /* rank 1 of 4 owns 1 expert, the engine holds 2 */
+    err = (wsync_error_t){.struct_size = sizeof(err)};
+    assert_int_equal(wsync_map_plan(&wsync_map_fused_moe_w13, &ep_ops, &up, &op, &err),
+                     WSYNC_ERR_LAYOUT_MISMATCH);
+    assert_non_null(strstr(err.message, "model.layers.0.mlp.experts.w13_weight holds 2 experts, "
+                                        "but EP rank 1 of 4 owns 1"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -256,6 +322,7 @@ int main(void)
         cmocka_unit_test(test_replicated_and_vocab),
         cmocka_unit_test(test_shape_and_dtype_refused),
         cmocka_unit_test(test_engine_order),
+        cmocka_unit_test(test_expert_parallel),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
