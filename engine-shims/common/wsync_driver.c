@@ -196,6 +196,9 @@ wsync_result_t wsync_driver_begin(wsync_driver_t *d, uint64_t version, uint64_t 
         wsync_txn_begin(&d->txn, version, expect_tensors, expect_bytes, names, n_names, err);
     if (rc != WSYNC_OK)
         return rc;
+    for (size_t i = 0; i < n_names; i++) /* experts another EP rank holds never come here */
+        if (names[i] != NULL && !wsync_map_owned(d->cfg.map, d->cfg.engine, names[i]))
+            wsync_txn_elsewhere(&d->txn, names[i]);
     if (open != 0) {
         wsync_driver_log(d, WSYNC_LOG_WARN, "wsync: %s", d->txn.reason);
         wsync_driver_hook_end(d, open, 0);

@@ -250,6 +250,25 @@ void wsync_map_ep_share(int64_t experts, uint32_t ep_rank, uint32_t ep_size, int
     *first = r * b + (r < m ? r : m);
 }
 
+int wsync_map_owned(const wsync_map_table_t *table, const wsync_engine_ops_t *eng, const char *name)
+{
+    wsync_map_target_t tg;
+    if (wsync_map_resolve(table, name, &tg, NULL) != WSYNC_OK ||
+        tg.rule->part < WSYNC_PART_EXPERT_W1 || !WSYNC_HAS_FIELD(wsync_engine_ops_t, eng, moe) ||
+        eng->moe == NULL)
+        return 1;
+    uint32_t ep_rank = 0, ep_size = 1, mr = 0, ms = 1;
+    wsync_model_dims_t d;
+    memset(&d, 0, sizeof(d));
+    eng->moe(eng->user, &ep_rank, &ep_size, &mr, &ms);
+    eng->dims(eng->user, &d);
+    if (ep_size <= 1 || ep_rank >= ep_size || d.experts <= 0 || tg.expert >= d.experts)
+        return 1;
+    int64_t first, count;
+    wsync_map_ep_share(d.experts, ep_rank, ep_size, &first, &count);
+    return tg.expert >= first && tg.expert < first + count;
+}
+
 /* An expert part under expert parallelism: the expert's local index on this rank, or *skip when
  * another EP rank owns it; *rank / *size become the MoE TP group's. */
 static wsync_result_t wsync_map_experts(const wsync_engine_ops_t *eng, const wsync_model_dims_t *d,

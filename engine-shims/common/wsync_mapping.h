@@ -85,6 +85,10 @@ wsync_result_t wsync_map_plan(const wsync_map_table_t *table, const wsync_engine
  * Planning skips an expert another rank owns: an empty op (nothing read, nothing written). */
 void wsync_map_ep_share(int64_t experts, uint32_t ep_rank, uint32_t ep_size, int64_t *first,
                         int64_t *count);
+/* 0 when HF tensor `name` is an expert that another EP rank of `eng` owns; 1 otherwise (every
+ * other tensor, names no rule matches included: planning reports those). */
+int wsync_map_owned(const wsync_map_table_t *table, const wsync_engine_ops_t *eng,
+                    const char *name);
 
 /* The order the engine holds `names` in, as indices into names (order: n entries): tensors of one
  * engine parameter next to each other, in the parameter's own order (q, k, v in qkv_proj; gate,

@@ -139,6 +139,16 @@ wsync_result_t wsync_txn_begin(wsync_txn_t *t, uint64_t version, uint64_t expect
     return WSYNC_OK;
 }
 
+void wsync_txn_elsewhere(wsync_txn_t *t, const char *name)
+{
+    long k = t->names != NULL ? wsync_txn_find(t, name) : -1;
+    if (k < 0 || t->seen[k])
+        return;
+    t->seen[k] = 1;
+    t->tensors++;
+    t->expect_bytes = 0;
+}
+
 void wsync_txn_begin_implicit(wsync_txn_t *t)
 {
     const uint64_t next = (t->version > t->committed ? t->version : t->committed) + 1;

@@ -42,6 +42,10 @@ void wsync_txn_free(wsync_txn_t *t);
 wsync_result_t wsync_txn_begin(wsync_txn_t *t, uint64_t version, uint64_t expect_tensors,
                                uint64_t expect_bytes, const char *const *names, size_t n_names,
                                wsync_error_t *err);
+/* Declared tensor `name` is held by another engine rank (expert parallelism): count it as
+ * arrived, with no bytes; the version's byte count can no longer be checked here (its tensor
+ * count and names still are). No-op for a name not declared. */
+void wsync_txn_elsewhere(wsync_txn_t *t, const char *name);
 /* An engine request with no open version: open the next one, declaring nothing. */
 void wsync_txn_begin_implicit(wsync_txn_t *t);
 /* Before a bucket is written: every tensor (a manifest's) must be one the open version declared

@@ -6,7 +6,8 @@
  *      | "packed": false, "ipc_handles": [[{"buffer": {...}, "offset": o} per TP rank]
  *                                         per tensor]
  *      | "manifests": [manifest text per TP rank] (wsync's encoder, for direct buckets, whose
- *                      segments only the manifest carries) }}   (one or more times)
+ *                      segments only the manifest carries, and for ranks whose buckets hold
+ *                      different tensors: expert parallelism) }}   (one or more times)
  *   {"method": "finish_weight_update"}
  * Per-tensor handles that name the same allocation are grouped into one bucket, so the mapping
  * is opened once and the copies go out as one batch. finish_weight_update drains the copies, runs
@@ -227,6 +228,27 @@ static wsync_result_t wsync_vllm_handle(wsync_shim_ctx_t *ctx, const char *metho
 }
 
 /* update_info for one bucket; every rank's manifest has the same tensors in the same order. */
+/* vLLM's update_info names its tensors once for every rank: ranks whose buckets hold other
+ * tensors, or the same ones elsewhere (expert parallelism stages each rank only its experts),
+ * travel as one manifest text per rank instead. */
+static int wsync_vllm_ranks_differ(const wsync_shim_encode_t *in, json_t *const *m)
+{
+    json_t *t0 = json_object_get(m[0], "tensors");
+    for (size_t r = 1; r < in->n_ranks; r++) {
+        json_t *tr = json_object_get(m[r], "tensors");
+        if (json_array_size(tr) != json_array_size(t0))
+            return 1;
+        for (size_t i = 0; i < json_array_size(t0); i++) {
+            json_t *a = json_array_get(t0, i), *b = json_array_get(tr, i);
+            if (!json_equal(json_object_get(a, "name"), json_object_get(b, "name")) ||
+                !json_equal(json_object_get(a, "offset"), json_object_get(b, "offset")) ||
+                !json_equal(json_object_get(a, "shape"), json_object_get(b, "shape")))
+                return 1;
+        }
+    }
+    return 0;
+}
+
 static json_t *wsync_vllm_info(const wsync_shim_encode_t *in, json_t *const *m)
 {
     json_t *tensors = json_object_get(m[0], "tensors"), *t;
@@ -254,7 +276,8 @@ static json_t *wsync_vllm_info(const wsync_shim_encode_t *in, json_t *const *m)
     for (size_t r = 0; r < in->n_ranks; r++)
         json_array_append_new(buffers,
                               json_pack("{s:O}", "buffer", json_object_get(m[r], "buffer")));
-    if (wsync_shim_is_direct(in)) { /* the segments travel only in the manifest text */
+    if (wsync_shim_is_direct(in) || wsync_vllm_ranks_differ(in, m)) {
+        /* direct: the segments travel only in the manifest text */
         json_object_set_new(info, "manifests", wsync_shim_rank_texts(in, NULL));
         json_decref(handles);
         json_decref(buffers);

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes as C
 import json
 import os
+import re
 from collections import deque
 from typing import Any, Callable, List, Optional, Sequence, Union
 
@@ -56,6 +57,9 @@ def encode_bucket(engine: str, manifests: Sequence[str], *, first: bool, finishe
     if text is None:
         _native.check(err.code or 16, err)
     return [json.dumps(m, separators=(",", ":")) for m in json.loads(text)]
+
+
+_EXPERT = re.compile(r"\.experts\.(\d+)\.")  # an expert's HF name: its index
 
 
 def begin_message(version: int, pairs: Sequence[tuple]) -> str:
@@ -109,9 +113,17 @@ class Producer:
         buffers: int = 2,
         direct: bool = False,
         cast_to: Optional[torch.dtype] = None,
+        ep_size: int = 1,
+        experts: Optional[int] = None,
     ) -> None:
         if buffers < 1:
             raise InvalidArgument(1, "Producer", f"buffers={buffers}: at least 1")
+        if ep_size < 1 or tp_size % ep_size != 0:
+            raise InvalidArgument(1, "Producer", f"ep_size={ep_size}: must be >= 1 and divide tp_size={tp_size}")
+        # expert parallelism: engine rank r is EP rank r // (tp_size // ep_size) and is staged only
+        # the experts it owns (the engines' linear placement, docs/SHIMS.md); `experts`: the
+        # model's expert count (None: the largest expert index the first sync names, plus one)
+        self.ep_size, self.experts = int(ep_size), experts
         if cast_to is not None and not direct:
             raise InvalidArgument(1, "Producer", "cast_to is for direct mode (direct=True)")
         self.direct = direct
@@ -320,14 +332,21 @@ class Producer:
         b = self._sets[self._turn]
         if not self.direct:  # direct mode reuses nothing: its buckets may all be in flight
             self._wait_set(b, stream)
-        arr, keep = self._stage_array(pairs)
+        per_rank = self._ep_pairs(pairs)
+        arrays = {}  # one StageTensor array per distinct tensor list
+        keep: list = []
+        for rp in {id(x): x for x in per_rank}.values():
+            arr, kp = self._stage_array(rp) if rp else ((_abi.StageTensor * 1)(), [])
+            arrays[id(rp)] = arr
+            keep += kp
         if self.direct:
             self._run_casts(pairs, stream)
         manifests = []
         for r, st in enumerate(b.staging):
             sh = _torch.stream_handle(self.devices[r], stream)
             err = _abi.Error.new()
-            _native.check(self._ops.stage(st, sh, arr, len(pairs), C.byref(err)), err)
+            rp = per_rank[r]
+            _native.check(self._ops.stage(st, sh, arrays[id(rp)], len(rp), C.byref(err)), err)
             text = C.c_char_p()
             gen = C.c_uint64()
             _native.check(self._ops.publish(st, sh, int(finished), C.byref(text), C.byref(gen), C.byref(err)), err)
@@ -344,6 +363,25 @@ class Producer:
         self._first = finished
         self._turn = (self._turn + 1) % len(self._sets)
         return msgs
+
+    def _ep_pairs(self, pairs: list) -> List[list]:
+        """Per engine rank, the tensors of the bucket it is staged: all of them, or with expert
+        parallelism every tensor but the experts other EP ranks own (the same list object for
+        the ranks of one EP rank)."""
+        if self.ep_size == 1:
+            return [pairs] * len(self._sets[0].staging)
+        if self.experts is None:
+            raise InvalidArgument(1, "stage_bucket", f"ep_size={self.ep_size}: the model's expert count is "
+                                  "unknown (pass experts=, or sync() the whole model first)")
+        per_ep = self.ep_size
+        groups = []
+        for e in range(per_ep):
+            b, m = divmod(self.experts, per_ep)
+            first, count = e * b + min(e, m), b + (1 if e < m else 0)
+            groups.append([(n, t) for n, t in pairs
+                           if (x := _EXPERT.search(n)) is None or first <= int(x.group(1)) < first + count])
+        mtp = len(self._sets[0].staging) // per_ep
+        return [groups[r // mtp] for r in range(len(self._sets[0].staging))]
 
     def encode(self, manifests: Sequence[str], *, first: bool, finished: bool,
                weight_version: Optional[str] = None, with_buffer: bool = True) -> List[str]:
@@ -382,6 +420,9 @@ class Producer:
         self._finish_inflight(stream)
         pairs = list(checkpoint_tensors(named))
         by_name = dict(pairs)
+        if self.ep_size > 1 and self.experts is None:
+            ids = [int(x.group(1)) for n, _ in pairs if (x := _EXPERT.search(n)) is not None]
+            self.experts = max(ids) + 1 if ids else None
         plan = self.plan(pairs)
         if version is not None:
             check_replies(_resolve(send(begin_message(version, pairs))))

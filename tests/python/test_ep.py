@@ -4,8 +4,10 @@ remainder: 6 experts over 4 ranks), by local index in their fused w13 / w2, with
 EP group where SGLang runs it (tp 4 = ep 2 x moe_tp 2). Every rank equals the torch reference
 after each sync, the bytes each rank holds of the experts (the plan the copies use, read back
 through the weight checker) are exactly its share, and together the ranks hold every expert byte
-once. An engine whose expert parameter holds another rank's count is refused naming it, with
-nothing written. CPU plugin, in-process ranks."""
+once. A Producer told the EP size stages each rank only the experts it owns (sglang, vllm, lmdeploy) (its manifests' bytes
+are the dense tensors plus its share) and a versioned sync commits on every rank. An engine whose
+expert parameter holds another rank's count is refused naming it, with nothing written. CPU
+plugin, in-process ranks."""
 
 from __future__ import annotations
 
@@ -88,6 +90,57 @@ def test_ep_ranks_hold_exactly_their_experts(engine, experts, tp, ep):
         for w in workers:
             w.release()
             w.close()
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm", "lmdeploy"])
+@pytest.mark.parametrize("experts,tp,ep", [(8, 4, 4), (6, 4, 4), (8, 4, 2)], ids=["8-tp4-ep4", "6-tp4-ep4", "8-tp4-ep2"])
+def test_ep_producer_stages_each_rank_only_its_experts(engine, experts, tp, ep):
+    model = _model(experts)
+    mts = tp // ep
+    refs = [_reference(dict(model.state_dict()), engine, r, tp, ep, experts) for r in range(tp)]
+    params = [models.zeros_like_layout(ref) for ref in refs]
+    workers = [
+        wsync.EngineWorker(params[r], engine=engine, config=model.config, tp_rank=r, tp_size=tp,
+                           ep_rank=r // mts, ep_size=ep, moe_tp_rank=r % mts, moe_tp_size=mts,
+                           plugin=plugin_for("cpu"))
+        for r in range(tp)
+    ]
+    send = lambda m: [w.handle(m) for w in workers]  # noqa: E731
+    staged = [0] * tp
+    with wsync.Producer(engine, tp_size=tp, ep_size=ep, bucket_bytes=64 << 10, plugin=plugin_for("cpu")) as prod:
+        encode = prod.encode
+
+        def counting(manifests, **kw):
+            for r, text in enumerate(manifests):
+                staged[r] += sum(t["nbytes"] for t in json.loads(text)["tensors"])
+            return encode(manifests, **kw)
+
+        prod.encode = counting
+        for k in (1, 2):
+            staged = [0] * tp
+            sd = models.step(model, k)
+            prod.sync(sd, send, version=k)
+            for r in range(tp):
+                want = _reference(sd, engine, r, tp, ep, experts)
+                bad = [n for n in want if not torch.equal(params[r][n], want[n])]
+                assert not bad, f"sync {k}, rank {r}: {bad[:3]}"
+                st = workers[r].state()
+                assert st["state"] == "consistent" and st["committed"] == k, (r, st)
+        hf = list(checkpoint_tensors(sd))
+        expert_bytes = sum(t.numel() * t.element_size() for n, t in hf if ".experts." in n)
+        dense_bytes = sum(t.numel() * t.element_size() for n, t in hf if ".experts." not in n)
+        for r in range(tp):
+            _, count = _share(experts, r // mts, ep)
+            assert staged[r] == dense_bytes + expert_bytes // experts * count, (r, staged[r])
+        for w in workers:
+            w.release()
+            w.close()
+
+
+def test_ep_producer_refuses_an_ep_size_that_does_not_divide_tp():
+    with pytest.raises(wsync.errors.InvalidArgument) as e:
+        wsync.Producer("sglang", tp_size=4, ep_size=3, plugin=plugin_for("cpu"))
+    assert "ep_size=3" in str(e.value) and "tp_size=4" in str(e.value)
 
 
 def test_ep_refuses_an_expert_count_that_is_not_the_ranks_share():
