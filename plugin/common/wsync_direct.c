@@ -97,15 +97,20 @@ wsync_result_t wsync_direct_emit(const wsync_direct_t *d, const wsync_buffer_des
     return wsync_manifest_emit(&m, json, err);
 }
 
-void wsync_direct_allow_readers(void)
+int wsync_yama_ptrace_scope(void)
 {
     FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "re");
     int scope = 0;
-    if (f != NULL) {
-        if (fscanf(f, "%d", &scope) != 1)
-            scope = 0;
-        fclose(f);
-    }
-    if (scope == 1)
+    if (f == NULL)
+        return 0; /* no Yama LSM */
+    if (fscanf(f, "%d", &scope) != 1)
+        scope = 1;
+    fclose(f);
+    return scope;
+}
+
+void wsync_direct_allow_readers(void)
+{
+    if (wsync_yama_ptrace_scope() == 1)
         (void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
 }

@@ -39,5 +39,7 @@ void wsync_direct_free(wsync_direct_t *d);
  * its engines (any process of this user) do so. Scopes 2 and 3 forbid it: the engine reports
  * PERMISSION. */
 void wsync_direct_allow_readers(void);
+/* Yama's kernel.yama.ptrace_scope: 0 without Yama, 1 when the setting cannot be read. */
+int wsync_yama_ptrace_scope(void);
 
 #endif

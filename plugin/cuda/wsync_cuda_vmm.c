@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "wsync_cuda_vmm.h"
 #include "wsync_cuda_vmm_api.h"
+#include "wsync_direct.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -387,13 +388,7 @@ wsync_buffer_kind_t wsync_cuda_staging_kind(void)
     /* Default: cuda_vmm_fd (it reads at local speed, docs/PERFORMANCE.md) where a consumer of
      * the same uid may take the fd: no Yama LSM, or ptrace_scope 0. Under a stricter Yama
      * setting a sibling consumer would get EPERM from pidfd_getfd: stay with legacy IPC. */
-    FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "re");
-    int scope = 0;
-    if (f != NULL) {
-        if (fscanf(f, "%d", &scope) != 1)
-            scope = 1;
-        fclose(f);
-    }
+    const int scope = wsync_yama_ptrace_scope();
     if (scope != 0) {
         WSYNC_LOG_INFO("kernel.yama.ptrace_scope is %d: staging uses legacy CUDA IPC (set "
                        "WSYNC_CUDA_STAGING_KIND=vmm when consumers may take the producer's fds)",

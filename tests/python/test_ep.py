@@ -50,6 +50,20 @@ def _reference(sd, engine, rank, tp, ep, experts):
     return {n: (moe[n][first : first + count].clone() if ".experts." in n else t) for n, t in dense.items()}
 
 
+def _ranks(model, engine, experts, tp, ep):
+    """tp in-process engine ranks (zeroed parameters) with EP size ep, and a send to all."""
+    mts = tp // ep
+    refs = [_reference(dict(model.state_dict()), engine, r, tp, ep, experts) for r in range(tp)]
+    params = [models.zeros_like_layout(ref) for ref in refs]
+    workers = [
+        wsync.EngineWorker(params[r], engine=engine, config=model.config, tp_rank=r, tp_size=tp,
+                           ep_rank=r // mts, ep_size=ep, moe_tp_rank=r % mts, moe_tp_size=mts,
+                           plugin=plugin_for("cpu"))
+        for r in range(tp)
+    ]
+    return params, workers, lambda m: [w.handle(m) for w in workers]
+
+
 CASES = [(8, 2, 2), (8, 4, 4), (8, 8, 8), (6, 4, 4), (8, 4, 2)]  # experts, tp, ep
 
 
@@ -58,16 +72,7 @@ CASES = [(8, 2, 2), (8, 4, 4), (8, 8, 8), (6, 4, 4), (8, 4, 2)]  # experts, tp, 
 def test_ep_ranks_hold_exactly_their_experts(engine, experts, tp, ep):
     model = _model(experts)
     mts = tp // ep
-    sd0 = dict(model.state_dict())
-    refs = [_reference(sd0, engine, r, tp, ep, experts) for r in range(tp)]
-    params = [models.zeros_like_layout(ref) for ref in refs]
-    workers = [
-        wsync.EngineWorker(params[r], engine=engine, config=model.config, tp_rank=r, tp_size=tp,
-                           ep_rank=r // mts, ep_size=ep, moe_tp_rank=r % mts, moe_tp_size=mts,
-                           plugin=plugin_for("cpu"))
-        for r in range(tp)
-    ]
-    send = lambda m: [w.handle(m) for w in workers]  # noqa: E731
+    params, workers, send = _ranks(model, engine, experts, tp, ep)
     with wsync.Producer(engine, tp_size=tp, bucket_bytes=64 << 10, plugin=plugin_for("cpu")) as prod:
         for k in range(3):
             sd = models.step(model, k)
@@ -97,15 +102,7 @@ def test_ep_ranks_hold_exactly_their_experts(engine, experts, tp, ep):
 def test_ep_producer_stages_each_rank_only_its_experts(engine, experts, tp, ep):
     model = _model(experts)
     mts = tp // ep
-    refs = [_reference(dict(model.state_dict()), engine, r, tp, ep, experts) for r in range(tp)]
-    params = [models.zeros_like_layout(ref) for ref in refs]
-    workers = [
-        wsync.EngineWorker(params[r], engine=engine, config=model.config, tp_rank=r, tp_size=tp,
-                           ep_rank=r // mts, ep_size=ep, moe_tp_rank=r % mts, moe_tp_size=mts,
-                           plugin=plugin_for("cpu"))
-        for r in range(tp)
-    ]
-    send = lambda m: [w.handle(m) for w in workers]  # noqa: E731
+    params, workers, send = _ranks(model, engine, experts, tp, ep)
     staged = [0] * tp
     with wsync.Producer(engine, tp_size=tp, ep_size=ep, bucket_bytes=64 << 10, plugin=plugin_for("cpu")) as prod:
         encode = prod.encode
