@@ -11,7 +11,7 @@ import models
 import pytest
 import torch
 import wsync
-from conftest import plugin_for
+from conftest import child, plugin_for
 
 
 def _check(ranks, sd, engine, tp, k):
@@ -134,3 +134,56 @@ def test_direct_step_waits_for_a_sync_in_flight(engine_ranks):
         assert name in str(e.value)
         hook.remove()
         ranks.release()
+
+
+@child
+def _writer(conn, device: str, n: int, numel: int) -> None:
+    """A direct trainer that rewrites its tensor right after each sync returns (consumed)."""
+    t = torch.empty(numel, dtype=torch.float32, device=device)
+    with wsync.Producer("sglang", device=device, direct=True, plugin=plugin_for(device)) as prod:
+        def send(m):
+            conn.send(m)
+            return [conn.recv()]
+
+        for k in range(n):
+            t.fill_(float(k))  # on torch's current stream (CPU: at once)
+            prod.sync({"model.norm.weight": t}, send)
+            t.fill_(-1.0)  # the rule allows it now: the engine consumed the sync
+        conn.send("end")
+        conn.recv()
+
+
+def run_writer_against_a_busy_engine(device: str, n: int, numel: int, busy) -> int:
+    """The engine side: `busy()` holds the engine's stream before each request; returns how many
+    of the n syncs left the engine with anything but that sync's value (torn)."""
+    import multiprocessing as mp
+
+    from conftest import recv
+
+    ctx = mp.get_context("spawn")
+    a, b = ctx.Pipe()
+    p = ctx.Process(target=_writer, args=(b, device, n, numel), daemon=True)
+    p.start()
+    cfg = {"hidden_size": numel, "num_attention_heads": 1, "vocab_size": 8}
+    param = torch.zeros(numel, dtype=torch.float32, device=device)
+    w = wsync.EngineWorker({"model.norm.weight": param}, engine="sglang", config=cfg, plugin=plugin_for(device))
+    torn = torch.zeros((), dtype=torch.int64, device=device)
+    for k in range(n):
+        msg = recv(a, p)
+        busy()
+        reply = w.handle(msg)  # the copy queued behind the busy stream; consumed after it
+        torn += (param != float(k)).any().to(torch.int64)  # queued after the copy
+        a.send(reply)
+    w.drain()
+    assert recv(a, p) == "end"
+    a.send("bye")
+    p.join(30)
+    w.release()
+    w.close()
+    return int(torn)
+
+
+def test_direct_trainer_writes_right_after_consumed_1000_syncs():
+    """CPU: the trainer overwrites its tensor as soon as sync() returns, 1 000 times; the engine
+    must have copied each sync's bytes before that (consumed follows the copy): 0 torn."""
+    assert run_writer_against_a_busy_engine("cpu", 1000, 1 << 14, lambda: None) == 0

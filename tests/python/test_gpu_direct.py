@@ -222,3 +222,15 @@ def _expandable_trainer(conn, ipc: bool) -> None:
             conn.send(("done",))
     except wsync.WsyncError as e:
         conn.send((type(e).__name__, str(e)))
+
+
+def test_gpu_direct_busy_stream_1000_syncs():
+    """CUDA: the engine's stream is held busy (torch.cuda._sleep) when each direct request lands,
+    and the trainer rewrites its tensor the moment sync() returns: 1 000 syncs, 0 torn."""
+    from test_direct import run_writer_against_a_busy_engine
+
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torn = run_writer_against_a_busy_engine("cuda", 1000, 1 << 18, lambda: torch.cuda._sleep(200_000))
+    torch.cuda.synchronize()
+    assert torn == 0, f"{torn} of 1000 syncs torn"
