@@ -25,6 +25,7 @@ typedef wsync_tensor_desc_v1_t wsync_tensor_desc_t;
 typedef wsync_buffer_desc_v1_t wsync_buffer_desc_t;
 typedef wsync_manifest_v1_t wsync_manifest_t;
 typedef wsync_copy_op_v1_t wsync_copy_op_t;
+typedef wsync_quant_v1_t wsync_quant_t;
 typedef wsync_adapter_part_v1_t wsync_adapter_part_t;
 typedef wsync_adapter_target_v1_t wsync_adapter_target_t;
 typedef wsync_adapter_slot_v1_t wsync_adapter_slot_t;

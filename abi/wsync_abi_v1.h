@@ -50,7 +50,9 @@ extern "C" {
  *         wsync_manifest_v1_t.n_segments, segments, tensor_segment;
  *         wsync_consumer_ops_v1_t.copy_segments (optional); digest_regions (optional, the
  *         weight checker).
- *       Appended in 0.1.3: buffer kind cuda_vmm_run (6), direct mode's segments in cuMem memory. */
+ *       Appended in 0.1.3: buffer kind cuda_vmm_run (6), direct mode's segments in cuMem memory;
+ *         wsync_quant_v1_t and wsync_consumer_ops_v1_t.copy_quantized (optional): FP8 engine
+ *         parameters quantized from bf16 / f16 / f32 sources inside the copy. */
 #define WSYNC_ABI_VERSION_1 1u
 
 /* ------------------------------------------------------------------ results */
@@ -235,6 +237,28 @@ typedef struct wsync_copy_op_v1 {
 
 #define WSYNC_COPY_VERIFY 0x1u /* compute wsync64 of every op with has_digest and compare */
 
+/* Appended in 0.1.3. How op i of copy_quantized turns its source into its destination. kind
+ * WSYNC_QUANT_NONE: a plain copy (op as in copy_weights). WSYNC_QUANT_FP8_BLOCK: the source is
+ * rows x cols elements of src_dtype (bf16, f16 or f32; op.row_bytes = cols x its size, at
+ * op.src_pitch), the destination rows x cols e4m3fn bytes at op.dst_pitch (op.dst_extent bytes
+ * from op.dst), quantized in blocks of 128 x 128 from the op's first row and column: per block
+ * amax = max |x| (at least 1e-4), each value x * (448 / amax) cast to e4m3fn (nearest even,
+ * saturating), and the block's float scale amax / 448 at scale_dst + (row block) x scale_pitch +
+ * (column block) x 4, inside scale_extent bytes from scale_dst (DeepGEMM's per_block_cast_to_fp8,
+ * the layout of weight / weight_scale_inv in DeepSeek-V3 and Qwen3-FP8 checkpoints). A NaN or
+ * infinite source value refuses the whole call, before anything is written. No struct_size: an
+ * array element whose size is fixed in v1, like wsync_copy_op_v1_t. */
+#define WSYNC_QUANT_NONE 0u
+#define WSYNC_QUANT_FP8_BLOCK 1u
+typedef struct wsync_quant_v1 {
+    uint32_t kind;
+    wsync_dtype_t src_dtype;
+    uint64_t cols;
+    void *scale_dst;
+    uint64_t scale_pitch;
+    uint64_t scale_extent;
+} wsync_quant_v1_t;
+
 /* --------------------------------------------------------------- adapters */
 
 /* One engine LoRA module in an adapter slot. The engine owns both buffers; A is [max_rank, in]
@@ -415,6 +439,17 @@ typedef struct wsync_consumer_ops_v1 {
     wsync_result_t (*digest_regions)(struct wsync_consumer *c, wsync_stream_t stream,
                                      const wsync_copy_op_v1_t *regions, size_t n, uint64_t *out,
                                      wsync_error_v1_t *err);
+
+    /* Appended in 0.1.3 (optional). copy_weights whose ops may quantize: quant[i] says how op i
+     * becomes its destination (wsync_quant_v1_t). Validated as copy_weights is (sources inside
+     * the buffer; destinations, and scale regions, inside their extents and disjoint), then
+     * every quantized source is checked for NaN and infinity before any op writes: a bad value
+     * refuses the call (INVALID_ARGUMENT naming the op, its row and column) with nothing
+     * written. Ordering, generations and *consumed* as copy_weights. */
+    wsync_result_t (*copy_quantized)(struct wsync_consumer *c, struct wsync_handle *h,
+                                     wsync_stream_t stream, uint64_t generation,
+                                     const wsync_copy_op_v1_t *ops, const wsync_quant_v1_t *quant,
+                                     size_t n_ops, uint32_t flags, wsync_error_v1_t *err);
 } wsync_consumer_ops_v1_t;
 
 /* --------------------------------------------------------------- producer */

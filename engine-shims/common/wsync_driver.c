@@ -341,11 +341,43 @@ static void wsync_driver_free_manifest(wsync_driver_t *d, const wsync_manifest_t
         wsync_manifest_free(wsync_manifest_owned_from_view(m));
 }
 
+/* A tensor that quantizes into an fp8 parameter: the plugin must have copy_quantized, and the
+ * bucket be staged (a direct bucket's segments copy as they are) outside rollback mode (whose
+ * shadows do not hold the block scales). */
+static wsync_result_t wsync_driver_can_quantize(const wsync_driver_t *d, const wsync_manifest_t *m,
+                                                const char *name, wsync_error_t *err)
+{
+    if (d->ops == NULL || !WSYNC_HAS_OP(wsync_consumer_ops_t, d->ops, copy_quantized))
+        return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
+                            "tensor \"%s\" quantizes into an fp8 parameter, which needs a plugin "
+                            "with copy_quantized; %s has none",
+                            name, d->ops == NULL ? "the native loader" : d->loader.path);
+    if (m->n_segments > 0 || d->n_shadows > 0)
+        return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
+                            "tensor \"%s\" quantizes into an fp8 parameter: %s", name,
+                            m->n_segments > 0 ? "send it in a staged bucket, not a direct one"
+                                              : "rollback mode does not shadow fp8 parameters");
+    return WSYNC_OK;
+}
+
+/* A copy_quantized failure names its op ("op N: ..."): name the tensor too. */
+static void wsync_driver_name_op(const wsync_manifest_t *m, wsync_error_t *err)
+{
+    const char *at = err != NULL ? strstr(err->message, "op ") : NULL;
+    size_t i;
+    if (at == NULL || sscanf(at, "op %zu:", &i) != 1 || i >= m->n_tensors)
+        return;
+    char text[sizeof(err->message) + 160];
+    snprintf(text, sizeof(text), "tensor \"%.120s\": %s", m->tensors[i].name, err->message);
+    text[sizeof(err->message) - 1] = '\0'; /* cut to the message's size */
+    memcpy(err->message, text, sizeof(err->message));
+}
+
 /* Step 2 of apply: everything checked, nothing written. ops[k] is the plan of tensor k in
  * manifest order. */
 static wsync_result_t wsync_driver_validate(wsync_driver_t *d, const wsync_manifest_t *const *m,
-                                            size_t n, wsync_copy_op_t *ops, uint8_t *live,
-                                            wsync_error_t *err)
+                                            size_t n, wsync_copy_op_t *ops, wsync_quant_t *quant,
+                                            uint8_t *live, wsync_error_t *err)
 {
     char bname[64];
     size_t k = 0;
@@ -369,8 +401,10 @@ static wsync_result_t wsync_driver_validate(wsync_driver_t *d, const wsync_manif
                                 m[i]->generation, bname, known->last_generation);
         }
         for (size_t t = 0; t < m[i]->n_tensors; t++, k++) {
-            wsync_result_t rc =
-                wsync_map_plan(d->cfg.map, d->cfg.engine, &m[i]->tensors[t], &ops[k], err);
+            wsync_result_t rc = wsync_map_plan_quant(d->cfg.map, d->cfg.engine, &m[i]->tensors[t],
+                                                     &ops[k], &quant[k], err);
+            if (rc == WSYNC_OK && quant[k].kind != WSYNC_QUANT_NONE)
+                rc = wsync_driver_can_quantize(d, m[i], m[i]->tensors[t].name, err);
             if (rc != WSYNC_OK)
                 return rc;
             /* dst_extent counts from dst: the same inside the shadow */
@@ -519,8 +553,12 @@ static wsync_result_t wsync_driver_copy_direct(wsync_driver_t *d, wsync_driver_b
 
 /* Step 3 of apply, one bucket. */
 static wsync_result_t wsync_driver_execute(wsync_driver_t *d, const wsync_manifest_t *m,
-                                           const wsync_copy_op_t *ops, wsync_error_t *err)
+                                           const wsync_copy_op_t *ops, const wsync_quant_t *quant,
+                                           wsync_error_t *err)
 {
+    int quantizes = 0;
+    for (size_t i = 0; i < m->n_tensors && !quantizes; i++)
+        quantizes = quant[i].kind != WSYNC_QUANT_NONE;
     wsync_driver_buffer_t *e = wsync_driver_remember(d, &m->buffer);
     wsync_result_t rc;
 
@@ -544,13 +582,21 @@ static wsync_result_t wsync_driver_execute(wsync_driver_t *d, const wsync_manife
             if (rc != WSYNC_OK)
                 return rc;
         }
-        rc = m->n_segments > 0
-                 ? wsync_driver_copy_direct(d, e, m, ops, err)
-                 : d->ops->copy_weights(d->consumer, e->handle, wsync_driver_stream(d),
-                                        m->generation, ops, m->n_tensors, d->cfg.copy_flags, err);
+        if (m->n_segments > 0)
+            rc = wsync_driver_copy_direct(d, e, m, ops, err);
+        else if (quantizes) /* checked: the plugin has it */
+            rc = d->ops->copy_quantized(d->consumer, e->handle, wsync_driver_stream(d),
+                                        m->generation, ops, quant, m->n_tensors, d->cfg.copy_flags,
+                                        err);
+        else
+            rc = d->ops->copy_weights(d->consumer, e->handle, wsync_driver_stream(d), m->generation,
+                                      ops, m->n_tensors, d->cfg.copy_flags, err);
         if (rc == WSYNC_OK)
             rc = d->ops->record_consumed(d->consumer, e->handle,
-                                         (d->cfg.copy_flags & WSYNC_COPY_VERIFY) != 0, err);
+                                         (d->cfg.copy_flags & WSYNC_COPY_VERIFY) != 0 || quantizes,
+                                         err);
+        if (rc != WSYNC_OK && quantizes)
+            wsync_driver_name_op(m, err);
     }
     if (rc == WSYNC_OK)
         e->last_generation = m->generation;
@@ -595,7 +641,8 @@ wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifest
 {
     const wsync_manifest_t **m;
     wsync_copy_op_t *ops = NULL;
-    uint8_t *live = NULL; /* per manifest: writes a parameter outside every shadow */
+    wsync_quant_t *quant = NULL; /* per op: how it quantizes (fp8 parameters) */
+    uint8_t *live = NULL;        /* per manifest: writes a parameter outside every shadow */
     size_t total = 0, k = 0;
     uint64_t gen = 0;
     wsync_result_t rc = WSYNC_OK;
@@ -612,12 +659,13 @@ wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifest
     }
     if (rc == WSYNC_OK) {
         ops = calloc(total ? total : 1, sizeof(*ops));
-        if (ops == NULL)
+        quant = calloc(total ? total : 1, sizeof(*quant));
+        if (ops == NULL || quant == NULL)
             rc = WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "apply: %zu ops", total);
     }
     if (rc == WSYNC_OK) {
         live = calloc(n ? n : 1, 1);
-        rc = live != NULL ? wsync_driver_validate(d, m, n, ops, live, err)
+        rc = live != NULL ? wsync_driver_validate(d, m, n, ops, quant, live, err)
                           : WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "apply: out of memory");
         for (size_t i = 0; i < n && rc == WSYNC_OK; i++)
             rc = wsync_txn_check(&d->txn, m[i]->tensors, m[i]->n_tensors, err);
@@ -629,7 +677,7 @@ wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifest
         wsync_driver_hook_begin(d, d->txn.version);
     }
     for (size_t i = 0; i < n && rc == WSYNC_OK; i++) {
-        rc = wsync_driver_execute(d, m[i], ops + k, err);
+        rc = wsync_driver_execute(d, m[i], ops + k, quant + k, err);
         if (rc == WSYNC_OK)
             wsync_txn_applied(&d->txn, m[i]->tensors, m[i]->n_tensors, live[i], m[i]->buffer.pid);
         k += m[i]->n_tensors;
@@ -645,6 +693,7 @@ wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifest
         wsync_driver_free_manifest(d, m[i]);
     free(live);
     free(ops);
+    free(quant);
     free(m);
     return rc;
 }

@@ -311,8 +311,101 @@ static wsync_result_t wsync_map_experts(const wsync_engine_ops_t *eng, const wsy
     return WSYNC_OK;
 }
 
+static int wsync_map_quantizable(wsync_dtype_t src, wsync_dtype_t dst)
+{
+    return dst == WSYNC_DTYPE_F8_E4M3 &&
+           (src == WSYNC_DTYPE_BF16 || src == WSYNC_DTYPE_F16 || src == WSYNC_DTYPE_F32);
+}
+
+#define WSYNC_MAP_FP8_BLOCK 128
+
+/* An fp8 parameter's copy: the quantizing op into it and its block scales (`<param>_scale_inv`,
+ * [ceil(R / 128), ceil(C / 128)] floats, an expert dimension first for fused experts). Each op
+ * must cover whole 128 x 128 blocks of the parameter (a part starts at a block row, and ends at one
+ * or at the parameter's end), and a TP rank's slice must start at a block of the HF tensor, so no
+ * block straddles two tensors or two ranks. */
+static wsync_result_t wsync_map_plan_fp8(const wsync_engine_ops_t *eng,
+                                         const wsync_tensor_desc_t *t, const wsync_map_target_t *tg,
+                                         const wsync_param_info_t *p, const wsync_map_geom_t *g,
+                                         uint32_t rank, uint32_t size, wsync_copy_op_t *op,
+                                         wsync_quant_t *q, wsync_error_t *err)
+{
+    const int64_t B = WSYNC_MAP_FP8_BLOCK;
+    const int expert = tg->rule->part >= WSYNC_PART_EXPERT_W1;
+    const uint32_t base = expert ? 1 : 0;
+    if (tg->rule->split == WSYNC_TP_REPLICATED || p->ndim != base + 2)
+        return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
+                            "tensor \"%s\": its engine parameter %s is fp8 but not a 2-D weight; "
+                            "wsync quantizes linear weights in 128 x 128 blocks",
+                            t->name, tg->engine_name);
+    const int64_t R = p->shape[base], C = p->shape[base + 1];
+    const int64_t src_start = tg->rule->split == WSYNC_TP_ROW ? g->src_col : g->src_row;
+    if (g->dst_row % B != 0 || (g->dst_row + g->rows != R && (g->dst_row + g->rows) % B != 0) ||
+        src_start % B != 0)
+        return WSYNC_RECORD(
+            err, WSYNC_ERR_INVALID_ARGUMENT,
+            "tensor \"%s\": at tp %u (rank %u) its %s [%" PRId64 ", %" PRId64
+            ") of %s do not start and end on 128 x 128 fp8 blocks: a block "
+            "would straddle %s; use a TP size that keeps every slice "
+            "block-aligned",
+            t->name, size, rank, tg->rule->split == WSYNC_TP_ROW ? "HF columns" : "rows",
+            tg->rule->split == WSYNC_TP_ROW ? src_start : g->dst_row,
+            tg->rule->split == WSYNC_TP_ROW ? src_start + g->cols : g->dst_row + g->rows,
+            tg->engine_name, src_start % B != 0 ? "two TP ranks" : "two tensors");
+    char sname[WSYNC_MAP_NAME_MAX];
+    const size_t n = strlen(tg->engine_name);
+    if (n < 6 || strcmp(tg->engine_name + n - 6, "weight") != 0 ||
+        snprintf(sname, sizeof(sname), "%s_scale_inv", tg->engine_name) >= (int)sizeof(sname))
+        return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
+                            "fp8 parameter %s: its name does not end in \"weight\", so it has no "
+                            "weight_scale_inv",
+                            tg->engine_name);
+    wsync_param_info_t sc;
+    memset(&sc, 0, sizeof(sc));
+    const int64_t SR = (R + B - 1) / B, SC = (C + B - 1) / B;
+    if (eng->param(eng->user, sname, &sc) != 0 || sc.dtype != WSYNC_DTYPE_F32 ||
+        sc.ndim != base + 2 || sc.shape[base] != SR || sc.shape[base + 1] != SC ||
+        (expert && sc.shape[0] != p->shape[0]))
+        return WSYNC_RECORD(err, WSYNC_ERR_LAYOUT_MISMATCH,
+                            "tensor \"%s\": the fp8 parameter %s needs its block scales %s as "
+                            "float32 [%s%" PRId64 ", %" PRId64 "]; the engine has %s",
+                            t->name, tg->engine_name, sname, expert ? "experts, " : "", SR, SC,
+                            sc.ptr == NULL && sc.ndim == 0 ? "none" : "another one");
+    const size_t ses = wsync_dtype_size(t->dtype);
+    const int64_t e = expert ? tg->expert : 0;
+    const uint64_t dst_off = (uint64_t)(g->dst_base + g->dst_row * C);
+    const uint64_t s_off = 4u * (uint64_t)(e * SR * SC + g->dst_row / B * SC);
+    memset(op, 0, sizeof(*op));
+    op->dst = (uint8_t *)p->ptr + dst_off;
+    op->dst_extent = (uint64_t)wsync_map_elems(p) - dst_off;
+    op->rows = (uint64_t)g->rows;
+    op->row_bytes = (uint64_t)g->cols * ses;
+    op->dst_pitch = (uint64_t)C;
+    if (tg->rule->split == WSYNC_TP_ROW) {
+        op->src_pitch = (uint64_t)g->hf_cols * ses;
+        op->src_offset = t->offset + (uint64_t)g->src_col * ses;
+    } else {
+        op->src_pitch = op->row_bytes;
+        op->src_offset = t->offset + (uint64_t)(g->src_row * g->cols) * ses;
+    }
+    *q = (wsync_quant_t){.kind = WSYNC_QUANT_FP8_BLOCK,
+                         .src_dtype = t->dtype,
+                         .cols = (uint64_t)g->cols,
+                         .scale_dst = (uint8_t *)sc.ptr + s_off,
+                         .scale_pitch = 4u * (uint64_t)SC,
+                         .scale_extent = 4u * (uint64_t)wsync_map_elems(&sc) - s_off};
+    return WSYNC_OK;
+}
+
 wsync_result_t wsync_map_plan(const wsync_map_table_t *table, const wsync_engine_ops_t *eng,
                               const wsync_tensor_desc_t *t, wsync_copy_op_t *op, wsync_error_t *err)
+{
+    return wsync_map_plan_quant(table, eng, t, op, NULL, err);
+}
+
+wsync_result_t wsync_map_plan_quant(const wsync_map_table_t *table, const wsync_engine_ops_t *eng,
+                                    const wsync_tensor_desc_t *t, wsync_copy_op_t *op,
+                                    wsync_quant_t *quant, wsync_error_t *err)
 {
     wsync_map_target_t tg;
     wsync_param_info_t p;
@@ -331,10 +424,14 @@ wsync_result_t wsync_map_plan(const wsync_map_table_t *table, const wsync_engine
                             "unknown tensor \"%s\": it maps to engine parameter \"%s\", which "
                             "this %s engine does not have",
                             t->name, tg.engine_name, table->engine);
-    if (t->dtype != p.dtype)
+    if (quant != NULL)
+        memset(quant, 0, sizeof(*quant));
+    const int fp8 = quant != NULL && wsync_map_quantizable(t->dtype, p.dtype);
+    if (t->dtype != p.dtype && !fp8)
         return WSYNC_RECORD(err, WSYNC_ERR_LAYOUT_MISMATCH,
                             "wrong dtype for tensor \"%s\": got %s, the engine parameter %s is "
-                            "%s; convert before sending (the engine does not cast)",
+                            "%s; convert before sending (the engine does not cast; fp8 weights "
+                            "quantize from bf16, f16 or f32)",
                             t->name, wsync_dtype_name(t->dtype), tg.engine_name,
                             wsync_dtype_name(p.dtype));
     memset(&d, 0, sizeof(d));
@@ -361,6 +458,8 @@ wsync_result_t wsync_map_plan(const wsync_map_table_t *table, const wsync_engine
         op->src_offset = t->offset;
         return WSYNC_OK;
     }
+    if (fp8)
+        return wsync_map_plan_fp8(eng, t, &tg, &p, &g, rank, size, op, quant, err);
     if (g.cols != g.dst_cols && tg.rule->split != WSYNC_TP_ROW)
         return WSYNC_RECORD(err, WSYNC_ERR_LAYOUT_MISMATCH,
                             "wrong shape for tensor \"%s\": %" PRId64

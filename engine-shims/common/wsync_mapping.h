@@ -90,6 +90,17 @@ void wsync_map_ep_share(int64_t experts, uint32_t ep_rank, uint32_t ep_size, int
 int wsync_map_owned(const wsync_map_table_t *table, const wsync_engine_ops_t *eng,
                     const char *name);
 
+/* wsync_map_plan, and an fp8 (e4m3fn) engine parameter fed from a bf16, f16 or f32 tensor: a
+ * quantizing op (*quant, kind WSYNC_QUANT_FP8_BLOCK) that writes the parameter and its block
+ * scales, the parameter's `..._scale_inv` (docs/SHIMS.md, "FP8 parameters"). Every other tensor
+ * plans as wsync_map_plan does, with quant->kind WSYNC_QUANT_NONE. Refused naming the tensor: a
+ * slice whose 128 x 128 blocks would straddle two tensors or two TP ranks (INVALID_ARGUMENT), a
+ * missing or mis-shaped scale parameter (LAYOUT_MISMATCH), an fp8 parameter that is not a 2-D
+ * weight (NOT_SUPPORTED). */
+wsync_result_t wsync_map_plan_quant(const wsync_map_table_t *table, const wsync_engine_ops_t *eng,
+                                    const wsync_tensor_desc_t *t, wsync_copy_op_t *op,
+                                    wsync_quant_t *quant, wsync_error_t *err);
+
 /* The order the engine holds `names` in, as indices into names (order: n entries): tensors of one
  * engine parameter next to each other, in the parameter's own order (q, k, v in qkv_proj; gate,
  * up in gate_up_proj; gate_e, up_e expert after expert in w13, down_e in w2), each parameter where

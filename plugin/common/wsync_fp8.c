@@ -52,10 +52,32 @@ static float wsync_fp8_load(const void *src, wsync_dtype_t dtype, int64_t i)
     return f;
 }
 
-int wsync_fp8_quantize_blocks(const void *src, wsync_dtype_t dtype, int64_t rows, int64_t cols,
-                              int64_t block, uint8_t *dst, float *scales, int64_t *bad)
+static size_t wsync_fp8_esize(wsync_dtype_t dtype)
+{
+    return dtype == WSYNC_DTYPE_F32 ? 4u : 2u;
+}
+
+int wsync_fp8_find_bad(const void *src, uint64_t src_pitch, wsync_dtype_t dtype, int64_t rows,
+                       int64_t cols, int64_t *bad_row, int64_t *bad_col)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const unsigned char *row = (const unsigned char *)src + (uint64_t)r * src_pitch;
+        for (int64_t c = 0; c < cols; c++)
+            if (!isfinite(wsync_fp8_load(row, dtype, c))) {
+                *bad_row = r;
+                *bad_col = c;
+                return -1;
+            }
+    }
+    return 0;
+}
+
+void wsync_fp8_quantize_2d(const void *src, uint64_t src_pitch, wsync_dtype_t dtype, int64_t rows,
+                           int64_t cols, int64_t block, uint8_t *dst, uint64_t dst_pitch,
+                           unsigned char *scales, uint64_t scale_pitch)
 {
     const int64_t brows = (rows + block - 1) / block, bcols = (cols + block - 1) / block;
+    const unsigned char *s0 = src;
     for (int64_t br = 0; br < brows; br++)
         for (int64_t bc = 0; bc < bcols; bc++) {
             const int64_t r1 = br * block + block < rows ? br * block + block : rows;
@@ -63,11 +85,7 @@ int wsync_fp8_quantize_blocks(const void *src, wsync_dtype_t dtype, int64_t rows
             float amax = 0.0f;
             for (int64_t r = br * block; r < r1; r++)
                 for (int64_t c = bc * block; c < c1; c++) {
-                    const float x = wsync_fp8_load(src, dtype, r * cols + c);
-                    if (!isfinite(x)) {
-                        *bad = r * cols + c;
-                        return -1;
-                    }
+                    const float x = wsync_fp8_load(s0 + (uint64_t)r * src_pitch, dtype, c);
                     amax = fabsf(x) > amax ? fabsf(x) : amax;
                 }
             if (amax < 1e-4f)
@@ -75,9 +93,24 @@ int wsync_fp8_quantize_blocks(const void *src, wsync_dtype_t dtype, int64_t rows
             const float inv = WSYNC_FP8_E4M3_MAX / amax;
             for (int64_t r = br * block; r < r1; r++)
                 for (int64_t c = bc * block; c < c1; c++)
-                    dst[r * cols + c] =
-                        wsync_fp8_e4m3fn(wsync_fp8_load(src, dtype, r * cols + c) * inv);
-            scales[br * bcols + bc] = amax / WSYNC_FP8_E4M3_MAX;
+                    dst[(uint64_t)r * dst_pitch + (uint64_t)c] = wsync_fp8_e4m3fn(
+                        wsync_fp8_load(s0 + (uint64_t)r * src_pitch, dtype, c) * inv);
+            const float scale = amax / WSYNC_FP8_E4M3_MAX;
+            memcpy(scales + (uint64_t)br * scale_pitch + 4u * (uint64_t)bc, &scale, 4);
         }
+}
+
+int wsync_fp8_quantize_blocks(const void *src, wsync_dtype_t dtype, int64_t rows, int64_t cols,
+                              int64_t block, uint8_t *dst, float *scales, int64_t *bad)
+{
+    int64_t br, bc;
+    const uint64_t pitch = (uint64_t)cols * wsync_fp8_esize(dtype);
+    if (wsync_fp8_find_bad(src, pitch, dtype, rows, cols, &br, &bc) != 0) {
+        *bad = br * cols + bc;
+        return -1;
+    }
+    const int64_t bcols = (cols + block - 1) / block;
+    wsync_fp8_quantize_2d(src, pitch, dtype, rows, cols, block, dst, (uint64_t)cols,
+                          (unsigned char *)scales, 4u * (uint64_t)bcols);
     return 0;
 }

@@ -23,4 +23,15 @@ uint8_t wsync_fp8_e4m3fn(float f);
 int wsync_fp8_quantize_blocks(const void *src, wsync_dtype_t dtype, int64_t rows, int64_t cols,
                               int64_t block, uint8_t *dst, float *scales, int64_t *bad);
 
+/* The first NaN or infinite value of rows x cols elements at src (rows src_pitch bytes apart):
+ * -1 with its row and column, else 0. */
+int wsync_fp8_find_bad(const void *src, uint64_t src_pitch, wsync_dtype_t dtype, int64_t rows,
+                       int64_t cols, int64_t *bad_row, int64_t *bad_col);
+/* The block quantizer over pitched memory (values already checked finite): rows x cols at src
+ * (src_pitch bytes apart) into dst (dst_pitch apart) and each block's float scale at scales +
+ * (row block) x scale_pitch + (column block) x 4 (unaligned stores). */
+void wsync_fp8_quantize_2d(const void *src, uint64_t src_pitch, wsync_dtype_t dtype, int64_t rows,
+                           int64_t cols, int64_t block, uint8_t *dst, uint64_t dst_pitch,
+                           unsigned char *scales, uint64_t scale_pitch);
+
 #endif

@@ -180,6 +180,73 @@ wsync_result_t wsync_validate_copy_ops(const wsync_copy_op_t *ops, size_t n, uin
     return wsync_validate_disjoint(ops, n, err);
 }
 
+static size_t wsync_quant_src_size(wsync_dtype_t d)
+{
+    return d == WSYNC_DTYPE_F32 ? 4u : d == WSYNC_DTYPE_BF16 || d == WSYNC_DTYPE_F16 ? 2u : 0u;
+}
+
+wsync_result_t wsync_validate_quant_ops(const wsync_copy_op_t *ops, const wsync_quant_t *quant,
+                                        size_t n, uint64_t src_bytes, wsync_error_t *err)
+{
+    if (n > 0 && (ops == NULL || quant == NULL))
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "copy_quantized needs ops and quant (n_ops %zu)", n);
+    /* each op's destination, then each quantized op's scales as op n + i */
+    wsync_copy_op_t *dst = calloc(2 * n + 1, sizeof(*dst));
+    if (dst == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory to check %zu ops", n);
+    wsync_result_t r = WSYNC_OK;
+    for (size_t i = 0; i < n && r == WSYNC_OK; i++) {
+        const wsync_copy_op_t *o = &ops[i];
+        const wsync_quant_t *q = &quant[i];
+        dst[i] = *o;
+        if (q->kind == WSYNC_QUANT_NONE) {
+            r = wsync_validate_op(o, i, src_bytes, err);
+            continue;
+        }
+        const size_t es = wsync_quant_src_size(q->src_dtype);
+        if (q->kind != WSYNC_QUANT_FP8_BLOCK || es == 0) {
+            r = WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                           "op %zu: quant kind %u from dtype %d; wsync quantizes kind %u "
+                           "(fp8 blocks) from bf16, f16 or f32",
+                           i, q->kind, (int)q->src_dtype, WSYNC_QUANT_FP8_BLOCK);
+            break;
+        }
+        if (o->rows == 0 || o->row_bytes == 0)
+            continue;
+        if (q->cols == 0 || o->row_bytes != q->cols * es || q->scale_dst == NULL) {
+            r = WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                           "op %zu: row_bytes %llu is not cols %llu x %zu source bytes, or no "
+                           "scale_dst",
+                           i, (unsigned long long)o->row_bytes, (unsigned long long)q->cols, es);
+            break;
+        }
+        wsync_copy_op_t src = *o; /* the source side alone */
+        src.dst_pitch = o->rows > 1 ? o->src_pitch : o->row_bytes;
+        src.dst_extent = UINT64_MAX;
+        r = wsync_validate_op(&src, i, src_bytes, err);
+        /* the fp8 bytes: rows x cols at dst_pitch */
+        dst[i].row_bytes = q->cols;
+        dst[i].src_offset = 0;
+        dst[i].src_pitch = q->cols;
+        if (r == WSYNC_OK)
+            r = wsync_validate_op(&dst[i], i, UINT64_MAX, err);
+        const uint64_t brows = (o->rows + 127) / 128, bcols = (q->cols + 127) / 128;
+        dst[n + i] = (wsync_copy_op_t){.dst = q->scale_dst,
+                                       .rows = brows,
+                                       .row_bytes = 4 * bcols,
+                                       .dst_pitch = q->scale_pitch,
+                                       .src_pitch = 4 * bcols,
+                                       .dst_extent = q->scale_extent};
+        if (r == WSYNC_OK)
+            r = wsync_validate_op(&dst[n + i], n + i, UINT64_MAX, err);
+    }
+    if (r == WSYNC_OK)
+        r = wsync_validate_disjoint(dst, 2 * n, err);
+    free(dst);
+    return r;
+}
+
 wsync_result_t wsync_validate_generation(uint64_t last, uint64_t generation, wsync_error_t *err)
 {
     if (generation <= last)

@@ -31,8 +31,9 @@ static wsync_result_t wsync_cpu_note_carrier(struct wsync_handle *h, wsync_cpu_s
  * from that process's memory: ops' src_offset are its addresses), the carrier note. */
 static wsync_result_t wsync_cpu_enqueue(struct wsync_consumer *c, struct wsync_handle *h,
                                         wsync_stream_t stream, uint64_t generation,
-                                        const wsync_copy_op_t *ops, size_t n_ops, uint32_t flags,
-                                        int64_t remote_pid, wsync_error_t *err)
+                                        const wsync_copy_op_t *ops, const wsync_quant_t *quant,
+                                        size_t n_ops, uint32_t flags, int64_t remote_pid,
+                                        wsync_error_t *err)
 {
     wsync_result_t r = WSYNC_OK;
     uint64_t seq = 0;
@@ -47,7 +48,7 @@ static wsync_result_t wsync_cpu_enqueue(struct wsync_consumer *c, struct wsync_h
     if (r == WSYNC_OK)
         r = remote_pid > 0 ? wsync_cpu_stream_copy_remote(s, remote_pid, ops, n_ops, generation,
                                                           &h->sink, &seq, err)
-                           : wsync_cpu_stream_copy(s, h->data, ops, n_ops, flags, generation,
+                           : wsync_cpu_stream_copy(s, h->data, ops, quant, n_ops, flags, generation,
                                                    &h->sink, &seq, err);
     if (r == WSYNC_OK)
         r = wsync_cpu_note_carrier(h, s, seq, err);
@@ -84,7 +85,25 @@ wsync_result_t wsync_cpu_copy_weights(struct wsync_consumer *c, struct wsync_han
     if ((r = wsync_validate_copy_ops(ops, n_ops, h->bytes, err)) != WSYNC_OK)
         return r;
 
-    return wsync_cpu_enqueue(c, h, stream, generation, ops, n_ops, flags, 0, err);
+    return wsync_cpu_enqueue(c, h, stream, generation, ops, NULL, n_ops, flags, 0, err);
+}
+
+wsync_result_t wsync_cpu_copy_quantized(struct wsync_consumer *c, struct wsync_handle *h,
+                                        wsync_stream_t stream, uint64_t generation,
+                                        const wsync_copy_op_t *ops, const wsync_quant_t *quant,
+                                        size_t n_ops, uint32_t flags, wsync_error_t *err)
+{
+    wsync_result_t r;
+
+    if (c == NULL || h == NULL || h->consumer != c || h->is_segment)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "handle %p is not an open buffer handle of consumer %p", (void *)h,
+                          (void *)c);
+    if ((r = wsync_validate_copy_args(ops, n_ops, flags, err)) != WSYNC_OK)
+        return r;
+    if ((r = wsync_validate_quant_ops(ops, quant, n_ops, h->bytes, err)) != WSYNC_OK)
+        return r;
+    return wsync_cpu_enqueue(c, h, stream, generation, ops, quant, n_ops, flags, 0, err);
 }
 
 typedef struct cpu_segs {
@@ -124,7 +143,7 @@ wsync_result_t wsync_cpu_copy_segments(struct wsync_consumer *c, struct wsync_ha
                                      &sg, "an open host_pid segment of its producer", &moved,
                                      err)) != WSYNC_OK)
         return r;
-    r = wsync_cpu_enqueue(c, h, stream, generation, moved, n_ops, 0, h->peer_pid, err);
+    r = wsync_cpu_enqueue(c, h, stream, generation, moved, NULL, n_ops, 0, h->peer_pid, err);
     free(moved);
     return r;
 }

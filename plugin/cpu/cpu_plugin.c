@@ -34,6 +34,7 @@ static const wsync_consumer_ops_v1_t wsync_cpu_consumer_table = {
     .mem_copy = wsync_cpu_mem_copy,
     .copy_segments = wsync_cpu_copy_segments,
     .digest_regions = wsync_cpu_digest_regions,
+    .copy_quantized = wsync_cpu_copy_quantized,
 };
 
 static const wsync_producer_ops_v1_t wsync_cpu_producer_table = {

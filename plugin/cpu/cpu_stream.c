@@ -9,6 +9,7 @@
 #include "cpu_direct.h"
 #include "cpu_memcpy.h"
 #include "wsync_error.h"
+#include "wsync_fp8.h"
 
 /* Bytes copied before the digest of those same bytes is folded in: small enough that the
  * destination is still in cache when it is read back, large enough that per-chunk cost vanishes. */
@@ -40,6 +41,7 @@ typedef struct wsync_cpu_task {
             uint64_t total_bytes; /* sum over ops (validated: no overflow) */
             size_t n;
             wsync_copy_op_t *ops; /* points into the task's tail */
+            wsync_quant_t *quant; /* copy_quantized: after the ops in the tail; else NULL */
         } copy;
         struct {
             size_t n;
@@ -135,6 +137,33 @@ static void wsync_cpu_copy_row_digest(uint8_t *dst, const uint8_t *src, uint64_t
     }
 }
 
+/* copy_quantized: every quantized source finite, checked before any op of the call writes;
+ * else the sink holds the error naming the op, row and column. */
+static int wsync_cpu_quant_sources_ok(wsync_cpu_task_t *t)
+{
+    for (size_t i = 0; i < t->u.copy.n; i++) {
+        const wsync_copy_op_t *op = &t->u.copy.ops[i];
+        const wsync_quant_t *q = &t->u.copy.quant[i];
+        int64_t r, c;
+        if (q->kind != WSYNC_QUANT_FP8_BLOCK || op->rows == 0 ||
+            wsync_fp8_find_bad(t->u.copy.src_base + op->src_offset,
+                               op->rows > 1 ? op->src_pitch : op->row_bytes, q->src_dtype,
+                               (int64_t)op->rows, (int64_t)q->cols, &r, &c) == 0)
+            continue;
+        if (t->sink != NULL) {
+            pthread_mutex_lock(&t->sink->lock);
+            wsync_fail(&t->sink->error, WSYNC_ERR_INVALID_ARGUMENT, "copy_quantized",
+                       "generation %llu: op %zu: a NaN or infinite value at row %lld, column %lld "
+                       "of its source cannot be quantized to fp8; nothing of the bucket was "
+                       "written",
+                       (unsigned long long)t->generation, i, (long long)r, (long long)c);
+            pthread_mutex_unlock(&t->sink->lock);
+        }
+        return 0;
+    }
+    return 1;
+}
+
 static void wsync_cpu_run_copy(wsync_cpu_task_t *t)
 {
     const int verify = (t->u.copy.flags & WSYNC_COPY_VERIFY) != 0;
@@ -155,6 +184,8 @@ static void wsync_cpu_run_copy(wsync_cpu_task_t *t)
         }
         return;
     }
+    if (t->u.copy.quant != NULL && !wsync_cpu_quant_sources_ok(t))
+        return; /* a NaN or infinity: nothing of the call is written */
     const int streaming = t->u.copy.total_bytes >= WSYNC_CPU_STREAMING_MIN_TASK;
     for (size_t i = 0; i < t->u.copy.n; i++) {
         const wsync_copy_op_t *op = &t->u.copy.ops[i];
@@ -164,6 +195,14 @@ static void wsync_cpu_run_copy(wsync_cpu_task_t *t)
 
         if (total == 0)
             continue;
+        const wsync_quant_t *q = t->u.copy.quant != NULL ? &t->u.copy.quant[i] : NULL;
+        if (q != NULL && q->kind == WSYNC_QUANT_FP8_BLOCK) {
+            wsync_fp8_quantize_2d(src, op->rows > 1 ? op->src_pitch : op->row_bytes, q->src_dtype,
+                                  (int64_t)op->rows, (int64_t)q->cols, WSYNC_FP8_BLOCK, dst,
+                                  op->rows > 1 ? op->dst_pitch : q->cols, q->scale_dst,
+                                  q->scale_pitch);
+            continue;
+        }
         if (verify && op->has_digest) {
             wsync64_state_t st;
             wsync64_init(&st);
@@ -352,15 +391,16 @@ wsync_result_t wsync_cpu_stream_wait_ready(wsync_cpu_stream_t *s, wsync_control_
 }
 
 static wsync_cpu_task_t *wsync_cpu_copy_task(const uint8_t *src_base, int64_t remote_pid,
-                                             const wsync_copy_op_t *ops, size_t n, uint32_t flags,
-                                             uint64_t generation, wsync_cpu_sink_t *sink,
-                                             wsync_error_t *err)
+                                             const wsync_copy_op_t *ops, const wsync_quant_t *quant,
+                                             size_t n, uint32_t flags, uint64_t generation,
+                                             wsync_cpu_sink_t *sink, wsync_error_t *err)
 {
-    if (n > (SIZE_MAX - sizeof(wsync_cpu_task_t)) / sizeof(*ops)) {
+    const size_t each = sizeof(*ops) + (quant != NULL ? sizeof(*quant) : 0);
+    if (n > (SIZE_MAX - sizeof(wsync_cpu_task_t)) / each) {
         WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "%zu copy ops do not fit in memory", n);
         return NULL;
     }
-    wsync_cpu_task_t *t = wsync_cpu_task_new(WSYNC_CPU_TASK_COPY, n * sizeof(*ops), err);
+    wsync_cpu_task_t *t = wsync_cpu_task_new(WSYNC_CPU_TASK_COPY, n * each, err);
     if (t == NULL)
         return NULL;
     t->generation = generation;
@@ -372,17 +412,24 @@ static wsync_cpu_task_t *wsync_cpu_copy_task(const uint8_t *src_base, int64_t re
     t->u.copy.ops = (wsync_copy_op_t *)(void *)(t + 1);
     if (n != 0)
         memcpy(t->u.copy.ops, ops, n * sizeof(*ops));
+    t->u.copy.quant = NULL;
+    if (quant != NULL) {
+        t->u.copy.quant = (wsync_quant_t *)(void *)(t->u.copy.ops + n);
+        if (n != 0)
+            memcpy(t->u.copy.quant, quant, n * sizeof(*quant));
+    }
     for (size_t i = 0; i < n; i++)
         t->u.copy.total_bytes += ops[i].rows * ops[i].row_bytes;
     return t;
 }
 
 wsync_result_t wsync_cpu_stream_copy(wsync_cpu_stream_t *s, const uint8_t *src_base,
-                                     const wsync_copy_op_t *ops, size_t n, uint32_t flags,
-                                     uint64_t generation, wsync_cpu_sink_t *sink, uint64_t *seq,
-                                     wsync_error_t *err)
+                                     const wsync_copy_op_t *ops, const wsync_quant_t *quant,
+                                     size_t n, uint32_t flags, uint64_t generation,
+                                     wsync_cpu_sink_t *sink, uint64_t *seq, wsync_error_t *err)
 {
-    wsync_cpu_task_t *t = wsync_cpu_copy_task(src_base, 0, ops, n, flags, generation, sink, err);
+    wsync_cpu_task_t *t =
+        wsync_cpu_copy_task(src_base, 0, ops, quant, n, flags, generation, sink, err);
     return t != NULL ? wsync_cpu_submit(s, t, seq) : WSYNC_ERR_OUT_OF_MEMORY;
 }
 
@@ -391,7 +438,7 @@ wsync_result_t wsync_cpu_stream_copy_remote(wsync_cpu_stream_t *s, int64_t pid,
                                             uint64_t generation, wsync_cpu_sink_t *sink,
                                             uint64_t *seq, wsync_error_t *err)
 {
-    wsync_cpu_task_t *t = wsync_cpu_copy_task(NULL, pid, ops, n, 0, generation, sink, err);
+    wsync_cpu_task_t *t = wsync_cpu_copy_task(NULL, pid, ops, NULL, n, 0, generation, sink, err);
     return t != NULL ? wsync_cpu_submit(s, t, seq) : WSYNC_ERR_OUT_OF_MEMORY;
 }
 

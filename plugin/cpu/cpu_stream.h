@@ -60,10 +60,12 @@ wsync_result_t wsync_cpu_stream_wait_ready(wsync_cpu_stream_t *s, wsync_control_
                                            uint64_t generation, uint32_t timeout_ms,
                                            int64_t peer_pid, wsync_cpu_sink_t *sink, uint64_t *seq,
                                            wsync_error_t *err);
+/* quant: NULL, or per op how it quantizes (copy_quantized: every quantized source is checked
+ * finite before the task writes anything; a bad value goes to the sink). */
 wsync_result_t wsync_cpu_stream_copy(wsync_cpu_stream_t *s, const uint8_t *src_base,
-                                     const wsync_copy_op_t *ops, size_t n, uint32_t flags,
-                                     uint64_t generation, wsync_cpu_sink_t *sink, uint64_t *seq,
-                                     wsync_error_t *err);
+                                     const wsync_copy_op_t *ops, const wsync_quant_t *quant,
+                                     size_t n, uint32_t flags, uint64_t generation,
+                                     wsync_cpu_sink_t *sink, uint64_t *seq, wsync_error_t *err);
 /* Direct mode: ops whose src_offset is an address in process `pid`, read with
  * process_vm_readv (cpu_direct.h); an error goes to the sink. */
 wsync_result_t wsync_cpu_stream_copy_remote(wsync_cpu_stream_t *s, int64_t pid,

@@ -158,6 +158,7 @@ class ConsumerOps(C.Structure):
         ("mem_copy", C.c_void_p),
         ("copy_segments", C.c_void_p),
         ("digest_regions", C.CFUNCTYPE(_R, _P, _P, C.POINTER(CopyOp), C.c_size_t, C.POINTER(C.c_uint64), _E)),
+        ("copy_quantized", C.c_void_p),
     ]
 
 

@@ -134,7 +134,8 @@ static void test_copy_then_host_fn_sees_bytes(void **state)
     slow_flag_t delay = {.ms = 30};
     check_bytes_t chk = {.dst = dst + 2048, .want = src + 2048, .n = 2048};
     assert_int_equal(wsync_cpu_stream_host_fn(s, slow_fn, &delay, NULL, NULL), WSYNC_OK);
-    assert_int_equal(wsync_cpu_stream_copy(s, src, ops, 2, 0, 1, &sink, NULL, NULL), WSYNC_OK);
+    assert_int_equal(wsync_cpu_stream_copy(s, src, ops, NULL, 2, 0, 1, &sink, NULL, NULL),
+                     WSYNC_OK);
     assert_int_equal(wsync_cpu_stream_host_fn(s, check_fn, &chk, NULL, NULL), WSYNC_OK);
     wsync_cpu_stream_synchronize(s);
     assert_int_equal(chk.equal, 1);
@@ -175,7 +176,8 @@ static void test_wait_ready_timeout_skips_copies(void **state)
                           .rows = 1,
                           .row_bytes = 256};
     assert_int_equal(wsync_cpu_stream_wait_ready(s, ctl, 1, 50, 0, &sink, NULL, NULL), WSYNC_OK);
-    assert_int_equal(wsync_cpu_stream_copy(s, src, &op, 1, 0, 1, &sink, NULL, NULL), WSYNC_OK);
+    assert_int_equal(wsync_cpu_stream_copy(s, src, &op, NULL, 1, 0, 1, &sink, NULL, NULL),
+                     WSYNC_OK);
     assert_int_equal(wsync_cpu_stream_signal_consumed(s, ctl, 1, &sink, NULL, NULL), WSYNC_OK);
     wsync_cpu_stream_synchronize(s);
     for (size_t i = 0; i < sizeof(dst); i++)
@@ -190,7 +192,8 @@ static void test_wait_ready_timeout_skips_copies(void **state)
     /* The next generation, once ready, goes through. */
     wsync_control_signal_ready(ctl, 2);
     assert_int_equal(wsync_cpu_stream_wait_ready(s, ctl, 2, 1000, 0, &sink, NULL, NULL), WSYNC_OK);
-    assert_int_equal(wsync_cpu_stream_copy(s, src, &op, 1, 0, 2, &sink, NULL, NULL), WSYNC_OK);
+    assert_int_equal(wsync_cpu_stream_copy(s, src, &op, NULL, 1, 0, 2, &sink, NULL, NULL),
+                     WSYNC_OK);
     assert_int_equal(wsync_cpu_stream_signal_consumed(s, ctl, 2, &sink, NULL, NULL), WSYNC_OK);
     wsync_cpu_stream_synchronize(s);
     assert_memory_equal(dst, src, sizeof(src));
@@ -216,7 +219,8 @@ static void test_wait_ready_blocks_until_signal(void **state)
     wsync_copy_op_t op = {
         .src_pitch = 64, .dst = dst, .dst_pitch = 64, .dst_extent = 64, .rows = 1, .row_bytes = 64};
     assert_int_equal(wsync_cpu_stream_wait_ready(s, ctl, 3, 5000, 0, &sink, NULL, NULL), WSYNC_OK);
-    assert_int_equal(wsync_cpu_stream_copy(s, src, &op, 1, 0, 3, &sink, NULL, NULL), WSYNC_OK);
+    assert_int_equal(wsync_cpu_stream_copy(s, src, &op, NULL, 1, 0, 3, &sink, NULL, NULL),
+                     WSYNC_OK);
     sleep_ms(40);
     wsync_control_signal_ready(ctl, 2); /* not enough */
     sleep_ms(20);
@@ -328,15 +332,17 @@ static void test_digest_mismatch_reported(void **state)
         ops[k].digest = wsync64_final(&st);
         ops[k].has_digest = 1;
     }
-    assert_int_equal(wsync_cpu_stream_copy(s, src, ops, 3, WSYNC_COPY_VERIFY, 1, &sink, NULL, NULL),
-                     WSYNC_OK);
+    assert_int_equal(
+        wsync_cpu_stream_copy(s, src, ops, NULL, 3, WSYNC_COPY_VERIFY, 1, &sink, NULL, NULL),
+        WSYNC_OK);
     wsync_cpu_stream_synchronize(s);
     assert_int_equal(wsync_cpu_sink_take(&sink, NULL), WSYNC_OK);
 
     ops[1].digest ^= 1;
     memset(dst, 0, N);
-    assert_int_equal(wsync_cpu_stream_copy(s, src, ops, 3, WSYNC_COPY_VERIFY, 2, &sink, NULL, NULL),
-                     WSYNC_OK);
+    assert_int_equal(
+        wsync_cpu_stream_copy(s, src, ops, NULL, 3, WSYNC_COPY_VERIFY, 2, &sink, NULL, NULL),
+        WSYNC_OK);
     wsync_cpu_stream_synchronize(s);
     assert_int_equal(wsync_cpu_sink_take(&sink, &err), WSYNC_ERR_DIGEST_MISMATCH);
     assert_non_null(strstr(err.message, "op 1"));
@@ -345,7 +351,8 @@ static void test_digest_mismatch_reported(void **state)
     assert_memory_equal(dst + 100000, src + 100000, 100001);
 
     /* Without the flag, digests are not checked. */
-    assert_int_equal(wsync_cpu_stream_copy(s, src, ops, 3, 0, 3, &sink, NULL, NULL), WSYNC_OK);
+    assert_int_equal(wsync_cpu_stream_copy(s, src, ops, NULL, 3, 0, 3, &sink, NULL, NULL),
+                     WSYNC_OK);
     wsync_cpu_stream_synchronize(s);
     assert_int_equal(wsync_cpu_sink_take(&sink, NULL), WSYNC_OK);
     wsync_cpu_stream_destroy(s);
