@@ -458,8 +458,6 @@ wsync_result_t wsync_map_plan_quant(const wsync_map_table_t *table, const wsync_
         op->src_offset = t->offset;
         return WSYNC_OK;
     }
-    if (fp8)
-        return wsync_map_plan_fp8(eng, t, &tg, &p, &g, rank, size, op, quant, err);
     if (g.cols != g.dst_cols && tg.rule->split != WSYNC_TP_ROW)
         return WSYNC_RECORD(err, WSYNC_ERR_LAYOUT_MISMATCH,
                             "wrong shape for tensor \"%s\": %" PRId64
@@ -472,6 +470,8 @@ wsync_result_t wsync_map_plan_quant(const wsync_map_table_t *table, const wsync_
                             " rows); the engine's model dims disagree with its parameters",
                             t->name, g.dst_row, g.dst_row + g.rows, tg.engine_name, g.param_rows);
 
+    if (fp8)
+        return wsync_map_plan_fp8(eng, t, &tg, &p, &g, rank, size, op, quant, err);
     es = wsync_dtype_size(p.dtype);
     uint64_t param_bytes = (uint64_t)wsync_map_elems(&p) * es;
     uint64_t dst_off = (uint64_t)(g.dst_base + g.dst_row * g.dst_cols) * es;

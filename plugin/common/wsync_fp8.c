@@ -90,7 +90,8 @@ void wsync_fp8_quantize_2d(const void *src, uint64_t src_pitch, wsync_dtype_t dt
                 }
             if (amax < 1e-4f)
                 amax = 1e-4f;
-            const float inv = WSYNC_FP8_E4M3_MAX / amax;
+            /* torch computes 448.0 / amax as amax.reciprocal() * 448 (Tensor.__rtruediv__) */
+            const float inv = (1.0f / amax) * WSYNC_FP8_E4M3_MAX;
             for (int64_t r = br * block; r < r1; r++)
                 for (int64_t c = bc * block; c < c1; c++)
                     dst[(uint64_t)r * dst_pitch + (uint64_t)c] = wsync_fp8_e4m3fn(

@@ -3,7 +3,8 @@
  * block quantizer of the DeepSeek-V3 / Qwen3-FP8 checkpoint layout, as DeepGEMM's
  * per_block_cast_to_fp8 defines it (the reference vLLM's and SGLang's FP8 tests use): per block,
  * amax = max |x| in float, clamped to at least 1e-4 (an all-zero block), each value x * (448 /
- * amax) cast to e4m3fn, and the block's scale (weight_scale_inv) amax / 448. Bit-identical to that
+ * amax) cast to e4m3fn, 448 / amax computed as torch does it, (1 / amax) x 448 in float, and the
+ * block's scale (weight_scale_inv) amax / 448. Bit-identical to that
  * reference (tests/unit/common/fp8_vectors.py). Pure functions; thread safe. */
 #ifndef WSYNC_COMMON_FP8_H
 #define WSYNC_COMMON_FP8_H

@@ -1,0 +1,137 @@
+"""FP8 engine parameters (docs/SHIMS.md, "FP8 parameters"): a bf16 trainer syncs into an engine
+whose linear weights are e4m3fn with 128 x 128 block scales (weight_scale_inv, the DeepSeek-V3 /
+Qwen3-FP8 layout that SGLang and vLLM load). Every fp8 byte and every scale equals torch's own
+quantization of the same tensor (DeepGEMM's per_block_cast_to_fp8, written here in torch), at TP 1
+and 2, and the bf16 parameters are exact. Bad inputs: a NaN in one tensor, a TP size whose blocks
+would straddle two ranks, a missing scale parameter are refused naming the tensor, and every
+engine parameter (fp8 bytes, scales, bf16) is as it was. CPU plugin."""
+
+from __future__ import annotations
+
+import math
+
+import models
+import pytest
+import torch
+import wsync
+from conftest import plugin_for
+
+FP8 = ("self_attn.qkv_proj.weight", "self_attn.o_proj.weight", "mlp.gate_up_proj.weight", "mlp.down_proj.weight")
+
+
+def _model(intermediate: int = 256):
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=512, hidden_size=256, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=2, head_dim=128, intermediate_size=intermediate,
+                      tie_word_embeddings=False, dtype="bfloat16")
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+
+
+def per_block_cast_to_fp8(x: torch.Tensor):
+    """DeepGEMM's reference quantizer (torch): e4m3fn values and one float scale per 128 x 128."""
+    m, n = x.shape
+    xp = torch.zeros((math.ceil(m / 128) * 128, math.ceil(n / 128) * 128), dtype=x.dtype)
+    xp[:m, :n] = x
+    xv = xp.view(-1, 128, xp.size(1) // 128, 128)
+    amax = xv.abs().float().amax(dim=(1, 3), keepdim=True).clamp(1e-4)
+    q = (xv * (448.0 / amax)).to(torch.float8_e4m3fn)
+    return q.view_as(xp)[:m, :n].contiguous(), (amax / 448.0).view(xv.size(0), xv.size(2))
+
+
+def _fp8_layout(ref):
+    """The engine's parameters: the FP8 linear weights as e4m3fn with their block scales."""
+    out = {}
+    for n, t in ref.items():
+        if n.endswith(FP8):
+            q, s = per_block_cast_to_fp8(t)
+            out[n], out[n[: -len("weight")] + "weight_scale_inv"] = q, s
+        else:
+            out[n] = t
+    return out
+
+
+def _zeros(layout):
+    return {n: torch.zeros(t.shape, dtype=t.dtype) for n, t in layout.items()}
+
+
+def _bytes_equal(a, b):
+    return torch.equal(a.view(torch.uint8), b.view(torch.uint8)) if a.dtype == torch.float8_e4m3fn else torch.equal(a, b)
+
+
+def _ranks(model, engine, tp):
+    params = [_zeros(_fp8_layout(models.engine_layout(dict(model.state_dict()), engine, r, tp))) for r in range(tp)]
+    workers = [wsync.EngineWorker(params[r], engine=engine, config=model.config, tp_rank=r, tp_size=tp,
+                                  plugin=plugin_for("cpu")) for r in range(tp)]
+    return params, workers, lambda m: [w.handle(m) for w in workers]
+
+
+def _close(workers):
+    for w in workers:
+        w.release()
+        w.close()
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_fp8_block_quantized_sync_equals_torch(engine, tp):
+    model = _model()
+    params, workers, send = _ranks(model, engine, tp)
+    with wsync.Producer(engine, tp_size=tp, bucket_bytes=256 << 10, plugin=plugin_for("cpu")) as prod:
+        for k in (1, 2):
+            sd = models.step(model, k)
+            prod.sync(sd, send)
+            for r in range(tp):
+                want = _fp8_layout(models.engine_layout(sd, engine, r, tp))
+                assert sum(t.dtype == torch.float8_e4m3fn for t in want.values()) == 4 * 2
+                bad = [n for n in want if not _bytes_equal(params[r][n], want[n])]
+                assert not bad, f"sync {k}, rank {r}: {bad[:4]}"
+        _close(workers)
+
+
+def test_fp8_nan_refused_naming_the_tensor_nothing_written():
+    model = _model()
+    params, workers, send = _ranks(model, "sglang", 1)
+    with wsync.Producer("sglang", bucket_bytes=4 << 20, plugin=plugin_for("cpu")) as prod:
+        prod.sync(models.step(model, 1), send)
+        before = {n: t.clone() for n, t in params[0].items()}
+        sd = dict(models.step(model, 2))
+        name = "model.layers.1.mlp.down_proj.weight"
+        sd[name] = sd[name].clone()
+        sd[name][3, 5] = float("nan")
+        with pytest.raises(wsync.WsyncError) as e:
+            prod.sync(sd, send)
+        assert name in str(e.value) and "NaN" in str(e.value) and "row 3, column 5" in str(e.value), str(e.value)
+        assert all(_bytes_equal(params[0][n], before[n]) for n in before), "the refused bucket wrote"
+        _close(workers)
+
+
+def test_fp8_tp_size_whose_blocks_straddle_ranks_is_refused():
+    model = _model(intermediate=384)  # 192 rows per rank at tp 2: rank 1 starts inside a block
+    params, workers, send = _ranks(model, "sglang", 2)
+    before = [{n: t.clone() for n, t in p.items()} for p in params]
+    with wsync.Producer("sglang", tp_size=2, bucket_bytes=4 << 20, plugin=plugin_for("cpu")) as prod:
+        with pytest.raises(wsync.WsyncError) as e:
+            prod.sync(models.step(model, 1), send)
+        msg = str(e.value)
+        assert "mlp.gate_proj.weight" in msg and "fp8 blocks" in msg and "tp 2" in msg, msg
+        for r in range(2):
+            assert all(_bytes_equal(params[r][n], before[r][n]) for n in before[r])
+        _close(workers)
+
+
+def test_fp8_missing_scale_parameter_is_refused():
+    model = _model()
+    layout = _fp8_layout(models.engine_layout(dict(model.state_dict()), "sglang", 0, 1))
+    gone = "model.layers.0.self_attn.o_proj.weight_scale_inv"
+    del layout[gone]
+    params = _zeros(layout)
+    w = wsync.EngineWorker(params, engine="sglang", config=model.config, plugin=plugin_for("cpu"))
+    with wsync.Producer("sglang", bucket_bytes=4 << 20, plugin=plugin_for("cpu")) as prod:
+        with pytest.raises(wsync.WsyncError) as e:
+            prod.sync(models.step(model, 1), lambda m: [w.handle(m)])
+        assert gone in str(e.value) and "o_proj.weight" in str(e.value), str(e.value)
+        assert all(not t.view(torch.uint8).any() for t in params.values())
+        w.release()
+    w.close()
