@@ -2,7 +2,8 @@
 whose linear weights are e4m3fn with 128 x 128 block scales (weight_scale_inv, the DeepSeek-V3 /
 Qwen3-FP8 layout that SGLang and vLLM load). Every fp8 byte and every scale equals torch's own
 quantization of the same tensor (DeepGEMM's per_block_cast_to_fp8, written here in torch), at TP 1
-and 2, and the bf16 parameters are exact. Bad inputs: a NaN in one tensor, a TP size whose blocks
+and 2, and the bf16 parameters are exact; the same for a Qwen3-MoE's fused experts (w13 / w2 and
+their per-expert scales) with expert parallelism 1 and 2. Bad inputs: a NaN in one tensor, a TP size whose blocks
 would straddle two ranks, a missing scale parameter are refused naming the tensor, and every
 engine parameter (fp8 bytes, scales, bf16) is as it was. CPU plugin."""
 
@@ -135,3 +136,58 @@ def test_fp8_missing_scale_parameter_is_refused():
         assert all(not t.view(torch.uint8).any() for t in params.values())
         w.release()
     w.close()
+
+
+def _moe_model():
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    torch.manual_seed(0)
+    cfg = Qwen3MoeConfig(vocab_size=512, hidden_size=256, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=2, head_dim=128, intermediate_size=256, moe_intermediate_size=128,
+                         num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[],
+                         tie_word_embeddings=False, dtype="bfloat16")
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+
+
+def _fp8_moe_layout(ref, first=0, count=None):
+    """Attention and fused experts (w13, w2) in fp8 with block scales; experts [first, +count)."""
+    out = {}
+    for n, t in ref.items():
+        if ".experts." in n:
+            t = t[first : first + (count if count is not None else t.shape[0])]
+            qs = [per_block_cast_to_fp8(e) for e in t]
+            out[n] = torch.stack([q for q, _ in qs])
+            out[n.replace("_weight", "_weight_scale_inv")] = torch.stack([s for _, s in qs])
+        elif n.endswith(FP8[:2]):
+            q, s = per_block_cast_to_fp8(t)
+            out[n], out[n[: -len("weight")] + "weight_scale_inv"] = q, s
+        else:
+            out[n] = t
+    return out
+
+
+@pytest.mark.parametrize("ep", [1, 2])
+def test_fp8_fused_experts_with_expert_parallelism(ep):
+    """Qwen3-MoE into SGLang's FP8 fused experts (w13_weight / w2_weight e4m3fn with
+    w13_weight_scale_inv / w2_weight_scale_inv per expert), each EP rank only its experts."""
+    model = _moe_model()
+
+    def reference(sd, r):
+        dense, full = models.engine_layout(sd, "sglang", r, ep), models.engine_layout(sd, "sglang", 0, 1)
+        return _fp8_moe_layout({n: (full[n] if ".experts." in n else t) for n, t in dense.items()},
+                               r * 4 // ep, 4 // ep)
+
+    params = [_zeros(reference(dict(model.state_dict()), r)) for r in range(ep)]
+    workers = [wsync.EngineWorker(params[r], engine="sglang", config=model.config, tp_rank=r, tp_size=ep,
+                                  ep_rank=r, ep_size=ep, plugin=plugin_for("cpu")) for r in range(ep)]
+    send = lambda m: [w.handle(m) for w in workers]  # noqa: E731
+    with wsync.Producer("sglang", tp_size=ep, ep_size=ep, bucket_bytes=1 << 20, plugin=plugin_for("cpu")) as prod:
+        for k in (1, 2):
+            sd = models.step(model, k)
+            prod.sync(sd, send)
+            for r in range(ep):
+                want = reference(sd, r)
+                assert sum(t.dtype == torch.float8_e4m3fn for t in want.values()) == 2 * 4
+                bad = [n for n in want if not _bytes_equal(params[r][n], want[n])]
+                assert not bad, f"sync {k}, rank {r}: {bad[:4]}"
+        _close(workers)

@@ -264,6 +264,61 @@ static void test_overlapping_destinations(void **state)
     assert_int_equal(wsync_validate_copy_ops(ops, 2, 4096, NULL), WSYNC_OK);
 }
 
+/* copy_quantized's ops: a 200 x 256 bf16 source quantized into 200 x 256 fp8 bytes with 2 x 2
+ * block scales, beside a plain op; each wrong field refused by name; a scale region that meets
+ * another destination is an overlap (scales are op n + i). */
+static char q_dst[256 * 200 + 64], q_scales[64];
+
+static void test_quant_ops(void **state)
+{
+    (void)state;
+    wsync_copy_op_t ops[2] = {
+        {.src_offset = 0,
+         .src_pitch = 512,
+         .dst = q_dst,
+         .dst_pitch = 256,
+         .dst_extent = 256 * 200,
+         .rows = 200,
+         .row_bytes = 512},
+        op1d(200 * 512, 64, 64),
+    };
+    ops[1].dst = q_dst + 256 * 200;
+    wsync_quant_t q[2] = {{.kind = WSYNC_QUANT_FP8_BLOCK,
+                           .src_dtype = WSYNC_DTYPE_BF16,
+                           .cols = 256,
+                           .scale_dst = q_scales,
+                           .scale_pitch = 8,
+                           .scale_extent = 16},
+                          {.kind = WSYNC_QUANT_NONE}};
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    assert_int_equal(wsync_validate_quant_ops(ops, q, 2, 200 * 512 + 64, &err), WSYNC_OK);
+
+    wsync_quant_t bad[2];
+    memcpy(bad, q, sizeof(q));
+    bad[0].scale_extent = 12; /* 2 x 2 floats need 16 */
+    err = (wsync_error_t){.struct_size = sizeof(err)};
+    assert_int_equal(wsync_validate_quant_ops(ops, bad, 2, 200 * 512 + 64, &err), OOB);
+    assert_non_null(strstr(err.message, "op 2:")); /* the scales of op 0 */
+    memcpy(bad, q, sizeof(q));
+    bad[0].cols = 255;
+    err = (wsync_error_t){.struct_size = sizeof(err)};
+    assert_int_equal(wsync_validate_quant_ops(ops, bad, 2, 200 * 512 + 64, &err), INVAL);
+    assert_non_null(strstr(err.message, "op 0: row_bytes 512 is not cols 255"));
+    memcpy(bad, q, sizeof(q));
+    bad[0].src_dtype = WSYNC_DTYPE_I32;
+    err = (wsync_error_t){.struct_size = sizeof(err)};
+    assert_int_equal(wsync_validate_quant_ops(ops, bad, 2, 200 * 512 + 64, &err), INVAL);
+    assert_non_null(strstr(err.message, "op 0: quant kind 1 from dtype"));
+    err = (wsync_error_t){.struct_size = sizeof(err)}; /* the source runs past the buffer */
+    assert_int_equal(wsync_validate_quant_ops(ops, q, 2, 200 * 512 - 1, &err), OOB);
+    memcpy(bad, q, sizeof(q));
+    bad[0].scale_dst = q_dst + 256 * 200 + 8; /* the scales land on op 1's bytes */
+    bad[0].scale_extent = 64;
+    err = (wsync_error_t){.struct_size = sizeof(err)};
+    assert_int_equal(wsync_validate_quant_ops(ops, bad, 2, 200 * 512 + 64, &err), INVAL);
+    assert_non_null(strstr(err.message, "ops 1 and 2 write overlapping destination bytes"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -272,7 +327,7 @@ int main(void)
         cmocka_unit_test(test_destination_bounds), cmocka_unit_test(test_pitches),
         cmocka_unit_test(test_null_dst_and_ops),   cmocka_unit_test(test_overflow),
         cmocka_unit_test(test_first_error_wins),   cmocka_unit_test(test_generation),
-        cmocka_unit_test(test_copy_args),
+        cmocka_unit_test(test_copy_args),          cmocka_unit_test(test_quant_ops),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
