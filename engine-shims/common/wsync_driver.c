@@ -552,6 +552,9 @@ static wsync_result_t wsync_driver_copy_direct(wsync_driver_t *d, wsync_driver_b
 }
 
 /* Step 3 of apply, one bucket. */
+static void wsync_driver_release_unread(wsync_driver_t *d, const wsync_manifest_t *const *m,
+                                        size_t n);
+
 static wsync_result_t wsync_driver_execute(wsync_driver_t *d, const wsync_manifest_t *m,
                                            const wsync_copy_op_t *ops, const wsync_quant_t *quant,
                                            wsync_error_t *err)
@@ -591,12 +594,16 @@ static wsync_result_t wsync_driver_execute(wsync_driver_t *d, const wsync_manife
         else
             rc = d->ops->copy_weights(d->consumer, e->handle, wsync_driver_stream(d), m->generation,
                                       ops, m->n_tensors, d->cfg.copy_flags, err);
+        const int refused = rc != WSYNC_OK; /* the copy call itself: it read nothing */
         if (rc == WSYNC_OK)
             rc = d->ops->record_consumed(d->consumer, e->handle,
                                          (d->cfg.copy_flags & WSYNC_COPY_VERIFY) != 0 || quantizes,
                                          err);
-        if (rc != WSYNC_OK && quantizes)
+        if (rc != WSYNC_OK && quantizes) {
             wsync_driver_name_op(m, err);
+            if (refused) /* e.g. a NaN found before any write: the trainer may reuse the buffer */
+                wsync_driver_release_unread(d, &m, 1);
+        }
     }
     if (rc == WSYNC_OK)
         e->last_generation = m->generation;

@@ -292,6 +292,10 @@ wsync_result_t wsync_cuda_copy_segments(struct wsync_consumer *c, struct wsync_h
                                         wsync_stream_t stream, uint64_t generation,
                                         const wsync_copy_op_t *ops, const uint32_t *op_segment,
                                         size_t n_ops, uint32_t flags, wsync_error_t *err);
+wsync_result_t wsync_cuda_copy_quantized(struct wsync_consumer *c, struct wsync_handle *h,
+                                         wsync_stream_t stream, uint64_t generation,
+                                         const wsync_copy_op_t *ops, const wsync_quant_t *quant,
+                                         size_t n_ops, uint32_t flags, wsync_error_t *err);
 wsync_result_t wsync_cuda_digest_regions(struct wsync_consumer *c, wsync_stream_t stream,
                                          const wsync_copy_op_t *regions, size_t n, uint64_t *out,
                                          wsync_error_t *err);

@@ -189,6 +189,7 @@ const wsync_consumer_ops_v1_t wsync_cuda_consumer_ops = {
     .copy_weights = wsync_cuda_copy_weights,
     .copy_segments = wsync_cuda_copy_segments,
     .digest_regions = wsync_cuda_digest_regions,
+    .copy_quantized = wsync_cuda_copy_quantized,
     .record_consumed = wsync_cuda_record_consumed,
     .hot_load_adapter = wsync_cuda_hot_load_adapter,
     .enqueue_host_fn = consumer_enqueue_host_fn,

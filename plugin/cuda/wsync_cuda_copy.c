@@ -5,6 +5,7 @@
 
 #include "wsync_cuda.h"
 #include "wsync_digest.h"
+#include "wsync_quant_kernel.h"
 #include "wsync_error.h"
 #include "wsync_log.h"
 #include "wsync_validate.h"
@@ -64,10 +65,32 @@ static void launch_cfg(wsync_cuda_launch_cfg_t *cfg, int is_vmm)
 /* One launch of `ops` whose sources are src_base + src_offset, ordered after h's *ready*: the
  * ops are validated (copy_weights: against h; copy_segments: each against its segment, with
  * src_base 0 and absolute source addresses). */
+/* More work of the same call, enqueued on s after the copies and before the events that
+ * *consumed* and close_handle wait on (copy_quantized's quantizing kernel). */
+typedef struct copy_extra {
+    cudaError_t (*fn)(void *arg, cudaStream_t s);
+    void *arg;
+} copy_extra_t;
+
+static wsync_result_t copy_locked_with(struct wsync_consumer *c, struct wsync_handle *h,
+                                       cudaStream_t s, uint64_t generation,
+                                       const wsync_copy_op_t *ops, size_t n_ops, uint32_t flags,
+                                       uintptr_t src_base, wsync_cuda_slot_t **launched,
+                                       const copy_extra_t *extra, wsync_error_t *err);
+
 static wsync_result_t copy_locked(struct wsync_consumer *c, struct wsync_handle *h, cudaStream_t s,
                                   uint64_t generation, const wsync_copy_op_t *ops, size_t n_ops,
                                   uint32_t flags, uintptr_t src_base, wsync_cuda_slot_t **launched,
                                   wsync_error_t *err)
+{
+    return copy_locked_with(c, h, s, generation, ops, n_ops, flags, src_base, launched, NULL, err);
+}
+
+static wsync_result_t copy_locked_with(struct wsync_consumer *c, struct wsync_handle *h,
+                                       cudaStream_t s, uint64_t generation,
+                                       const wsync_copy_op_t *ops, size_t n_ops, uint32_t flags,
+                                       uintptr_t src_base, wsync_cuda_slot_t **launched,
+                                       const copy_extra_t *extra, wsync_error_t *err)
 {
     wsync_cache_entry_t *entry = h->entry;
     wsync_cuda_mapping_t *m = entry->mapping;
@@ -169,6 +192,11 @@ static wsync_result_t copy_locked(struct wsync_consumer *c, struct wsync_handle 
             slot->n_ops = n_ops;
             slot->generation = generation;
         }
+    }
+    if (extra != NULL) {
+        cudaError_t e = extra->fn(extra->arg, s);
+        if (e != cudaSuccess)
+            return wsync_cuda_fail(err, e, "copy_quantized", "launching the quantizing kernel");
     }
     WSYNC_CUDA_TRY(err, cudaEventRecord(slot->done, s));
     slot->used = 1;
@@ -400,5 +428,151 @@ wsync_result_t wsync_cuda_digest_regions(struct wsync_consumer *c, wsync_stream_
     }
     pthread_mutex_unlock(&c->lock);
     wsync_cuda_range_pop();
+    return rc;
+}
+
+/* ------------------------------------------------------------------ copy_quantized */
+
+typedef struct quant_launch {
+    const wsync_cuda_qop_t *dev;
+    uint32_t n;
+    uint64_t blocks;
+} quant_launch_t;
+
+static cudaError_t quant_run(void *arg, cudaStream_t s)
+{
+    const quant_launch_t *q = arg;
+    return wsync_cuda_quant_blocks(q->dev, q->n, q->blocks, s);
+}
+
+/* The quantized ops on the device, and their first NaN or infinity (after *ready*, the host
+ * waiting for it: nothing of the call is written before the answer). */
+static wsync_result_t quant_prepare(struct wsync_consumer *c, struct wsync_handle *h,
+                                    cudaStream_t s, uint64_t generation, const wsync_copy_op_t *ops,
+                                    const wsync_quant_t *quant, size_t n_ops, uintptr_t base,
+                                    quant_launch_t *out, wsync_error_t *err)
+{
+    wsync_cuda_mapping_t *m = h->entry->mapping;
+    size_t nq = 0;
+    for (size_t i = 0; i < n_ops; i++)
+        nq += quant[i].kind != WSYNC_QUANT_NONE && ops[i].rows > 0;
+    wsync_cuda_qop_t *t = calloc(nq ? nq : 1, sizeof(*t));
+    size_t *from = calloc(nq ? nq : 1, sizeof(*from));
+    if (t == NULL || from == NULL) {
+        free(t);
+        free(from);
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu quantizing ops", nq);
+    }
+    uint64_t blocks = 0;
+    wsync_result_t rc = WSYNC_OK;
+    for (size_t i = 0, k = 0; i < n_ops && rc == WSYNC_OK; i++) {
+        const wsync_copy_op_t *o = &ops[i];
+        const wsync_quant_t *q = &quant[i];
+        if (q->kind == WSYNC_QUANT_NONE || o->rows == 0)
+            continue;
+        if (o->rows >= WSYNC_CUDA_QUANT_MAX_DIM || q->cols >= WSYNC_CUDA_QUANT_MAX_DIM) {
+            rc = WSYNC_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
+                            "op %zu: %llu x %llu elements; the CUDA quantizer takes fewer than "
+                            "%u of each",
+                            i, (unsigned long long)o->rows, (unsigned long long)q->cols,
+                            WSYNC_CUDA_QUANT_MAX_DIM);
+            break;
+        }
+        t[k] = (wsync_cuda_qop_t){.src = (const unsigned char *)(base + o->src_offset),
+                                  .dst = o->dst,
+                                  .scales = q->scale_dst,
+                                  .src_pitch = o->rows > 1 ? o->src_pitch : o->row_bytes,
+                                  .dst_pitch = o->rows > 1 ? o->dst_pitch : q->cols,
+                                  .scale_pitch = q->scale_pitch,
+                                  .rows = (uint32_t)o->rows,
+                                  .cols = (uint32_t)q->cols,
+                                  .src_dtype = (uint32_t)q->src_dtype,
+                                  .brows = (uint32_t)((o->rows + 127) / 128),
+                                  .bcols = (uint32_t)((q->cols + 127) / 128),
+                                  .block_begin = blocks};
+        blocks += (uint64_t)t[k].brows * t[k].bcols;
+        from[k++] = i;
+    }
+    void *dev = NULL;
+    unsigned long long bad = WSYNC_CUDA_QUANT_NO_BAD;
+    const size_t table = nq * sizeof(*t);
+    if (rc == WSYNC_OK && m->control != NULL &&
+        atomic_load(&m->control->ready_generation) < generation)
+        rc = wsync_control_wait_ready(m->control, generation, c->timeout_ms,
+                                      m->control->producer_pid, err);
+    cudaError_t e = cudaSuccess;
+    if (rc == WSYNC_OK && m->has_ready)
+        e = cudaStreamWaitEvent(s, m->ready, 0);
+    if (rc == WSYNC_OK && e == cudaSuccess)
+        e = cudaMallocAsync(&dev, table + sizeof(bad), s);
+    if (rc == WSYNC_OK && e == cudaSuccess)
+        e = cudaMemcpyAsync(dev, t, table, cudaMemcpyHostToDevice, s);
+    unsigned long long *flag = dev != NULL ? (unsigned long long *)((char *)dev + table) : NULL;
+    if (rc == WSYNC_OK && e == cudaSuccess)
+        e = cudaMemsetAsync(flag, 0xff, sizeof(bad), s);
+    if (rc == WSYNC_OK && e == cudaSuccess)
+        e = wsync_cuda_quant_scan(dev, (uint32_t)nq, blocks, flag, s);
+    if (rc == WSYNC_OK && e == cudaSuccess)
+        e = cudaMemcpyAsync(&bad, flag, sizeof(bad), cudaMemcpyDeviceToHost, s);
+    if (rc == WSYNC_OK && e == cudaSuccess)
+        e = cudaStreamSynchronize(s);
+    if (rc == WSYNC_OK && e != cudaSuccess)
+        rc = wsync_cuda_fail(err, e, "copy_quantized", "checking the sources for NaN");
+    if (rc == WSYNC_OK && bad != WSYNC_CUDA_QUANT_NO_BAD)
+        rc = WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                        "op %zu: a NaN or infinite value at row %llu, column %llu of its source "
+                        "cannot be quantized to fp8; nothing of the bucket was written",
+                        from[bad >> 44], (bad >> 22) & 0x3fffffull, bad & 0x3fffffull);
+    free(t);
+    free(from);
+    if (rc != WSYNC_OK) {
+        if (dev != NULL)
+            (void)cudaFreeAsync(dev, s);
+        return rc;
+    }
+    *out = (quant_launch_t){.dev = dev, .n = (uint32_t)nq, .blocks = blocks};
+    return WSYNC_OK;
+}
+
+wsync_result_t wsync_cuda_copy_quantized(struct wsync_consumer *c, struct wsync_handle *h,
+                                         wsync_stream_t stream, uint64_t generation,
+                                         const wsync_copy_op_t *ops, const wsync_quant_t *quant,
+                                         size_t n_ops, uint32_t flags, wsync_error_t *err)
+{
+    wsync_result_t rc = check_handle(c, h, __func__, err);
+    if (rc != WSYNC_OK)
+        return rc;
+    if ((rc = wsync_validate_copy_args(ops, n_ops, flags, err)) != WSYNC_OK)
+        return rc;
+    if (h->segment)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "handle %p is a segment of a direct manifest: a direct bucket does not "
+                          "quantize",
+                          (void *)h);
+    if ((rc = wsync_validate_quant_ops(ops, quant, n_ops, h->bytes, err)) != WSYNC_OK)
+        return rc;
+    wsync_copy_op_t *plain = calloc(n_ops ? n_ops : 1, sizeof(*plain));
+    if (plain == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu ops", n_ops);
+    size_t np = 0;
+    for (size_t i = 0; i < n_ops; i++)
+        if (quant[i].kind == WSYNC_QUANT_NONE)
+            plain[np++] = ops[i];
+    wsync_cuda_range_push("wsync:copy_quantized");
+    cudaSetDevice(c->device);
+    const cudaStream_t s = wsync_cuda_stream(stream);
+    const uintptr_t base =
+        (uintptr_t)(((wsync_cuda_mapping_t *)h->entry->mapping)->base + h->base_offset);
+    pthread_mutex_lock(&c->lock);
+    quant_launch_t q;
+    rc = quant_prepare(c, h, s, generation, ops, quant, n_ops, base, &q, err);
+    if (rc == WSYNC_OK) {
+        const copy_extra_t extra = {.fn = quant_run, .arg = &q};
+        rc = copy_locked_with(c, h, s, generation, plain, np, flags, base, NULL, &extra, err);
+        (void)cudaFreeAsync((void *)q.dev, s);
+    }
+    pthread_mutex_unlock(&c->lock);
+    wsync_cuda_range_pop();
+    free(plain);
     return rc;
 }

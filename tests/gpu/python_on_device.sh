@@ -34,10 +34,10 @@ if [ -n "${OLD_PATCH:-}" ]; then
   cmake --build /tmp/old/b -j16 --target wsync_cuda torture_gpu_stream0 >/dev/null 2>&1 &&
   (echo "=== the stream-0 test on the plugin before the fix (must FAIL):"; /tmp/old/b/tests/torture_gpu_stream0 2>&1 | tail -6) | tee "$OUT/stream0-old.log"
 fi
-for t in ${PYTESTS:-test_gpu_stream0 test_gpu_torch_handles test_gpu_busy_stream_1000_buckets test_gpu_sync test_gpu_direct}; do
+for t in ${PYTESTS:-test_gpu_stream0 test_gpu_torch_handles test_gpu_busy_stream_1000_buckets test_gpu_sync test_gpu_direct test_gpu_fp8}; do
   (cd "$ROOT" && timeout -s INT ${PYT:-70} python3 -m pytest -q -rs -x --tb=short -o faulthandler_timeout=${FHT:-60} \
     tests/python/test_gpu.py tests/python/test_gpu_direct.py tests/python/test_gpu_checker.py \
-    tests/python/test_gpu_transactions.py -k $t 2>&1) >"$OUT/pytest-$t.log"; echo "$t: rc $?"; tail -3 "$OUT/pytest-$t.log"
+    tests/python/test_gpu_transactions.py tests/python/test_gpu_fp8.py -k $t 2>&1) >"$OUT/pytest-$t.log"; echo "$t: rc $?"; tail -3 "$OUT/pytest-$t.log"
 done
 bash "$ROOT/tests/gpu/check_no_device_skips.sh" "$OUT"/ctest.log "$OUT"/pytest-*.log "$B/Testing/Temporary/LastTest.log" || status=1
 [ "${HOST_TESTS:-1}" = 1 ] && { (cd "$ROOT" && timeout 150 python3 -m pytest -q -rfEs --tb=line -m "not gpu" tests/python 2>&1) | tee "$OUT/pytest.log" | tail -8 || status=1; }

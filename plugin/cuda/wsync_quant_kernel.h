@@ -1,0 +1,42 @@
+/* The FP8 kernels of copy_quantized (wsync_abi_v1.h, wsync_quant_v1_t): a scan that finds the
+ * first NaN or infinite value of the quantized sources, and the block quantizer, bit-identical
+ * to the host's (plugin/common/wsync_fp8.h): per 128 x 128 block amax, (1 / amax) x 448 in float,
+ * each value cast to e4m3fn (nearest even, saturating), the scale amax / 448. C-callable. */
+#ifndef WSYNC_QUANT_KERNEL_H
+#define WSYNC_QUANT_KERNEL_H
+
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One quantizing op on the device. rows and cols below 2^22 (the scan's key). */
+typedef struct wsync_cuda_qop {
+    const unsigned char *src;
+    unsigned char *dst;
+    unsigned char *scales;
+    uint64_t src_pitch, dst_pitch, scale_pitch;
+    uint32_t rows, cols;
+    uint32_t src_dtype; /* wsync_dtype_t: bf16, f16 or f32 */
+    uint32_t brows, bcols;
+    uint64_t block_begin; /* the op's first block in the launch's flat block index */
+} wsync_cuda_qop_t;
+
+#define WSYNC_CUDA_QUANT_MAX_DIM (1u << 22)
+#define WSYNC_CUDA_QUANT_NO_BAD 0xffffffffffffffffull
+
+/* *first_bad (device, set to WSYNC_CUDA_QUANT_NO_BAD by the caller) becomes the least key
+ * op << 44 | row << 22 | col of a NaN or infinite source value. */
+cudaError_t wsync_cuda_quant_scan(const wsync_cuda_qop_t *ops, uint32_t n, uint64_t total_blocks,
+                                  unsigned long long *first_bad, cudaStream_t s);
+/* Quantize every block of every op (total_blocks = the last op's block_begin + its blocks). */
+cudaError_t wsync_cuda_quant_blocks(const wsync_cuda_qop_t *ops, uint32_t n, uint64_t total_blocks,
+                                    cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
