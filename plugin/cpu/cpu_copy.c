@@ -88,18 +88,26 @@ wsync_result_t wsync_cpu_copy_weights(struct wsync_consumer *c, struct wsync_han
     return wsync_cpu_enqueue(c, h, stream, generation, ops, NULL, n_ops, flags, 0, err);
 }
 
+/* copy_quantized's and copy_segments' first checks: an open buffer handle (not a segment) of
+ * c, and the ops' arguments. */
+static wsync_result_t wsync_cpu_buffer_call(struct wsync_consumer *c, struct wsync_handle *h,
+                                            const wsync_copy_op_t *ops, size_t n_ops,
+                                            uint32_t flags, wsync_error_t *err)
+{
+    if (c == NULL || h == NULL || h->consumer != c || h->is_segment)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "handle %p is not an open buffer handle of consumer %p", (void *)h,
+                          (void *)c);
+    return wsync_validate_copy_args(ops, n_ops, flags, err);
+}
+
 wsync_result_t wsync_cpu_copy_quantized(struct wsync_consumer *c, struct wsync_handle *h,
                                         wsync_stream_t stream, uint64_t generation,
                                         const wsync_copy_op_t *ops, const wsync_quant_t *quant,
                                         size_t n_ops, uint32_t flags, wsync_error_t *err)
 {
-    wsync_result_t r;
-
-    if (c == NULL || h == NULL || h->consumer != c || h->is_segment)
-        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                          "handle %p is not an open buffer handle of consumer %p", (void *)h,
-                          (void *)c);
-    if ((r = wsync_validate_copy_args(ops, n_ops, flags, err)) != WSYNC_OK)
+    wsync_result_t r = wsync_cpu_buffer_call(c, h, ops, n_ops, flags, err);
+    if (r != WSYNC_OK)
         return r;
     if ((r = wsync_validate_quant_ops(ops, quant, n_ops, h->bytes, err)) != WSYNC_OK)
         return r;
@@ -129,13 +137,8 @@ wsync_result_t wsync_cpu_copy_segments(struct wsync_consumer *c, struct wsync_ha
                                        const wsync_copy_op_t *ops, const uint32_t *op_segment,
                                        size_t n_ops, uint32_t flags, wsync_error_t *err)
 {
-    wsync_result_t r;
-
-    if (c == NULL || h == NULL || h->consumer != c || h->is_segment)
-        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                          "handle %p is not an open buffer handle of consumer %p", (void *)h,
-                          (void *)c);
-    if ((r = wsync_validate_copy_args(ops, n_ops, flags, err)) != WSYNC_OK)
+    wsync_result_t r = wsync_cpu_buffer_call(c, h, ops, n_ops, flags, err);
+    if (r != WSYNC_OK)
         return r;
     cpu_segs_t sg = {.c = c, .h = h, .segs = segs};
     wsync_copy_op_t *moved = NULL;
