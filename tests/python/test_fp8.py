@@ -195,3 +195,21 @@ def test_fp8_fused_experts_with_expert_parallelism(ep):
                 bad = [n for n in want if not _bytes_equal(params[r][n], want[n])]
                 assert not bad, f"sync {k}, rank {r}: {bad[:4]}"
         _close(workers)
+
+
+@pytest.mark.parametrize("case", ["rollback", "direct"])
+def test_fp8_refused_where_it_cannot_quantize(case):
+    """Rollback mode does not shadow fp8 parameters, and a direct bucket copies its segments as
+    they are: both refused naming the tensor, nothing written."""
+    model = _model()
+    params = _zeros(_fp8_layout(models.engine_layout(dict(model.state_dict()), "sglang", 0, 1)))
+    w = wsync.EngineWorker(params, engine="sglang", config=model.config, plugin=plugin_for("cpu"),
+                           rollback=case == "rollback")
+    with wsync.Producer("sglang", bucket_bytes=4 << 20, plugin=plugin_for("cpu"), direct=case == "direct") as prod:
+        with pytest.raises(wsync.errors.NotSupported) as e:
+            prod.sync(models.step(model, 1), lambda m: [w.handle(m)])
+        want = "rollback mode does not shadow fp8" if case == "rollback" else "not a direct one"
+        assert "quantizes into an fp8 parameter" in str(e.value) and want in str(e.value), str(e.value)
+        assert all(not t.view(torch.uint8).any() for t in params.values())
+        w.release()
+    w.close()
