@@ -376,6 +376,17 @@ wsync_result_t wsync_manifest_check_extent(const wsync_tensor_desc_t *t, size_t 
     return WSYNC_OK;
 }
 
+wsync_result_t wsync_manifest_check_segment(const wsync_manifest_t *m, const wsync_tensor_desc_t *t,
+                                            size_t i, uint64_t k, wsync_error_t *err)
+{
+    if (k >= m->n_segments)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "tensors[%zu] (\"%.80s\").segment: %llu, the manifest has %zu "
+                          "segments",
+                          i, t->name, (unsigned long long)k, m->n_segments);
+    return WSYNC_OK;
+}
+
 wsync_result_t wsync_manifest_check_tensor_extent(const wsync_manifest_t *m,
                                                   const wsync_tensor_desc_t *t, size_t i,
                                                   uint32_t segment, wsync_error_t *err)
@@ -479,11 +490,8 @@ static wsync_result_t wsync_parse_tensor(const json_t *jt, size_t i, const wsync
                               t->name);
         if ((r = wsync_read_uint(sg, &p, &k, err)) != WSYNC_OK)
             return r;
-        if (k >= mv->n_segments)
-            return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                              "tensors[%zu] (\"%.80s\").segment: %llu, the manifest has %zu "
-                              "segments",
-                              i, t->name, (unsigned long long)k, mv->n_segments);
+        if ((r = wsync_manifest_check_segment(mv, t, i, k, err)) != WSYNC_OK)
+            return r;
         *segment = (uint32_t)k;
     }
     if ((r = wsync_manifest_check_tensor_extent(mv, t, i, *segment, err)) != WSYNC_OK)

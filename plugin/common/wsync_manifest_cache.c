@@ -16,7 +16,12 @@
  * members with the same functions (wsync_manifest_parse_head), and the array exactly as it did
  * for T0; the only checks of the array that depend on anything outside it are each tensor's
  * extent against buffer.bytes and the digests blob, which the fast path repeats in the full
- * parse's order (wsync_manifest_check_extent, wsync_manifest_apply_digests). When H + "}" is not
+ * parse's order (wsync_manifest_check_extent, wsync_manifest_apply_digests). A direct manifest's
+ * tensors also name their segments (the head's "segments"): the entry keeps each tensor's index,
+ * serves only heads that have segments (a tail from a manifest with segments always names them,
+ * one without never does), and repeats the two checks that read the head, in the full parse's
+ * order per tensor: the index names one of the head's segments, and the tensor lies inside that
+ * segment (wsync_manifest_check_segment, wsync_manifest_check_tensor_extent). When H + "}" is not
  * such an object (not JSON, a NUL byte, empty, or has "tensors") the text takes the full parse,
  * so its error, if any, is the full parse's own.
  *
@@ -50,7 +55,8 @@ typedef struct wsync_mc_entry {
     uint64_t tail_objects; /* its JSON objects, for the size limits of a hit's head */
     wsync_tensor_desc_t *tensors;
     size_t n;
-    char *names; /* NUL-separated; tensors[i].name points in here */
+    char *names;          /* NUL-separated; tensors[i].name points in here */
+    uint32_t *segment_of; /* direct manifests: each tensor's segment index; else NULL */
     size_t names_len;
     size_t bytes;  /* accounted against WSYNC_MANIFEST_CACHE_MAX_BYTES */
     unsigned refs; /* the cache's own + parses using it; guarded by the cache lock */
@@ -69,6 +75,7 @@ static void wsync_mc_entry_free(wsync_mc_entry_t *e)
     free(e->tail);
     free(e->tensors);
     free(e->names);
+    free(e->segment_of);
     free(e);
 }
 
@@ -223,15 +230,28 @@ static wsync_result_t wsync_mc_fill(const wsync_mc_entry_t *e, wsync_manifest_ow
                           e->n);
     memcpy(m->tensors, e->tensors, e->n * sizeof(*m->tensors));
     memcpy(m->names, e->names, e->names_len);
+    if (e->segment_of != NULL) { /* a direct manifest: the head's segments, the tail's indices */
+        if ((m->segment_of = malloc((e->n ? e->n : 1) * sizeof(*m->segment_of))) == NULL)
+            return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "cannot allocate %zu segment indices",
+                              e->n);
+        memcpy(m->segment_of, e->segment_of, e->n * sizeof(*m->segment_of));
+    }
     for (size_t i = 0; i < e->n; i++) {
-        wsync_result_t r;
+        wsync_result_t r = WSYNC_OK;
         m->tensors[i].name = m->names + (e->tensors[i].name - e->names);
-        if ((r = wsync_manifest_check_extent(&m->tensors[i], i, m->view.buffer.bytes, err)) !=
-            WSYNC_OK)
+        /* the full parse's checks of tensor i that read the head, in its order */
+        if (e->segment_of != NULL &&
+            (r = wsync_manifest_check_segment(&m->view, &m->tensors[i], i, e->segment_of[i],
+                                              err)) != WSYNC_OK)
+            return r;
+        r = wsync_manifest_check_tensor_extent(&m->view, &m->tensors[i], i,
+                                               e->segment_of != NULL ? e->segment_of[i] : 0, err);
+        if (r != WSYNC_OK)
             return r;
     }
     m->view.n_tensors = e->n;
     m->view.tensors = m->tensors;
+    m->view.tensor_segment = m->segment_of;
     return wsync_manifest_apply_digests(m, blob, err);
 }
 
@@ -273,7 +293,9 @@ static wsync_result_t wsync_mc_hit(const wsync_mc_entry_t *e, const char *json, 
         blob_copy[blob_len] = '\0';
         r = wsync_manifest_decode_digests(blob_copy, blob_len, &blob, err);
     }
-    if (r == WSYNC_OK && m->view.n_segments > 0) { /* direct manifests are never cached */
+    /* A tail with segment indices serves only heads with segments, and one without them only
+     * heads without: the other pairs are errors the full parse words itself. */
+    if (r == WSYNC_OK && (m->view.n_segments > 0) != (e->segment_of != NULL)) {
         *fallback = 1;
         goto out;
     }
@@ -309,7 +331,7 @@ static wsync_mc_entry_t *wsync_mc_entry_new(const char *json, size_t len,
     int ok = head != NULL && head_members + 1 == root_members &&
              (blob_text == NULL || json_object_get(head, "digests") == NULL);
     json_decref(head);
-    if (!ok || m->view.n_segments > 0) /* direct manifests: segment indices live in the tail */
+    if (!ok)
         return NULL;
 
     size_t n = m->view.n_tensors, names_len = 0;
@@ -317,7 +339,9 @@ static wsync_mc_entry_t *wsync_mc_entry_new(const char *json, size_t len,
         names_len =
             (size_t)(m->tensors[n - 1].name - m->names) + strlen(m->tensors[n - 1].name) + 1;
     size_t tail_len = len - hlen;
-    size_t bytes = tail_len + n * sizeof(*m->tensors) + names_len;
+    const int direct = m->view.n_segments > 0; /* then every tensor named its segment */
+    size_t bytes =
+        tail_len + n * sizeof(*m->tensors) + names_len + (direct ? n * sizeof(*m->segment_of) : 0);
     if (bytes > WSYNC_MANIFEST_CACHE_MAX_BYTES)
         return NULL;
 
@@ -327,10 +351,14 @@ static wsync_mc_entry_t *wsync_mc_entry_new(const char *json, size_t len,
     e->tail = malloc(tail_len);
     e->tensors = malloc((n ? n : 1) * sizeof(*e->tensors));
     e->names = malloc(names_len ? names_len : 1);
-    if (e->tail == NULL || e->tensors == NULL || e->names == NULL) {
+    e->segment_of = direct ? malloc((n ? n : 1) * sizeof(*e->segment_of)) : NULL;
+    if (e->tail == NULL || e->tensors == NULL || e->names == NULL ||
+        (direct && e->segment_of == NULL)) {
         wsync_mc_entry_free(e);
         return NULL;
     }
+    if (direct)
+        memcpy(e->segment_of, m->segment_of, n * sizeof(*e->segment_of));
     memcpy(e->tail, key, tail_len);
     memcpy(e->names, m->names, names_len);
     memcpy(e->tensors, m->tensors, n * sizeof(*e->tensors));

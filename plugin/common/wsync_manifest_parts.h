@@ -36,6 +36,10 @@ wsync_result_t wsync_manifest_decode_digests(const char *s, size_t n, wsync_mani
 wsync_result_t wsync_manifest_check_extent(const wsync_tensor_desc_t *t, size_t i,
                                            uint64_t buffer_bytes, wsync_error_t *err);
 
+/* tensors[i]'s segment index k names one of m's segments (BAD_MANIFEST otherwise). */
+wsync_result_t wsync_manifest_check_segment(const wsync_manifest_t *m, const wsync_tensor_desc_t *t,
+                                            size_t i, uint64_t k, wsync_error_t *err);
+
 /* After the tensors: the blob (if present) holds exactly 8 bytes per tensor and no tensor also
  * has its own "digest"; then every tensor takes its digest from the blob. */
 wsync_result_t wsync_manifest_apply_digests(wsync_manifest_owned_t *m,

@@ -78,6 +78,66 @@ static char *emit(size_t n, const char *suffix, uint64_t generation, uint64_t se
     return text;
 }
 
+/* A direct bucket: n tensors as in emit(), tensor i in segment i % nseg at offset (i / nseg) *
+ * 512, every segment seg_bytes; the buffer is the small synchronisation object. */
+static char *emit_direct(size_t n, uint64_t generation, size_t nseg, uint64_t seg_bytes)
+{
+    wsync_tensor_desc_t *t = calloc(n ? n : 1, sizeof(*t));
+    uint32_t *ts = calloc(n ? n : 1, sizeof(*ts));
+    wsync_buffer_desc_t *segs = calloc(nseg, sizeof(*segs));
+    char *names = calloc(n ? n : 1, 160);
+    assert_non_null(t);
+    assert_non_null(ts);
+    assert_non_null(segs);
+    assert_non_null(names);
+    for (size_t i = 0; i < n; i++) {
+        char *name = names + 160 * i;
+        snprintf(name, 160, "model.layers.%zu.direct", i);
+        t[i] = (wsync_tensor_desc_t){.struct_size = sizeof(t[i]),
+                                     .name = name,
+                                     .dtype = WSYNC_DTYPE_BF16,
+                                     .ndim = 2,
+                                     .shape = {16, 16},
+                                     .offset = (i / nseg) * 512,
+                                     .nbytes = 512};
+        ts[i] = (uint32_t)(i % nseg);
+    }
+    for (size_t k = 0; k < nseg; k++) {
+        segs[k].struct_size = sizeof(segs[k]);
+        segs[k].kind = WSYNC_BUFFER_CUDA_IPC;
+        segs[k].handle_len = 72;
+        for (int b = 0; b < 72; b++)
+            segs[k].handle[b] = (uint8_t)(b + k);
+        segs[k].bytes = seg_bytes;
+        segs[k].pid = 4711;
+        strcpy(segs[k].device, "GPU-0123");
+    }
+    wsync_manifest_t v = {.struct_size = sizeof(v),
+                          .schema = 1,
+                          .generation = generation,
+                          .n_tensors = n,
+                          .tensors = t,
+                          .n_segments = nseg,
+                          .segments = segs,
+                          .tensor_segment = ts};
+    v.buffer.struct_size = sizeof(v.buffer);
+    v.buffer.kind = WSYNC_BUFFER_CUDA_IPC;
+    v.buffer.handle_len = 64;
+    for (int i = 0; i < 64; i++)
+        v.buffer.handle[i] = (uint8_t)(i + generation);
+    v.buffer.bytes = 64;
+    v.buffer.pid = 4711;
+    strcpy(v.buffer.device, "GPU-0123");
+    char *text = NULL;
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    assert_int_equal(wsync_manifest_emit(&v, &text, &err), WSYNC_OK);
+    free(names);
+    free(segs);
+    free(ts);
+    free(t);
+    return text;
+}
+
 static void assert_views_equal(const wsync_manifest_t *a, const wsync_manifest_t *b)
 {
     assert_int_equal(a->schema, b->schema);
@@ -98,6 +158,13 @@ static void assert_views_equal(const wsync_manifest_t *a, const wsync_manifest_t
         assert_int_equal(x->has_digest, y->has_digest);
         assert_int_equal(x->digest, y->digest);
     }
+    assert_int_equal(a->n_segments, b->n_segments);
+    for (size_t k = 0; k < a->n_segments; k++)
+        assert_memory_equal(&a->segments[k], &b->segments[k], sizeof(a->segments[k]));
+    assert_int_equal(a->tensor_segment == NULL, b->tensor_segment == NULL);
+    if (a->tensor_segment != NULL)
+        assert_memory_equal(a->tensor_segment, b->tensor_segment,
+                            a->n_tensors * sizeof(*a->tensor_segment));
 }
 
 static wsync_manifest_cache_stats_t stats(wsync_manifest_cache_t *c)
@@ -667,6 +734,51 @@ static void test_tensor_limit(void **state)
     wsync_manifest_cache_destroy(c);
 }
 
+/* Direct manifests: the tail's segment indices are cached and checked against each head's
+ * segments exactly as the full parse checks them; a staged tail never serves a direct head, nor
+ * the reverse. */
+static void test_direct_manifests(void **state)
+{
+    (void)state;
+    wsync_manifest_cache_t *c = wsync_manifest_cache_create();
+    char *d1 = emit_direct(400, 1, 40, 10 * 512);
+    char *d2 = emit_direct(400, 2, 40, 10 * 512);
+    assert_string_equal(d1 + head_len(d1), d2 + head_len(d2));
+    differential(c, d1, WSYNC_OK);
+    differential(c, d2, WSYNC_OK);
+    assert_int_equal(stats(c).hits, 1);
+    /* fewer segments in the head: the first tensor naming a missing one, as the full parse */
+    char *few = emit_direct(400, 3, 40, 10 * 512);
+    char *cut = strstr(few, "\"segments\":[");
+    assert_non_null(cut);
+    char *last = strstr(cut, "},{");
+    assert_non_null(last);
+    /* keep only the first segment of the head */
+    char *end_segs = strstr(cut, "}],");
+    assert_non_null(end_segs);
+    memmove(last + 1, end_segs + 1, strlen(end_segs + 1) + 1);
+    differential(c, few, WSYNC_ERR_BAD_MANIFEST);
+    /* smaller segments: the first tensor outside its segment */
+    char *small = emit_direct(400, 4, 40, 9 * 512);
+    assert_string_equal(small + head_len(small), d1 + head_len(d1));
+    differential(c, small, WSYNC_ERR_OUT_OF_BOUNDS);
+    /* a staged head on a direct tail: the full parse's own error */
+    char *staged = emit(400, "direct", 5, 1, DIGESTS_NONE, 400 * 512);
+    const size_t hl = head_len(staged);
+    char *mixed = malloc(hl + strlen(d1 + head_len(d1)) + 1);
+    assert_non_null(mixed);
+    memcpy(mixed, staged, hl);
+    strcpy(mixed + hl, d1 + head_len(d1));
+    differential(c, mixed, WSYNC_ERR_BAD_MANIFEST);
+    wsync_manifest_cache_destroy(c);
+    real_free(d1);
+    real_free(d2);
+    real_free(few);
+    real_free(small);
+    real_free(staged);
+    free(mixed);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -682,6 +794,7 @@ int main(void)
         cmocka_unit_test(test_null_cache),
         cmocka_unit_test(test_huge_manifest_refused_before_parse),
         cmocka_unit_test(test_tensor_limit),
+        cmocka_unit_test(test_direct_manifests),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
