@@ -3,7 +3,8 @@ the CPU for one SGLang request naming every tensor of the Qwen3-8B-shaped dense 
 tensors scaled down so the copy itself is negligible), in the two formats the SGLang shim serves,
 measured in the same process: ``wsync_manifest`` (the manifest text as published, what wsync's
 encoder sends) and ``flattened_bucket`` (SGLang's FlattenedTensorBucket, as other trainers send
-it). CPU plugin; no GPU needed.
+it), and a direct bucket (``Producer(direct=True)``: the same tensors named where they live, the
+copy itself running on the plugin's queue after the call). CPU plugin; no GPU needed.
 
   usage: python tools/bench_python/bench_request.py [--requests N]
 """
@@ -59,12 +60,25 @@ def main() -> None:
                 w.drain()
             out.setdefault(fmt, []).append(statistics.median(times[5:]))
         w.release()
+    with wsync.Producer("sglang", bucket_bytes=1 << 30, plugin=plugin, direct=True) as prod:
+        times = []
+        for _ in range(n + 5):  # a direct bucket: the same tensors named where they live
+            msgs = prod.stage_bucket(list(params.items()), finished=True)
+            t = time.perf_counter()
+            for m in msgs:
+                w.apply(m)
+            times.append((time.perf_counter() - t) * 1e3)
+            w.drain()
+            prod.wait()
+        out["direct"] = [statistics.median(times[5:])]
+        w.release()
     w.close()
     a, b = min(out["wsync_manifest"]), out["flattened_bucket"][0]
     print(f"EngineWorker.handle host time, one SGLang request of {len(params)} tensors "
           f"(median of {n}, CPU plugin):")
     print(f"  load_format wsync_manifest    {a:7.3f} ms")
     print(f"  load_format flattened_bucket  {b:7.3f} ms")
+    print(f"  direct bucket (wsync_manifest) {out['direct'][0]:7.3f} ms")
     print(f"  ratio flattened / manifest: {b / a:.2f}x")
 
 
