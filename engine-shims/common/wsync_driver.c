@@ -196,7 +196,10 @@ wsync_result_t wsync_driver_begin(wsync_driver_t *d, uint64_t version, uint64_t 
         wsync_txn_begin(&d->txn, version, expect_tensors, expect_bytes, names, n_names, err);
     if (rc != WSYNC_OK)
         return rc;
-    for (size_t i = 0; i < n_names; i++) /* experts another EP rank holds never come here */
+    /* experts another EP rank holds never come here (one question to the engine first: most
+     * run without expert parallelism, and a version may declare thousands of names) */
+    const int ep = wsync_map_ep_active(d->cfg.engine);
+    for (size_t i = 0; ep && i < n_names; i++)
         if (names[i] != NULL && !wsync_map_owned(d->cfg.map, d->cfg.engine, names[i]))
             wsync_txn_elsewhere(&d->txn, names[i]);
     if (open != 0) {

@@ -250,6 +250,15 @@ void wsync_map_ep_share(int64_t experts, uint32_t ep_rank, uint32_t ep_size, int
     *first = r * b + (r < m ? r : m);
 }
 
+int wsync_map_ep_active(const wsync_engine_ops_t *eng)
+{
+    uint32_t ep_rank = 0, ep_size = 1, mr = 0, ms = 1;
+    if (!WSYNC_HAS_FIELD(wsync_engine_ops_t, eng, moe) || eng->moe == NULL)
+        return 0;
+    eng->moe(eng->user, &ep_rank, &ep_size, &mr, &ms);
+    return ep_size > 1;
+}
+
 int wsync_map_owned(const wsync_map_table_t *table, const wsync_engine_ops_t *eng, const char *name)
 {
     wsync_map_target_t tg;

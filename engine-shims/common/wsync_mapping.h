@@ -89,6 +89,8 @@ void wsync_map_ep_share(int64_t experts, uint32_t ep_rank, uint32_t ep_size, int
  * other tensor, names no rule matches included: planning reports those). */
 int wsync_map_owned(const wsync_map_table_t *table, const wsync_engine_ops_t *eng,
                     const char *name);
+/* 1 when `eng` runs with expert parallelism (its moe member reports an EP size above 1). */
+int wsync_map_ep_active(const wsync_engine_ops_t *eng);
 
 /* wsync_map_plan, and an fp8 (e4m3fn) engine parameter fed from a bf16, f16 or f32 tensor: a
  * quantizing op (*quant, kind WSYNC_QUANT_FP8_BLOCK) that writes the parameter and its block
