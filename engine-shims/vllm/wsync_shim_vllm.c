@@ -227,7 +227,8 @@ static wsync_result_t wsync_vllm_handle(wsync_shim_ctx_t *ctx, const char *metho
                         method);
 }
 
-/* update_info for one bucket; every rank's manifest has the same tensors in the same order. */
+/* update_info for one bucket: names, offsets and handles once for every rank when the ranks'
+ * manifests hold the same tensors at the same offsets, else one manifest text per rank. */
 /* vLLM's update_info names its tensors once for every rank: ranks whose buckets hold other
  * tensors, or the same ones elsewhere (expert parallelism stages each rank only its experts),
  * travel as one manifest text per rank instead. */
