@@ -227,8 +227,6 @@ static wsync_result_t wsync_vllm_handle(wsync_shim_ctx_t *ctx, const char *metho
                         method);
 }
 
-/* update_info for one bucket: names, offsets and handles once for every rank when the ranks'
- * manifests hold the same tensors at the same offsets, else one manifest text per rank. */
 /* vLLM's update_info names its tensors once for every rank: ranks whose buckets hold other
  * tensors, or the same ones elsewhere (expert parallelism stages each rank only its experts),
  * travel as one manifest text per rank instead. */
@@ -250,6 +248,8 @@ static int wsync_vllm_ranks_differ(const wsync_shim_encode_t *in, json_t *const 
     return 0;
 }
 
+/* update_info for one bucket: names, offsets and handles once for every rank when the ranks'
+ * manifests hold the same tensors at the same offsets, else one manifest text per rank. */
 static json_t *wsync_vllm_info(const wsync_shim_encode_t *in, json_t *const *m)
 {
     json_t *tensors = json_object_get(m[0], "tensors"), *t;
