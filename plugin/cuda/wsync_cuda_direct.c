@@ -4,9 +4,10 @@
  * the driver's process-wide allocation id (CU_POINTER_ATTRIBUTE_BUFFER_ID, never reused) and
  * exported once with cudaIpcGetMemHandle; the export is cached by base address and id, so a
  * steady trainer exports nothing per sync and memory freed and re-made at the same address is
- * exported again under its new id. cuMem (VMM) memory, e.g. PyTorch's expandable segments,
- * has no legacy IPC handle: the run of chunks holding the tensor is exported instead (one fd
- * per chunk, wsync_cuda_vmm.h), cached by address and the chunks' physical allocations. */
+ * exported again under its new id, in the entry of that address (the cache holds one entry per
+ * address in use). cuMem (VMM) memory, e.g. PyTorch's expandable segments, has no legacy IPC
+ * handle: the run of chunks holding the tensor is exported instead (one fd per chunk,
+ * wsync_cuda_vmm.h), cached by address and the chunks' physical allocations. */
 #include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,7 +133,17 @@ static wsync_result_t locate(void *user, const char *name, const void *src, uint
     if (!legacy)
         return locate_run(ctx, name, at, nbytes, seg, offset, err);
     wsync_cuda_export_t *e = export_find(ctx->exports, base, id);
-    if (e == NULL) {
+    if (e == NULL) /* memory re-made at a known address: its entry takes the new export */
+        for (size_t k = 0; k < ctx->exports->n && e == NULL; k++)
+            if (ctx->exports->at[k].base == base)
+                e = &ctx->exports->at[k];
+    if (e != NULL && e->id != id) {
+        cudaError_t ce = cudaIpcGetMemHandle(&e->handle, (void *)base);
+        if (ce != cudaSuccess)
+            return wsync_cuda_fail(err, ce, "stage", "cudaIpcGetMemHandle(direct segment)");
+        e->size = size;
+        e->id = id;
+    } else if (e == NULL) {
         if (ctx->exports->n == ctx->exports->cap) {
             size_t cap = ctx->exports->cap ? 2 * ctx->exports->cap : 64;
             void *p = realloc(ctx->exports->at, cap * sizeof(*ctx->exports->at));
