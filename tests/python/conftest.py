@@ -61,12 +61,19 @@ def recv(conn, proc, timeout: float = 120.0):
 @child
 def _engine_main(conn, engine: str, layout: str, rank: int, tp: int, device: str, verify: bool,
                  rollback: bool = False) -> None:
+    import importlib
+
     import models
     import wsync
 
-    model = models.tiny_model(layout)
-    ref = models.engine_layout(dict(model.state_dict()), engine, rank, tp)
-    params = models.zeros_like_layout(ref, device)
+    if ":" in layout:  # "module:function": function(engine, rank, tp) -> (model, zeroed params)
+        mod, fn = layout.split(":")
+        model, params = getattr(importlib.import_module(mod), fn)(engine, rank, tp)
+        params = {k: v.to(device) for k, v in params.items()}
+    else:
+        model = models.tiny_model(layout)
+        ref = models.engine_layout(dict(model.state_dict()), engine, rank, tp)
+        params = models.zeros_like_layout(ref, device)
     ptrs = {k: v.data_ptr() for k, v in params.items()}
     w = wsync.EngineWorker(
         params, engine=engine, config=model.config, tp_rank=rank, tp_size=tp, verify=verify, plugin=plugin_for(device),
@@ -97,7 +104,8 @@ def _engine_main(conn, engine: str, layout: str, rank: int, tp: int, device: str
 
 
 class EngineRanks:
-    """tp engine ranks of `engine`, each in its own process."""
+    """tp engine ranks of `engine`, each in its own process; `layout` "dense", "moe", or
+    "module:function" naming a function(engine, rank, tp) -> (model, zeroed params)."""
 
     def __init__(self, engine: str, layout: str, tp: int, device: str = "cpu", verify: bool = False,
                  rollback: bool = False):

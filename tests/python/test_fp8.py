@@ -61,6 +61,12 @@ def _bytes_equal(a, b):
     return torch.equal(a.view(torch.uint8), b.view(torch.uint8)) if a.dtype == torch.float8_e4m3fn else torch.equal(a, b)
 
 
+def fp8_engine(engine, rank, tp):
+    """An engine rank's zeroed FP8 parameters (conftest's EngineRanks layout "test_fp8:fp8_engine")."""
+    model = _model()
+    return model, _zeros(_fp8_layout(models.engine_layout(dict(model.state_dict()), engine, rank, tp)))
+
+
 def _ranks(model, engine, tp):
     params = [_zeros(_fp8_layout(models.engine_layout(dict(model.state_dict()), engine, r, tp))) for r in range(tp)]
     workers = [wsync.EngineWorker(params[r], engine=engine, config=model.config, tp_rank=r, tp_size=tp,
