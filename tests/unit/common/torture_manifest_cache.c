@@ -29,6 +29,19 @@ enum { DIGESTS_NONE, DIGESTS_ALL, DIGESTS_SOME };
 #define B64_64                                                                                     \
     "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=="
 
+/* The bucket's buffer: a cuda_ipc handle that changes with the generation. */
+static void test_buffer(wsync_buffer_desc_t *b, uint64_t generation, uint64_t bytes)
+{
+    b->struct_size = sizeof(*b);
+    b->kind = WSYNC_BUFFER_CUDA_IPC;
+    b->handle_len = 64;
+    for (int i = 0; i < 64; i++)
+        b->handle[i] = (uint8_t)(i + generation);
+    b->bytes = bytes;
+    b->pid = 4711;
+    strcpy(b->device, "GPU-0123");
+}
+
 /* A bucket of n tensors "model.layers.<i>.<suffix>", bf16 [16,16] at i * 512, emitted with the
  * given generation, digest seed and mode. `bytes` 0: exactly n * 512. Returns malloc'd text
  * (free with real_free). */
@@ -59,14 +72,7 @@ static char *emit(size_t n, const char *suffix, uint64_t generation, uint64_t se
                           .finished = generation % 2 == 0,
                           .n_tensors = n,
                           .tensors = t};
-    v.buffer.struct_size = sizeof(v.buffer);
-    v.buffer.kind = WSYNC_BUFFER_CUDA_IPC;
-    v.buffer.handle_len = 64;
-    for (int i = 0; i < 64; i++)
-        v.buffer.handle[i] = (uint8_t)(i + generation);
-    v.buffer.bytes = bytes ? bytes : (n ? n * 512 : 1);
-    v.buffer.pid = 4711;
-    strcpy(v.buffer.device, "GPU-0123");
+    test_buffer(&v.buffer, generation, bytes ? bytes : (n ? n * 512 : 1));
     v.buffer.has_ready = 1;
     v.buffer.ready_len = 64;
     memset(v.buffer.ready, (int)generation, 64);
@@ -120,14 +126,7 @@ static char *emit_direct(size_t n, uint64_t generation, size_t nseg, uint64_t se
                           .n_segments = nseg,
                           .segments = segs,
                           .tensor_segment = ts};
-    v.buffer.struct_size = sizeof(v.buffer);
-    v.buffer.kind = WSYNC_BUFFER_CUDA_IPC;
-    v.buffer.handle_len = 64;
-    for (int i = 0; i < 64; i++)
-        v.buffer.handle[i] = (uint8_t)(i + generation);
-    v.buffer.bytes = 64;
-    v.buffer.pid = 4711;
-    strcpy(v.buffer.device, "GPU-0123");
+    test_buffer(&v.buffer, generation, 64);
     char *text = NULL;
     wsync_error_t err = {.struct_size = sizeof(err)};
     assert_int_equal(wsync_manifest_emit(&v, &text, &err), WSYNC_OK);
