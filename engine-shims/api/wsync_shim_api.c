@@ -447,6 +447,32 @@ WSYNC_SHIM_API wsync_result_t wsync_shim_plan(const char *engine, const char *co
                                   n_buckets, err);
 }
 
+WSYNC_SHIM_API wsync_result_t wsync_shim_ep_owners(const char *engine, const char *const *names,
+                                                   size_t n, int64_t *experts, uint32_t ep_size,
+                                                   int32_t *owner, wsync_error_t *err)
+{
+    const wsync_shim_t *s = find_shim(engine, err);
+    if (s == NULL)
+        return WSYNC_ERR_NOT_FOUND;
+    if ((n > 0 && (names == NULL || owner == NULL)) || experts == NULL || ep_size == 0)
+        return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
+                            "ep_owners needs names, owner, experts and an EP size >= 1 (got %u)",
+                            ep_size);
+    int64_t top = -1;
+    for (size_t i = 0; i < n; i++) {
+        const int64_t e = names[i] != NULL ? wsync_map_expert_of(s->map, names[i]) : -1;
+        owner[i] = e < 0 ? -1 : (int32_t)(e < INT32_MAX ? e : INT32_MAX); /* the index, for now */
+        top = e > top ? e : top;
+    }
+    if (*experts <= 0)
+        *experts = top + 1;
+    for (size_t i = 0; i < n; i++) /* an index past the model goes to every rank, which refuse it */
+        if (owner[i] >= 0)
+            owner[i] =
+                owner[i] < *experts ? (int32_t)wsync_map_ep_owner(*experts, ep_size, owner[i]) : -1;
+    return WSYNC_OK;
+}
+
 /* Plugins loaded for producers: kept for the life of the process (their tables stay valid),
  * one loader per distinct request. */
 #define WSYNC_SHIM_MAX_PLUGINS 8

@@ -125,6 +125,14 @@ wsync_result_t wsync_shim_plan(const char *engine, const char *const *names, con
                                size_t n, uint64_t bucket_bytes, size_t *order, size_t *bucket_first,
                                size_t *n_buckets, wsync_error_t *err);
 
+/* Trainer side, expert parallelism: owner[i] = the EP rank of ep_size that owns HF tensor names[i]
+ * (an expert, in the placement of the engines' mapping, docs/SHIMS.md), or -1 for a tensor every
+ * rank takes (not an expert, or an index past the model, which the engines refuse). *experts: the
+ * model's expert count; <= 0 on entry: the largest expert index named, plus one (0 without any). */
+wsync_result_t wsync_shim_ep_owners(const char *engine, const char *const *names, size_t n,
+                                    int64_t *experts, uint32_t ep_size, int32_t *owner,
+                                    wsync_error_t *err);
+
 /* Load a plugin through the shims' loader (wsync_loader.h: `path`, else $WSYNC_PLUGIN, else the
  * CUDA plugin when it finds a device, else the CPU plugin, searched in $WSYNC_PLUGIN_DIR first)
  * for a trainer's producer side. The plugin stays loaded for the life of the process; *out is

@@ -250,32 +250,52 @@ void wsync_map_ep_share(int64_t experts, uint32_t ep_rank, uint32_t ep_size, int
     *first = r * b + (r < m ? r : m);
 }
 
+/* The engine's moe member, when it has one: 1 and its answer, else 0. */
+static int wsync_map_moe(const wsync_engine_ops_t *eng, uint32_t *ep_rank, uint32_t *ep_size,
+                         uint32_t *mr, uint32_t *ms)
+{
+    if (!WSYNC_HAS_FIELD(wsync_engine_ops_t, eng, moe) || eng->moe == NULL)
+        return 0;
+    eng->moe(eng->user, ep_rank, ep_size, mr, ms);
+    return 1;
+}
+
+uint32_t wsync_map_ep_owner(int64_t experts, uint32_t ep_size, int64_t e)
+{
+    uint32_t r = 0;
+    int64_t first, count;
+    for (wsync_map_ep_share(experts, r, ep_size, &first, &count); e >= first + count;)
+        wsync_map_ep_share(experts, ++r, ep_size, &first, &count);
+    return r;
+}
+
+int64_t wsync_map_expert_of(const wsync_map_table_t *table, const char *name)
+{
+    wsync_map_target_t tg;
+    if (wsync_map_resolve(table, name, &tg, NULL) != WSYNC_OK ||
+        tg.rule->part < WSYNC_PART_EXPERT_W1)
+        return -1;
+    return tg.expert;
+}
+
 int wsync_map_ep_active(const wsync_engine_ops_t *eng)
 {
     uint32_t ep_rank = 0, ep_size = 1, mr = 0, ms = 1;
-    if (!WSYNC_HAS_FIELD(wsync_engine_ops_t, eng, moe) || eng->moe == NULL)
-        return 0;
-    eng->moe(eng->user, &ep_rank, &ep_size, &mr, &ms);
-    return ep_size > 1;
+    return wsync_map_moe(eng, &ep_rank, &ep_size, &mr, &ms) && ep_size > 1;
 }
 
 int wsync_map_owned(const wsync_map_table_t *table, const wsync_engine_ops_t *eng, const char *name)
 {
-    wsync_map_target_t tg;
-    if (wsync_map_resolve(table, name, &tg, NULL) != WSYNC_OK ||
-        tg.rule->part < WSYNC_PART_EXPERT_W1 || !WSYNC_HAS_FIELD(wsync_engine_ops_t, eng, moe) ||
-        eng->moe == NULL)
-        return 1;
     uint32_t ep_rank = 0, ep_size = 1, mr = 0, ms = 1;
+    const int64_t e = wsync_map_expert_of(table, name);
+    if (e < 0 || !wsync_map_moe(eng, &ep_rank, &ep_size, &mr, &ms))
+        return 1;
     wsync_model_dims_t d;
     memset(&d, 0, sizeof(d));
-    eng->moe(eng->user, &ep_rank, &ep_size, &mr, &ms);
     eng->dims(eng->user, &d);
-    if (ep_size <= 1 || ep_rank >= ep_size || d.experts <= 0 || tg.expert >= d.experts)
+    if (ep_size <= 1 || ep_rank >= ep_size || d.experts <= 0 || e >= d.experts)
         return 1;
-    int64_t first, count;
-    wsync_map_ep_share(d.experts, ep_rank, ep_size, &first, &count);
-    return tg.expert >= first && tg.expert < first + count;
+    return wsync_map_ep_owner(d.experts, ep_size, e) == ep_rank;
 }
 
 /* An expert part under expert parallelism: the expert's local index on this rank, or *skip when
@@ -286,9 +306,8 @@ static wsync_result_t wsync_map_experts(const wsync_engine_ops_t *eng, const wsy
                                         int *skip, wsync_error_t *err)
 {
     uint32_t ep_rank = 0, ep_size = 1, mr = *rank, ms = *size;
-    if (!WSYNC_HAS_FIELD(wsync_engine_ops_t, eng, moe) || eng->moe == NULL)
+    if (!wsync_map_moe(eng, &ep_rank, &ep_size, &mr, &ms))
         return WSYNC_OK;
-    eng->moe(eng->user, &ep_rank, &ep_size, &mr, &ms);
     if (ep_size == 0 || ep_rank >= ep_size || ms == 0 || mr >= ms)
         return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
                             "engine reports EP rank %u of %u, MoE TP rank %u of %u", ep_rank,

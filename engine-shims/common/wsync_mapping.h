@@ -85,6 +85,10 @@ wsync_result_t wsync_map_plan(const wsync_map_table_t *table, const wsync_engine
  * Planning skips an expert another rank owns: an empty op (nothing read, nothing written). */
 void wsync_map_ep_share(int64_t experts, uint32_t ep_rank, uint32_t ep_size, int64_t *first,
                         int64_t *count);
+/* The EP rank of ep_size that owns expert e (0 <= e < experts) in that placement. */
+uint32_t wsync_map_ep_owner(int64_t experts, uint32_t ep_size, int64_t e);
+/* The expert index of HF tensor `name` (a rule's '#'), or -1 for every other tensor. */
+int64_t wsync_map_expert_of(const wsync_map_table_t *table, const char *name);
 /* 0 when HF tensor `name` is an expert that another EP rank of `eng` owns; 1 otherwise (every
  * other tensor, names no rule matches included: planning reports those). */
 int wsync_map_owned(const wsync_map_table_t *table, const wsync_engine_ops_t *eng,

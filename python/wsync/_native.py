@@ -58,6 +58,12 @@ _FUNCTIONS = [
         C.c_int,
         [C.c_char_p, C.POINTER(C.POINTER(_abi.Plugin)), C.c_char_p, C.c_size_t, _E],
     ),
+    (
+        "wsync_shim_ep_owners",
+        C.c_int,
+        [C.c_char_p, C.POINTER(C.c_char_p), C.c_size_t, C.POINTER(C.c_int64), C.c_uint32,
+         C.POINTER(C.c_int32), _E],
+    ),
     ("wsync_shim_model_tensors", _P, [C.c_char_p, C.c_size_t, _E]),
     ("wsync_shim_checkpoint_plan", _P, [C.c_char_p, C.c_char_p, _E]),
     ("wsync_shim_api_free", None, [_P]),

@@ -20,7 +20,6 @@ from __future__ import annotations
 import ctypes as C
 import json
 import os
-import re
 from collections import deque
 from typing import Any, Callable, List, Optional, Sequence, Union
 
@@ -57,9 +56,6 @@ def encode_bucket(engine: str, manifests: Sequence[str], *, first: bool, finishe
     if text is None:
         _native.check(err.code or 16, err)
     return [json.dumps(m, separators=(",", ":")) for m in json.loads(text)]
-
-
-_EXPERT = re.compile(r"\.experts\.(\d+)\.")  # an expert's HF name: its index
 
 
 def begin_message(version: int, pairs: Sequence[tuple]) -> str:
@@ -124,6 +120,7 @@ class Producer:
         # the experts it owns (the engines' linear placement, docs/SHIMS.md); `experts`: the
         # model's expert count (None: the largest expert index the first sync names, plus one)
         self.ep_size, self.experts = int(ep_size), experts
+        self._owner_cache: dict = {}  # bucket names -> each tensor's owning EP rank
         if cast_to is not None and not direct:
             raise InvalidArgument(1, "Producer", "cast_to is for direct mode (direct=True)")
         self.direct = direct
@@ -364,24 +361,35 @@ class Producer:
         self._turn = (self._turn + 1) % len(self._sets)
         return msgs
 
+    def _ep_owners(self, names: Sequence[str]) -> List[int]:
+        """Per name, the EP rank that owns it (-1: every rank takes it), in the placement of the
+        engines' own mapping (wsync_shim_ep_owners); sets self.experts when it is unknown."""
+        experts = C.c_int64(self.experts if self.experts is not None else 0)
+        owner = (C.c_int32 * max(len(names), 1))()
+        err = _abi.Error.new()
+        _native.check(self._shim.ep_owners(self.engine.encode(), _native.c_strings(list(names)), len(names),
+                                           C.byref(experts), self.ep_size, owner, C.byref(err)), err)
+        if self.experts is None and experts.value > 0:
+            self.experts = experts.value
+        return list(owner[: len(names)])
+
     def _ep_pairs(self, pairs: list) -> List[list]:
         """Per engine rank, the tensors of the bucket it is staged: all of them, or with expert
         parallelism every tensor but the experts other EP ranks own (the same list object for
         the ranks of one EP rank)."""
+        n_ranks = len(self._sets[0].staging)
         if self.ep_size == 1:
-            return [pairs] * len(self._sets[0].staging)
+            return [pairs] * n_ranks
         if self.experts is None:
             raise InvalidArgument(1, "stage_bucket", f"ep_size={self.ep_size}: the model's expert count is "
                                   "unknown (pass experts=, or sync() the whole model first)")
-        per_ep = self.ep_size
-        groups = []
-        for e in range(per_ep):
-            b, m = divmod(self.experts, per_ep)
-            first, count = e * b + min(e, m), b + (1 if e < m else 0)
-            groups.append([(n, t) for n, t in pairs
-                           if (x := _EXPERT.search(n)) is None or first <= int(x.group(1)) < first + count])
-        mtp = len(self._sets[0].staging) // per_ep
-        return [groups[r // mtp] for r in range(len(self._sets[0].staging))]
+        key = tuple(n for n, _ in pairs)
+        owners = self._owner_cache.get(key)
+        if owners is None:
+            owners = self._owner_cache[key] = self._ep_owners(key)
+        groups = [[p for p, o in zip(pairs, owners) if o in (-1, e)] for e in range(self.ep_size)]
+        mtp = n_ranks // self.ep_size
+        return [groups[r // mtp] for r in range(n_ranks)]
 
     def encode(self, manifests: Sequence[str], *, first: bool, finished: bool,
                weight_version: Optional[str] = None, with_buffer: bool = True) -> List[str]:
@@ -421,8 +429,7 @@ class Producer:
         pairs = list(checkpoint_tensors(named))
         by_name = dict(pairs)
         if self.ep_size > 1 and self.experts is None:
-            ids = [int(x.group(1)) for n, _ in pairs if (x := _EXPERT.search(n)) is not None]
-            self.experts = max(ids) + 1 if ids else None
+            self._ep_owners([n for n, _ in pairs])  # learns the expert count from the names
         plan = self.plan(pairs)
         if version is not None:
             check_replies(_resolve(send(begin_message(version, pairs))))

@@ -278,6 +278,15 @@ static void test_expert_parallel(void **state)
     assert_int_equal(first, 6);
     wsync_map_ep_share(6, 3, 4, &first, &count);
     assert_int_equal(first, 5);
+    /* the owner of each expert is the rank whose share holds it: 6 over 4 = 2, 2, 1, 1 */
+    const uint32_t owner6[6] = {0, 0, 1, 1, 2, 3};
+    for (int64_t e = 0; e < 6; e++)
+        assert_int_equal(wsync_map_ep_owner(6, 4, e), owner6[e]);
+    assert_int_equal(wsync_map_ep_owner(4, 8, 3), 3); /* more ranks than experts */
+    assert_int_equal(wsync_map_expert_of(&wsync_map_fused_moe_w13,
+                                         "model.layers.0.mlp.experts.17.up_proj.weight"),
+                     17);
+    assert_int_equal(wsync_map_expert_of(&wsync_map_fused_moe_w13, "model.norm.weight"), -1);
 
     wsync_error_t err = {.struct_size = sizeof(err)};
     wsync_copy_op_t op;
