@@ -65,6 +65,17 @@ static void launch_cfg(wsync_cuda_launch_cfg_t *cfg, int is_vmm)
 /* One launch of `ops` whose sources are src_base + src_offset, ordered after h's *ready*: the
  * ops are validated (copy_weights: against h; copy_segments: each against its segment, with
  * src_base 0 and absolute source addresses). */
+/* A control block's *ready* on the host: the manifest normally arrives after ready was
+ * recorded; this only bounds a replay. (A ready event is waited for on the stream.) */
+static wsync_result_t host_ready(struct wsync_consumer *c, wsync_cuda_mapping_t *m,
+                                 uint64_t generation, wsync_error_t *err)
+{
+    if (m->control == NULL || atomic_load(&m->control->ready_generation) >= generation)
+        return WSYNC_OK;
+    return wsync_control_wait_ready(m->control, generation, c->timeout_ms, m->control->producer_pid,
+                                    err);
+}
+
 /* More work of the same call, enqueued on s after the copies and before the events that
  * *consumed* and close_handle wait on (copy_quantized's quantizing kernel). */
 typedef struct copy_extra {
@@ -101,13 +112,8 @@ static wsync_result_t copy_locked_with(struct wsync_consumer *c, struct wsync_ha
                                    err);
     if (rc != WSYNC_OK)
         return rc;
-    if (m->control != NULL && atomic_load(&m->control->ready_generation) < generation) {
-        /* The manifest normally arrives after ready was recorded; this only bounds a replay. */
-        rc = wsync_control_wait_ready(m->control, generation, c->timeout_ms,
-                                      m->control->producer_pid, err);
-        if (rc != WSYNC_OK)
-            return rc;
-    }
+    if ((rc = host_ready(c, m, generation, err)) != WSYNC_OK)
+        return rc;
     wsync_carrier_t *use = NULL;
     rc = stream_use(m, s, &use, err);
     if (rc != WSYNC_OK)
@@ -496,10 +502,8 @@ static wsync_result_t quant_prepare(struct wsync_consumer *c, struct wsync_handl
     void *dev = NULL;
     unsigned long long bad = WSYNC_CUDA_QUANT_NO_BAD;
     const size_t table = nq * sizeof(*t);
-    if (rc == WSYNC_OK && m->control != NULL &&
-        atomic_load(&m->control->ready_generation) < generation)
-        rc = wsync_control_wait_ready(m->control, generation, c->timeout_ms,
-                                      m->control->producer_pid, err);
+    if (rc == WSYNC_OK)
+        rc = host_ready(c, m, generation, err);
     cudaError_t e = cudaSuccess;
     if (rc == WSYNC_OK && m->has_ready)
         e = cudaStreamWaitEvent(s, m->ready, 0);

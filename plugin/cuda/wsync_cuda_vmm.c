@@ -62,6 +62,15 @@ static wsync_result_t need_api(wsync_error_t *err)
     return WSYNC_OK;
 }
 
+uint64_t wsync_cuda_vmm_nonce(void)
+{
+    static _Atomic uint64_t counter;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ((uint64_t)getpid() << 40) ^ ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)ts.tv_nsec ^
+           (atomic_fetch_add(&counter, 1) << 56);
+}
+
 const wsync_cuda_vmm_api_t *wsync_cuda_vmm_api(wsync_error_t *err)
 {
     return need_api(err) == WSYNC_OK ? &api : NULL;
@@ -168,11 +177,7 @@ wsync_result_t wsync_cuda_vmm_create(int device, uint64_t bytes, wsync_cuda_vmm_
     rc = map_here(out, h, device, g, err);
     if (rc != WSYNC_OK)
         goto fail;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    static _Atomic uint64_t counter;
-    out->nonce = ((uint64_t)getpid() << 40) ^ ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)ts.tv_nsec ^
-                 (atomic_fetch_add(&counter, 1) << 56);
+    out->nonce = wsync_cuda_vmm_nonce();
     return WSYNC_OK;
 fail:
     wsync_cuda_vmm_destroy(out);

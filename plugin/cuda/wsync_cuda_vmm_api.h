@@ -33,6 +33,9 @@ typedef struct wsync_cuda_vmm_api {
 
 /* The driver's entry points, loaded once; NULL (err set, NOT_SUPPORTED) when any is missing. */
 const wsync_cuda_vmm_api_t *wsync_cuda_vmm_api(wsync_error_t *err);
+/* A value unique per export in this process (the nonce that makes an export's handle bytes, so a
+ * cache key, new even where fd numbers are reused). */
+uint64_t wsync_cuda_vmm_nonce(void);
 /* SYSTEM (OUT_OF_MEMORY for CUDA_ERROR_OUT_OF_MEMORY) naming the call and CUresult r. */
 wsync_result_t wsync_cuda_vmm_cu_fail(wsync_error_t *err, int r, const char *where,
                                       const char *what);

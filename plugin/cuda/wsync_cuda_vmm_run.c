@@ -1,12 +1,10 @@
 /* Direct mode's cuda_vmm_run segments: see wsync_cuda_vmm.h. */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cuda.h>
@@ -96,15 +94,6 @@ int wsync_cuda_vmm_run_same(const wsync_cuda_vmm_run_t *a, const wsync_cuda_vmm_
            memcmp(a->blocks, b->blocks, a->n * sizeof(*a->blocks)) == 0;
 }
 
-static uint64_t run_nonce(void)
-{
-    static _Atomic uint64_t counter;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return ((uint64_t)getpid() << 40) ^ ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)ts.tv_nsec ^
-           (atomic_fetch_add(&counter, 1) << 56) ^ 0x52554eull;
-}
-
 wsync_result_t wsync_cuda_vmm_run_export(const char *name, wsync_cuda_vmm_run_t *r,
                                          wsync_error_t *err)
 {
@@ -154,7 +143,7 @@ wsync_result_t wsync_cuda_vmm_run_export(const char *name, wsync_cuda_vmm_run_t 
         wsync_cuda_vmm_run_free(r);
         return rc;
     }
-    r->nonce = run_nonce();
+    r->nonce = wsync_cuda_vmm_nonce();
     wsync_direct_allow_readers();
     return WSYNC_OK;
 }
