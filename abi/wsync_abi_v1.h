@@ -52,7 +52,8 @@ extern "C" {
  *         weight checker).
  *       Appended in 0.1.3: buffer kind cuda_vmm_run (6), direct mode's segments in cuMem memory;
  *         wsync_quant_v1_t and wsync_consumer_ops_v1_t.copy_quantized (optional): FP8 engine
- *         parameters quantized from bf16 / f16 / f32 sources inside the copy. */
+ *         parameters quantized from bf16 / f16 / f32 sources inside the copy.
+ *       Appended in 0.1.4: the copy_quantized flag WSYNC_COPY_QUANT_ONE_PASS. */
 #define WSYNC_ABI_VERSION_1 1u
 
 /* ------------------------------------------------------------------ results */
@@ -236,6 +237,12 @@ typedef struct wsync_copy_op_v1 {
 } wsync_copy_op_v1_t;
 
 #define WSYNC_COPY_VERIFY 0x1u /* compute wsync64 of every op with has_digest and compare */
+/* Appended in 0.1.4, copy_quantized only (copy_weights and copy_segments refuse it): check each
+ * quantized block for NaN and infinity as it is quantized, in the one pass over the sources,
+ * instead of a check of the whole call before anything is written. A block holding such a value
+ * is left as it was, every other op and block of the call is written, and the error
+ * (INVALID_ARGUMENT naming the op, row and column) is reported by record_consumed. */
+#define WSYNC_COPY_QUANT_ONE_PASS 0x2u
 
 /* Appended in 0.1.3. How op i of copy_quantized turns its source into its destination. kind
  * WSYNC_QUANT_NONE: a plain copy (op as in copy_weights). WSYNC_QUANT_FP8_BLOCK: the source is
@@ -445,7 +452,9 @@ typedef struct wsync_consumer_ops_v1 {
      * the buffer; destinations, and scale regions, inside their extents and disjoint), then
      * every quantized source is checked for NaN and infinity before any op writes: a bad value
      * refuses the call (INVALID_ARGUMENT naming the op, its row and column) with nothing
-     * written. Ordering, generations and *consumed* as copy_weights. */
+     * written; with WSYNC_COPY_QUANT_ONE_PASS the check rides in the quantizing pass instead
+     * (the source is read once, a bad block is left unwritten, record_consumed reports it).
+     * Ordering, generations and *consumed* as copy_weights. */
     wsync_result_t (*copy_quantized)(struct wsync_consumer *c, struct wsync_handle *h,
                                      wsync_stream_t stream, uint64_t generation,
                                      const wsync_copy_op_v1_t *ops, const wsync_quant_v1_t *quant,

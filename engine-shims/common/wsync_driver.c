@@ -547,7 +547,7 @@ static wsync_result_t wsync_driver_copy_direct(wsync_driver_t *d, wsync_driver_b
     if (rc == WSYNC_OK)
         rc = d->ops->copy_segments(d->consumer, e->handle, segs, n, wsync_driver_stream(d),
                                    m->generation, ops, m->tensor_segment, m->n_tensors,
-                                   d->cfg.copy_flags, err);
+                                   d->cfg.copy_flags & ~WSYNC_COPY_QUANT_ONE_PASS, err);
     free(segs);
     if (rc == WSYNC_OK && m->finished)
         wsync_driver_sweep_segments(d, e);
@@ -558,10 +558,14 @@ static wsync_result_t wsync_driver_copy_direct(wsync_driver_t *d, wsync_driver_b
 static void wsync_driver_release_unread(wsync_driver_t *d, const wsync_manifest_t *const *m,
                                         size_t n);
 
+/* *wrote: the bucket failed after its copy wrote engine parameters (a digest mismatch; a NaN the
+ * one-pass quantizer found, which left only its block unwritten). */
 static wsync_result_t wsync_driver_execute(wsync_driver_t *d, const wsync_manifest_t *m,
                                            const wsync_copy_op_t *ops, const wsync_quant_t *quant,
-                                           wsync_error_t *err)
+                                           int *wrote, wsync_error_t *err)
 {
+    const uint32_t plain_flags = d->cfg.copy_flags & ~WSYNC_COPY_QUANT_ONE_PASS;
+    *wrote = 0;
     int quantizes = 0;
     for (size_t i = 0; i < m->n_tensors && !quantizes; i++)
         quantizes = quant[i].kind != WSYNC_QUANT_NONE;
@@ -596,12 +600,15 @@ static wsync_result_t wsync_driver_execute(wsync_driver_t *d, const wsync_manife
                                         err);
         else
             rc = d->ops->copy_weights(d->consumer, e->handle, wsync_driver_stream(d), m->generation,
-                                      ops, m->n_tensors, d->cfg.copy_flags, err);
+                                      ops, m->n_tensors, plain_flags, err);
         const int refused = rc != WSYNC_OK; /* the copy call itself: it read nothing */
         if (rc == WSYNC_OK)
             rc = d->ops->record_consumed(d->consumer, e->handle,
                                          (d->cfg.copy_flags & WSYNC_COPY_VERIFY) != 0 || quantizes,
                                          err);
+        *wrote = !refused && (rc == WSYNC_ERR_DIGEST_MISMATCH ||
+                              (rc == WSYNC_ERR_INVALID_ARGUMENT && quantizes &&
+                               (d->cfg.copy_flags & WSYNC_COPY_QUANT_ONE_PASS)));
         if (rc != WSYNC_OK && quantizes) {
             wsync_driver_name_op(m, err);
             if (refused) /* e.g. a NaN found before any write: the trainer may reuse the buffer */
@@ -687,9 +694,12 @@ wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifest
         wsync_driver_hook_begin(d, d->txn.version);
     }
     for (size_t i = 0; i < n && rc == WSYNC_OK; i++) {
-        rc = wsync_driver_execute(d, m[i], ops + k, quant + k, err);
+        int wrote = 0;
+        rc = wsync_driver_execute(d, m[i], ops + k, quant + k, &wrote, err);
         if (rc == WSYNC_OK)
             wsync_txn_applied(&d->txn, m[i]->tensors, m[i]->n_tensors, live[i], m[i]->buffer.pid);
+        else if (wrote && live[i])
+            wsync_txn_wrote(&d->txn);
         k += m[i]->n_tensors;
         if (m[i]->generation > gen)
             gen = m[i]->generation;

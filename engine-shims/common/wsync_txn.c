@@ -189,6 +189,11 @@ void wsync_txn_applied(wsync_txn_t *t, const wsync_tensor_desc_t *tensors, size_
         t->producer_pid = producer_pid;
 }
 
+void wsync_txn_wrote(wsync_txn_t *t)
+{
+    t->written++;
+}
+
 wsync_result_t wsync_txn_commit(wsync_txn_t *t, uint64_t version, wsync_error_t *err)
 {
     if (t->phase != WSYNC_TXN_UPDATING || (version != 0 && version != t->version))

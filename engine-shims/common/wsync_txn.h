@@ -56,6 +56,9 @@ wsync_result_t wsync_txn_check(const wsync_txn_t *t, const wsync_tensor_desc_t *
  * shadows of rollback mode), so the weights are now mixed until the version commits. */
 void wsync_txn_applied(wsync_txn_t *t, const wsync_tensor_desc_t *tensors, size_t n, int wrote_live,
                        int64_t producer_pid);
+/* A bucket's copy ran and then failed (a digest mismatch, a NaN found while quantizing): it may
+ * have written engine parameters, so the weights count as mixed; none of its tensors arrived. */
+void wsync_txn_wrote(wsync_txn_t *t);
 /* Commit the open version: refused (BAD_REQUEST naming counts and up to 4 missing names) unless
  * everything declared arrived; the version then stays open. */
 wsync_result_t wsync_txn_commit(wsync_txn_t *t, uint64_t version, wsync_error_t *err);

@@ -72,22 +72,33 @@ int wsync_fp8_find_bad(const void *src, uint64_t src_pitch, wsync_dtype_t dtype,
     return 0;
 }
 
-void wsync_fp8_quantize_2d(const void *src, uint64_t src_pitch, wsync_dtype_t dtype, int64_t rows,
-                           int64_t cols, int64_t block, uint8_t *dst, uint64_t dst_pitch,
-                           unsigned char *scales, uint64_t scale_pitch)
+int wsync_fp8_quantize_2d(const void *src, uint64_t src_pitch, wsync_dtype_t dtype, int64_t rows,
+                          int64_t cols, int64_t block, uint8_t *dst, uint64_t dst_pitch,
+                          unsigned char *scales, uint64_t scale_pitch, int64_t *bad_row,
+                          int64_t *bad_col)
 {
     const int64_t brows = (rows + block - 1) / block, bcols = (cols + block - 1) / block;
     const unsigned char *s0 = src;
+    int found = 0;
     for (int64_t br = 0; br < brows; br++)
         for (int64_t bc = 0; bc < bcols; bc++) {
             const int64_t r1 = br * block + block < rows ? br * block + block : rows;
             const int64_t c1 = bc * block + block < cols ? bc * block + block : cols;
             float amax = 0.0f;
+            int bad = 0;
             for (int64_t r = br * block; r < r1; r++)
                 for (int64_t c = bc * block; c < c1; c++) {
                     const float x = wsync_fp8_load(s0 + (uint64_t)r * src_pitch, dtype, c);
+                    if (!isfinite(x) && !bad) {
+                        bad = 1; /* the block's first, row-major; the least over blocks kept */
+                        if (!found || r < *bad_row || (r == *bad_row && c < *bad_col))
+                            *bad_row = r, *bad_col = c;
+                        found = 1;
+                    }
                     amax = fabsf(x) > amax ? fabsf(x) : amax;
                 }
+            if (bad)
+                continue; /* left as it was */
             if (amax < 1e-4f)
                 amax = 1e-4f;
             /* torch computes 448.0 / amax as amax.reciprocal() * 448 (Tensor.__rtruediv__) */
@@ -99,6 +110,7 @@ void wsync_fp8_quantize_2d(const void *src, uint64_t src_pitch, wsync_dtype_t dt
             const float scale = amax / WSYNC_FP8_E4M3_MAX;
             memcpy(scales + (uint64_t)br * scale_pitch + 4u * (uint64_t)bc, &scale, 4);
         }
+    return found ? -1 : 0;
 }
 
 int wsync_fp8_quantize_blocks(const void *src, wsync_dtype_t dtype, int64_t rows, int64_t cols,
@@ -111,7 +123,6 @@ int wsync_fp8_quantize_blocks(const void *src, wsync_dtype_t dtype, int64_t rows
         return -1;
     }
     const int64_t bcols = (cols + block - 1) / block;
-    wsync_fp8_quantize_2d(src, pitch, dtype, rows, cols, block, dst, (uint64_t)cols,
-                          (unsigned char *)scales, 4u * (uint64_t)bcols);
-    return 0;
+    return wsync_fp8_quantize_2d(src, pitch, dtype, rows, cols, block, dst, (uint64_t)cols,
+                                 (unsigned char *)scales, 4u * (uint64_t)bcols, &br, &bc);
 }

@@ -28,11 +28,13 @@ int wsync_fp8_quantize_blocks(const void *src, wsync_dtype_t dtype, int64_t rows
  * -1 with its row and column, else 0. */
 int wsync_fp8_find_bad(const void *src, uint64_t src_pitch, wsync_dtype_t dtype, int64_t rows,
                        int64_t cols, int64_t *bad_row, int64_t *bad_col);
-/* The block quantizer over pitched memory (values already checked finite): rows x cols at src
- * (src_pitch bytes apart) into dst (dst_pitch apart) and each block's float scale at scales +
- * (row block) x scale_pitch + (column block) x 4 (unaligned stores). */
-void wsync_fp8_quantize_2d(const void *src, uint64_t src_pitch, wsync_dtype_t dtype, int64_t rows,
-                           int64_t cols, int64_t block, uint8_t *dst, uint64_t dst_pitch,
-                           unsigned char *scales, uint64_t scale_pitch);
+/* The block quantizer over pitched memory: rows x cols at src (src_pitch bytes apart) into dst
+ * (dst_pitch apart) and each block's float scale at scales + (row block) x scale_pitch + (column
+ * block) x 4 (unaligned stores). A block holding a NaN or infinite value is left as it was: -1
+ * with the first such value's row and column (row-major), else 0. */
+int wsync_fp8_quantize_2d(const void *src, uint64_t src_pitch, wsync_dtype_t dtype, int64_t rows,
+                          int64_t cols, int64_t block, uint8_t *dst, uint64_t dst_pitch,
+                          unsigned char *scales, uint64_t scale_pitch, int64_t *bad_row,
+                          int64_t *bad_col);
 
 #endif

@@ -106,7 +106,8 @@ wsync_result_t wsync_cpu_copy_quantized(struct wsync_consumer *c, struct wsync_h
                                         const wsync_copy_op_t *ops, const wsync_quant_t *quant,
                                         size_t n_ops, uint32_t flags, wsync_error_t *err)
 {
-    wsync_result_t r = wsync_cpu_buffer_call(c, h, ops, n_ops, flags, err);
+    wsync_result_t r =
+        wsync_cpu_buffer_call(c, h, ops, n_ops, flags & ~WSYNC_COPY_QUANT_ONE_PASS, err);
     if (r != WSYNC_OK)
         return r;
     if ((r = wsync_validate_quant_ops(ops, quant, n_ops, h->bytes, err)) != WSYNC_OK)

@@ -184,8 +184,11 @@ static void wsync_cpu_run_copy(wsync_cpu_task_t *t)
         }
         return;
     }
-    if (t->u.copy.quant != NULL && !wsync_cpu_quant_sources_ok(t))
+    const int one_pass = (t->u.copy.flags & WSYNC_COPY_QUANT_ONE_PASS) != 0;
+    if (t->u.copy.quant != NULL && !one_pass && !wsync_cpu_quant_sources_ok(t))
         return; /* a NaN or infinity: nothing of the call is written */
+    int64_t bad_row = 0, bad_col = 0;
+    size_t bad_op = SIZE_MAX;
     const int streaming = t->u.copy.total_bytes >= WSYNC_CPU_STREAMING_MIN_TASK;
     for (size_t i = 0; i < t->u.copy.n; i++) {
         const wsync_copy_op_t *op = &t->u.copy.ops[i];
@@ -197,10 +200,13 @@ static void wsync_cpu_run_copy(wsync_cpu_task_t *t)
             continue;
         const wsync_quant_t *q = t->u.copy.quant != NULL ? &t->u.copy.quant[i] : NULL;
         if (q != NULL && q->kind == WSYNC_QUANT_FP8_BLOCK) {
-            wsync_fp8_quantize_2d(src, op->rows > 1 ? op->src_pitch : op->row_bytes, q->src_dtype,
-                                  (int64_t)op->rows, (int64_t)q->cols, WSYNC_FP8_BLOCK, dst,
-                                  op->rows > 1 ? op->dst_pitch : q->cols, q->scale_dst,
-                                  q->scale_pitch);
+            int64_t r, c;
+            if (wsync_fp8_quantize_2d(src, op->rows > 1 ? op->src_pitch : op->row_bytes,
+                                      q->src_dtype, (int64_t)op->rows, (int64_t)q->cols,
+                                      WSYNC_FP8_BLOCK, dst, op->rows > 1 ? op->dst_pitch : q->cols,
+                                      q->scale_dst, q->scale_pitch, &r, &c) != 0 &&
+                bad_op == SIZE_MAX)
+                bad_op = i, bad_row = r, bad_col = c;
             continue;
         }
         if (verify && op->has_digest) {
@@ -233,6 +239,16 @@ static void wsync_cpu_run_copy(wsync_cpu_task_t *t)
     }
     if (streaming)
         wsync_cpu_copy_fence(); /* streaming stores are weakly ordered */
+    if (bad_op != SIZE_MAX && t->sink != NULL) {
+        pthread_mutex_lock(&t->sink->lock);
+        wsync_fail(&t->sink->error, WSYNC_ERR_INVALID_ARGUMENT, "copy_quantized",
+                   "generation %llu: op %zu: a NaN or infinite value at row %lld, column %lld of "
+                   "its source cannot be quantized to fp8; the 128 x 128 block holding it was "
+                   "left as it was and the rest of the bucket written (WSYNC_COPY_QUANT_ONE_PASS)",
+                   (unsigned long long)t->generation, bad_op, (long long)bad_row,
+                   (long long)bad_col);
+        pthread_mutex_unlock(&t->sink->lock);
+    }
     if (mismatches == 0 || t->sink == NULL)
         return;
     pthread_mutex_lock(&t->sink->lock);

@@ -443,20 +443,32 @@ typedef struct quant_launch {
     const wsync_cuda_qop_t *dev;
     uint32_t n;
     uint64_t blocks;
+    unsigned long long *flag; /* one pass: the first bad value's key (device) */
 } quant_launch_t;
 
 static cudaError_t quant_run(void *arg, cudaStream_t s)
 {
     const quant_launch_t *q = arg;
-    return wsync_cuda_quant_blocks(q->dev, q->n, q->blocks, s);
+    return wsync_cuda_quant_blocks(q->dev, q->n, q->blocks, q->flag, s);
 }
 
-/* The quantized ops on the device, and their first NaN or infinity (after *ready*, the host
- * waiting for it: nothing of the call is written before the answer). */
+static wsync_result_t quant_bad(wsync_error_t *err, const size_t *from, unsigned long long bad,
+                                const char *written)
+{
+    return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                      "op %zu: a NaN or infinite value at row %llu, column %llu of its source "
+                      "cannot be quantized to fp8; %s",
+                      from[bad >> 44], (bad >> 22) & 0x3fffffull, bad & 0x3fffffull, written);
+}
+
+/* The quantized ops on the device. Checked (without one_pass): their first NaN or infinity,
+ * after *ready*, the host waiting for it, so nothing of the call is written before the answer.
+ * from[k]: the call's op index of quantized op k (the caller frees it). */
 static wsync_result_t quant_prepare(struct wsync_consumer *c, struct wsync_handle *h,
                                     cudaStream_t s, uint64_t generation, const wsync_copy_op_t *ops,
                                     const wsync_quant_t *quant, size_t n_ops, uintptr_t base,
-                                    quant_launch_t *out, wsync_error_t *err)
+                                    int one_pass, quant_launch_t *out, size_t **from_out,
+                                    wsync_error_t *err)
 {
     wsync_cuda_mapping_t *m = h->entry->mapping;
     size_t nq = 0;
@@ -514,27 +526,49 @@ static wsync_result_t quant_prepare(struct wsync_consumer *c, struct wsync_handl
     unsigned long long *flag = dev != NULL ? (unsigned long long *)((char *)dev + table) : NULL;
     if (rc == WSYNC_OK && e == cudaSuccess)
         e = cudaMemsetAsync(flag, 0xff, sizeof(bad), s);
-    if (rc == WSYNC_OK && e == cudaSuccess)
-        e = wsync_cuda_quant_scan(dev, (uint32_t)nq, blocks, flag, s);
-    if (rc == WSYNC_OK && e == cudaSuccess)
-        e = cudaMemcpyAsync(&bad, flag, sizeof(bad), cudaMemcpyDeviceToHost, s);
-    if (rc == WSYNC_OK && e == cudaSuccess)
-        e = cudaStreamSynchronize(s);
+    if (!one_pass) {
+        if (rc == WSYNC_OK && e == cudaSuccess)
+            e = wsync_cuda_quant_scan(dev, (uint32_t)nq, blocks, flag, s);
+        if (rc == WSYNC_OK && e == cudaSuccess)
+            e = cudaMemcpyAsync(&bad, flag, sizeof(bad), cudaMemcpyDeviceToHost, s);
+        if (rc == WSYNC_OK && e == cudaSuccess)
+            e = cudaStreamSynchronize(s);
+    }
     if (rc == WSYNC_OK && e != cudaSuccess)
         rc = wsync_cuda_fail(err, e, "copy_quantized", "checking the sources for NaN");
     if (rc == WSYNC_OK && bad != WSYNC_CUDA_QUANT_NO_BAD)
-        rc = WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                        "op %zu: a NaN or infinite value at row %llu, column %llu of its source "
-                        "cannot be quantized to fp8; nothing of the bucket was written",
-                        from[bad >> 44], (bad >> 22) & 0x3fffffull, bad & 0x3fffffull);
+        rc = quant_bad(err, from, bad, "nothing of the bucket was written");
     free(t);
-    free(from);
     if (rc != WSYNC_OK) {
+        free(from);
         if (dev != NULL)
             (void)cudaFreeAsync(dev, s);
         return rc;
     }
-    *out = (quant_launch_t){.dev = dev, .n = (uint32_t)nq, .blocks = blocks};
+    *out = (quant_launch_t){
+        .dev = dev, .n = (uint32_t)nq, .blocks = blocks, .flag = one_pass ? flag : NULL};
+    *from_out = from;
+    return WSYNC_OK;
+}
+
+/* One pass: the quantizer's first bad value, once the call's work is done; reported by the
+ * record_consumed that follows (the mapping's deferred error), as the call wrote the rest. */
+static wsync_result_t quant_settle(wsync_cuda_mapping_t *m, const quant_launch_t *q,
+                                   const size_t *from, cudaStream_t s, wsync_error_t *err)
+{
+    unsigned long long bad = WSYNC_CUDA_QUANT_NO_BAD;
+    cudaError_t e = cudaMemcpyAsync(&bad, q->flag, sizeof(bad), cudaMemcpyDeviceToHost, s);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(s);
+    if (e != cudaSuccess)
+        return wsync_cuda_fail(err, e, "copy_quantized", "reading the quantizer's NaN check");
+    if (bad != WSYNC_CUDA_QUANT_NO_BAD && m->deferred == WSYNC_OK) {
+        wsync_error_t e2 = {.struct_size = sizeof(e2)};
+        m->deferred = quant_bad(&e2, from, bad,
+                                "the 128 x 128 block holding it was left as it was and the rest "
+                                "of the bucket written (WSYNC_COPY_QUANT_ONE_PASS)");
+        memcpy(m->deferred_message, e2.message, sizeof(m->deferred_message));
+    }
     return WSYNC_OK;
 }
 
@@ -546,6 +580,8 @@ wsync_result_t wsync_cuda_copy_quantized(struct wsync_consumer *c, struct wsync_
     wsync_result_t rc = check_handle(c, h, __func__, err);
     if (rc != WSYNC_OK)
         return rc;
+    const int one_pass = (flags & WSYNC_COPY_QUANT_ONE_PASS) != 0;
+    flags &= ~WSYNC_COPY_QUANT_ONE_PASS;
     if ((rc = wsync_validate_copy_args(ops, n_ops, flags, err)) != WSYNC_OK)
         return rc;
     if (h->segment)
@@ -569,12 +605,16 @@ wsync_result_t wsync_cuda_copy_quantized(struct wsync_consumer *c, struct wsync_
         (uintptr_t)(((wsync_cuda_mapping_t *)h->entry->mapping)->base + h->base_offset);
     pthread_mutex_lock(&c->lock);
     quant_launch_t q;
-    rc = quant_prepare(c, h, s, generation, ops, quant, n_ops, base, &q, err);
+    size_t *from = NULL;
+    rc = quant_prepare(c, h, s, generation, ops, quant, n_ops, base, one_pass, &q, &from, err);
     if (rc == WSYNC_OK) {
         const copy_extra_t extra = {.fn = quant_run, .arg = &q};
         rc = copy_locked_with(c, h, s, generation, plain, np, flags, base, NULL, &extra, err);
+        if (rc == WSYNC_OK && one_pass)
+            rc = quant_settle(h->entry->mapping, &q, from, s, err);
         (void)cudaFreeAsync((void *)q.dev, s);
     }
+    free(from);
     pthread_mutex_unlock(&c->lock);
     wsync_cuda_range_pop();
     free(plain);

@@ -51,50 +51,186 @@ __global__ void __launch_bounds__(WSYNC_Q_THREADS)
     }
 }
 
-__global__ void __launch_bounds__(WSYNC_Q_THREADS)
-    wsync_q_blocks(const wsync_cuda_qop_t *__restrict__ ops, uint32_t n, uint64_t total_blocks)
+/* Block b's amax and first non-finite element, and the writes when it has none. */
+typedef struct wsync_q_block {
+    uint32_t r0, c0, r1, c1;
+} wsync_q_block_t;
+
+static __device__ __forceinline__ unsigned long long wsync_q_key(uint32_t i, uint32_t r, uint32_t c)
 {
-    __shared__ float warp_max[WSYNC_Q_THREADS / 32];
+    return ((unsigned long long)i << 44) | ((unsigned long long)r << 22) | (unsigned long long)c;
+}
+
+/* amax over the CTA (every thread gets it) and whether any thread saw a non-finite value. */
+static __device__ __forceinline__ float wsync_q_reduce(float amax, int bad, float *smax, int *sbad)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    bad = __any_sync(0xffffffffu, bad);
+    if ((threadIdx.x & 31u) == 0) {
+        smax[threadIdx.x / 32] = amax;
+        sbad[threadIdx.x / 32] = bad;
+    }
+    __syncthreads();
+    amax = smax[0];
+    bad = sbad[0];
+#pragma unroll
+    for (int w = 1; w < WSYNC_Q_THREADS / 32; w++) {
+        amax = fmaxf(amax, smax[w]);
+        bad |= sbad[w];
+    }
+    __syncthreads(); /* smax / sbad are reused by the next block */
+    return bad ? -1.0f : amax;
+}
+
+/* (1 / amax) x 448 as torch computes 448 / amax; amax at least 1e-4 (an all-zero block). */
+static __device__ __forceinline__ float wsync_q_inv(float amax)
+{
+    return __fmul_rn(__fdiv_rn(1.0f, fmaxf(amax, 1e-4f)), 448.0f);
+}
+
+static __device__ __forceinline__ void wsync_q_scale(const wsync_cuda_qop_t &op,
+                                                     const wsync_q_block_t &k, float amax)
+{
+    if (threadIdx.x == 0) {
+        const float scale = __fdiv_rn(fmaxf(amax, 1e-4f), 448.0f);
+        memcpy(op.scales + (uint64_t)(k.r0 / WSYNC_Q_BLOCK) * op.scale_pitch +
+                   4u * (k.c0 / WSYNC_Q_BLOCK),
+               &scale, 4);
+    }
+}
+
+/* Any layout: one element per thread and step. */
+static __device__ void wsync_q_block_scalar(const wsync_cuda_qop_t &op, uint32_t i,
+                                            const wsync_q_block_t &k, unsigned long long *first_bad,
+                                            float *smax, int *sbad)
+{
+    float amax = 0.0f;
+    int bad = 0;
+    for (uint32_t e = threadIdx.x; e < WSYNC_Q_BLOCK * WSYNC_Q_BLOCK; e += WSYNC_Q_THREADS) {
+        const uint32_t r = k.r0 + e / WSYNC_Q_BLOCK, c = k.c0 + e % WSYNC_Q_BLOCK;
+        if (r >= k.r1 || c >= k.c1)
+            continue;
+        const float x = wsync_q_load(op.src + (uint64_t)r * op.src_pitch, op.src_dtype, c);
+        if (!isfinite(x)) {
+            if (!bad && first_bad != NULL)
+                atomicMin(first_bad, wsync_q_key(i, r, c));
+            bad = 1;
+        }
+        amax = fmaxf(amax, fabsf(x));
+    }
+    amax = wsync_q_reduce(amax, bad, smax, sbad);
+    if (amax < 0.0f)
+        return; /* a NaN or infinity: the block is left as it was */
+    const float inv = wsync_q_inv(amax);
+    for (uint32_t e = threadIdx.x; e < WSYNC_Q_BLOCK * WSYNC_Q_BLOCK; e += WSYNC_Q_THREADS) {
+        const uint32_t r = k.r0 + e / WSYNC_Q_BLOCK, c = k.c0 + e % WSYNC_Q_BLOCK;
+        if (r >= k.r1 || c >= k.c1)
+            continue;
+        const float x = wsync_q_load(op.src + (uint64_t)r * op.src_pitch, op.src_dtype, c);
+        op.dst[(uint64_t)r * op.dst_pitch + c] =
+            (unsigned char)__nv_cvt_float_to_fp8(__fmul_rn(x, inv), __NV_SATFINITE, __NV_E4M3);
+    }
+    wsync_q_scale(op, k, amax);
+}
+
+/* 16-bit sources in 16-byte vectors (8 values), the whole block held in registers: the source is
+ * read once. |x| of bf16 / f16 orders as its bits with the sign cleared, and a value is NaN or
+ * infinite exactly when those bits reach the exponent's all-ones pattern. */
+#define WSYNC_Q_VECS (WSYNC_Q_BLOCK * WSYNC_Q_BLOCK / 8 / WSYNC_Q_THREADS)
+static __device__ void wsync_q_block_vec(const wsync_cuda_qop_t &op, uint32_t i,
+                                         const wsync_q_block_t &k, unsigned long long *first_bad,
+                                         float *smax, int *sbad)
+{
+    const uint32_t inf = op.src_dtype == WSYNC_Q_DTYPE_BF16 ? 0x7f80u : 0x7c00u;
+    const uint32_t nv = (k.c1 - k.c0) / 8u;
+    uint4 v[WSYNC_Q_VECS];
+    uint32_t top = 0;
+    int bad = 0;
+#pragma unroll
+    for (int j = 0; j < WSYNC_Q_VECS; j++) {
+        const uint32_t e = threadIdx.x + (uint32_t)j * WSYNC_Q_THREADS;
+        const uint32_t r = k.r0 + e / 16u, cv = e % 16u;
+        v[j] = make_uint4(0, 0, 0, 0);
+        if (r < k.r1 && cv < nv)
+            v[j] = __ldcs(reinterpret_cast<const uint4 *>(op.src + (uint64_t)r * op.src_pitch +
+                                                          2u * (k.c0 + 8u * cv)));
+        const uint32_t w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+#pragma unroll
+        for (int h = 0; h < 8; h++) {
+            const uint32_t a = (w[h / 2] >> (16 * (h % 2))) & 0x7fffu;
+            top = max(top, a);
+            if (a >= inf) {
+                if (!bad && first_bad != NULL)
+                    atomicMin(first_bad, wsync_q_key(i, r, k.c0 + 8u * cv + (uint32_t)h));
+                bad = 1;
+            }
+        }
+    }
+    const float mine = op.src_dtype == WSYNC_Q_DTYPE_BF16
+                           ? __uint_as_float(top << 16)
+                           : __half2float(__ushort_as_half((unsigned short)top));
+    const float amax = wsync_q_reduce(mine, bad, smax, sbad);
+    if (amax < 0.0f)
+        return;
+    const float inv = wsync_q_inv(amax);
+#pragma unroll
+    for (int j = 0; j < WSYNC_Q_VECS; j++) {
+        const uint32_t e = threadIdx.x + (uint32_t)j * WSYNC_Q_THREADS;
+        const uint32_t r = k.r0 + e / 16u, cv = e % 16u;
+        if (r >= k.r1 || cv >= nv)
+            continue;
+        const uint32_t w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+        uint32_t out[2] = {0, 0};
+#pragma unroll
+        for (int h = 0; h < 8; h += 2) {
+            float2 f;
+            if (op.src_dtype == WSYNC_Q_DTYPE_BF16) {
+                f.x = __uint_as_float((w[h / 2] & 0xffffu) << 16);
+                f.y = __uint_as_float(w[h / 2] & 0xffff0000u);
+            } else {
+                f.x = __half2float(__ushort_as_half((unsigned short)(w[h / 2] & 0xffffu)));
+                f.y = __half2float(__ushort_as_half((unsigned short)(w[h / 2] >> 16)));
+            }
+            f.x = __fmul_rn(f.x, inv);
+            f.y = __fmul_rn(f.y, inv);
+            const uint32_t q = __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3);
+            out[h / 4] |= q << (16 * ((h / 2) % 2));
+        }
+        __stcs(reinterpret_cast<uint2 *>(op.dst + (uint64_t)r * op.dst_pitch + k.c0 + 8u * cv),
+               make_uint2(out[0], out[1]));
+    }
+    wsync_q_scale(op, k, amax);
+}
+
+static __device__ __forceinline__ int wsync_q_vectors(const wsync_cuda_qop_t &op)
+{
+    return op.src_dtype != WSYNC_Q_DTYPE_BF16 && op.src_dtype != WSYNC_Q_DTYPE_F16
+               ? 0
+               : ((((uintptr_t)op.src | op.src_pitch) & 15u) |
+                  (((uintptr_t)op.dst | op.dst_pitch) & 7u) | (op.cols & 7u)) == 0;
+}
+
+__global__ void __launch_bounds__(WSYNC_Q_THREADS)
+    wsync_q_blocks(const wsync_cuda_qop_t *__restrict__ ops, uint32_t n, uint64_t total_blocks,
+                   unsigned long long *first_bad)
+{
+    __shared__ float smax[WSYNC_Q_THREADS / 32];
+    __shared__ int sbad[WSYNC_Q_THREADS / 32];
     for (uint64_t b = blockIdx.x; b < total_blocks; b += gridDim.x) {
-        const wsync_cuda_qop_t &op = ops[wsync_q_find(ops, n, b)];
-        const uint64_t k = b - op.block_begin;
-        const uint32_t r0 = (uint32_t)(k / op.bcols) * WSYNC_Q_BLOCK;
-        const uint32_t c0 = (uint32_t)(k % op.bcols) * WSYNC_Q_BLOCK;
-        const uint32_t r1 = min(op.rows, r0 + WSYNC_Q_BLOCK), c1 = min(op.cols, c0 + WSYNC_Q_BLOCK);
-        float amax = 0.0f;
-        for (uint32_t e = threadIdx.x; e < WSYNC_Q_BLOCK * WSYNC_Q_BLOCK; e += WSYNC_Q_THREADS) {
-            const uint32_t r = r0 + e / WSYNC_Q_BLOCK, c = c0 + e % WSYNC_Q_BLOCK;
-            if (r < r1 && c < c1)
-                amax = fmaxf(amax, fabsf(wsync_q_load(op.src + (uint64_t)r * op.src_pitch,
-                                                      op.src_dtype, c)));
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        if ((threadIdx.x & 31u) == 0)
-            warp_max[threadIdx.x / 32] = amax;
-        __syncthreads();
-        amax = warp_max[0];
-#pragma unroll
-        for (int w = 1; w < WSYNC_Q_THREADS / 32; w++)
-            amax = fmaxf(amax, warp_max[w]);
-        __syncthreads(); /* warp_max is reused by the next block */
-        amax = fmaxf(amax, 1e-4f);
-        const float inv = __fmul_rn(__fdiv_rn(1.0f, amax), 448.0f); /* torch: reciprocal x 448 */
-        for (uint32_t e = threadIdx.x; e < WSYNC_Q_BLOCK * WSYNC_Q_BLOCK; e += WSYNC_Q_THREADS) {
-            const uint32_t r = r0 + e / WSYNC_Q_BLOCK, c = c0 + e % WSYNC_Q_BLOCK;
-            if (r >= r1 || c >= c1)
-                continue;
-            const float x = wsync_q_load(op.src + (uint64_t)r * op.src_pitch, op.src_dtype, c);
-            op.dst[(uint64_t)r * op.dst_pitch + c] =
-                (unsigned char)__nv_cvt_float_to_fp8(__fmul_rn(x, inv), __NV_SATFINITE, __NV_E4M3);
-        }
-        if (threadIdx.x == 0) {
-            const float scale = __fdiv_rn(amax, 448.0f);
-            memcpy(op.scales + (uint64_t)(r0 / WSYNC_Q_BLOCK) * op.scale_pitch +
-                       4u * (c0 / WSYNC_Q_BLOCK),
-                   &scale, 4);
-        }
+        const uint32_t i = wsync_q_find(ops, n, b);
+        const wsync_cuda_qop_t &op = ops[i];
+        const uint64_t kb = b - op.block_begin;
+        wsync_q_block_t k;
+        k.r0 = (uint32_t)(kb / op.bcols) * WSYNC_Q_BLOCK;
+        k.c0 = (uint32_t)(kb % op.bcols) * WSYNC_Q_BLOCK;
+        k.r1 = min(op.rows, k.r0 + WSYNC_Q_BLOCK);
+        k.c1 = min(op.cols, k.c0 + WSYNC_Q_BLOCK);
+        if (wsync_q_vectors(op))
+            wsync_q_block_vec(op, i, k, first_bad, smax, sbad);
+        else
+            wsync_q_block_scalar(op, i, k, first_bad, smax, sbad);
     }
 }
 
@@ -115,10 +251,12 @@ extern "C" cudaError_t wsync_cuda_quant_scan(const wsync_cuda_qop_t *ops, uint32
 }
 
 extern "C" cudaError_t wsync_cuda_quant_blocks(const wsync_cuda_qop_t *ops, uint32_t n,
-                                               uint64_t total_blocks, cudaStream_t s)
+                                               uint64_t total_blocks, unsigned long long *first_bad,
+                                               cudaStream_t s)
 {
     if (n == 0 || total_blocks == 0)
         return cudaSuccess;
-    wsync_q_blocks<<<wsync_q_grid(total_blocks), WSYNC_Q_THREADS, 0, s>>>(ops, n, total_blocks);
+    wsync_q_blocks<<<wsync_q_grid(total_blocks), WSYNC_Q_THREADS, 0, s>>>(ops, n, total_blocks,
+                                                                          first_bad);
     return cudaGetLastError();
 }

@@ -1,5 +1,6 @@
 /* The FP8 kernels of copy_quantized (wsync_abi_v1.h, wsync_quant_v1_t): a scan that finds the
- * first NaN or infinite value of the quantized sources, and the block quantizer, bit-identical
+ * first NaN or infinite value of the quantized sources (before anything is written, unless the
+ * call asks for WSYNC_COPY_QUANT_ONE_PASS), and the block quantizer, bit-identical
  * to the host's (plugin/common/wsync_fp8.h): per 128 x 128 block amax, (1 / amax) x 448 in float,
  * each value cast to e4m3fn (nearest even, saturating), the scale amax / 448. C-callable. */
 #ifndef WSYNC_QUANT_KERNEL_H
@@ -31,9 +32,12 @@ typedef struct wsync_cuda_qop {
  * op << 44 | row << 22 | col of a NaN or infinite source value. */
 cudaError_t wsync_cuda_quant_scan(const wsync_cuda_qop_t *ops, uint32_t n, uint64_t total_blocks,
                                   unsigned long long *first_bad, cudaStream_t s);
-/* Quantize every block of every op (total_blocks = the last op's block_begin + its blocks). */
+/* Quantize every block of every op (total_blocks = the last op's block_begin + its blocks) in one
+ * pass over the sources (16-bit sources with 16-byte aligned rows and 8-byte aligned destination
+ * rows are read once, in vectors). A block holding a NaN or infinite value is left as it was;
+ * first_bad (optional, as for the scan) then gets the least key of such a value. */
 cudaError_t wsync_cuda_quant_blocks(const wsync_cuda_qop_t *ops, uint32_t n, uint64_t total_blocks,
-                                    cudaStream_t s);
+                                    unsigned long long *first_bad, cudaStream_t s);
 
 #ifdef __cplusplus
 }

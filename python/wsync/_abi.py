@@ -17,6 +17,7 @@ ERROR_WHERE_LEN = 64
 ABI_VERSION = 1
 
 COPY_VERIFY = 0x1
+COPY_QUANT_ONE_PASS = 0x2  # copy_quantized: the NaN check rides in the quantizing pass (0.1.4)
 STAGING_FIXED_LAYOUT = 0x1
 STAGING_NO_DIGESTS = 0x2
 STAGING_DIRECT = 0x4

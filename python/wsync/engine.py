@@ -41,7 +41,11 @@ class EngineWorker:
     """One engine rank: ``params`` (a module's ``named_parameters()``, a mapping, or pairs) by
     engine name, this rank's ``tp_rank`` of ``tp_size``, the model ``config`` the fused layouts
     depend on. ``plugin`` as for C engines (None: ``WSYNC_PLUGIN`` or the default). ``verify``
-    checks every wsync64 digest inside the copy. ``on_flush`` / ``on_post_load`` are the
+    checks every wsync64 digest inside the copy. ``fp8_one_pass``: FP8 parameters quantized in one
+    pass over the source, each block checked for NaN / infinity as it is quantized (a block
+    holding one is left unwritten, the rest of the bucket lands, the request fails naming it and
+    the version stays uncommitted), instead of a check of the whole bucket before anything is
+    written (a second read of the source; docs/SHIMS.md, "FP8 parameters"). ``on_flush`` / ``on_post_load`` are the
     engine's cache-flush and post-load hooks; ``lora`` (a :class:`wsync.lora.LoraSlots`) the
     adapter slots that LoRA requests hot-load into. ``on_update_begin(version)`` /
     ``on_update_end(version, committed)`` bracket each weight version (docs/SHIMS.md, "Update
@@ -66,6 +70,7 @@ class EngineWorker:
         tp_size: int = 1,
         plugin: Optional[str] = None,
         verify: bool = False,
+        fp8_one_pass: bool = False,
         timeout_ms: int = 0,
         stream: Optional[Any] = None,
         on_flush: Optional[Callable[[], None]] = None,
@@ -127,7 +132,7 @@ class EngineWorker:
             ops=C.pointer(ops),
             device_ordinal=(self.device.index or 0) if self.device.type == "cuda" else 0,
             timeout_ms=timeout_ms,
-            copy_flags=_abi.COPY_VERIFY if verify else 0,
+            copy_flags=(_abi.COPY_VERIFY if verify else 0) | (_abi.COPY_QUANT_ONE_PASS if fp8_one_pass else 0),
         )
         # The parameters as a table: the C worker answers every look-up of the mapping itself
         # (no call into Python per tensor; a name outside the table is unknown to the engine).

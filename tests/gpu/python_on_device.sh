@@ -3,7 +3,8 @@
 # test on this code (and, with $OLD_PATCH, on the code before the stream fix, where it must
 # fail), the pytest suite (gpu tests included), the Python benchmark. Logs under $OUT.
 #   usage: tests/gpu/python_on_device.sh   env: OLD_PATCH (a patch that restores the old plugin),
-#   STEPS ("build test digest bench", default all: run them in separate calls on a warm machine)
+#   STEPS ("build test digest bench fp8 probe", default all but probe: run them in separate calls
+#   on a warm machine; fp8: tools/bench_python/bench_fp8.py; probe: bench_python.py --staged-probe)
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$ROOT/device-out}
@@ -16,7 +17,7 @@ fi
 export PATH=/usr/local/cuda/bin:$PATH
 nvidia-smi -L | tee "$OUT/machine.log"; python3 -c 'import torch; print("torch", torch.__version__)' | tee -a "$OUT/machine.log"
 B=$ROOT/build-py
-STEPS=${STEPS:-build test digest bench}
+STEPS=${STEPS:-build test digest bench fp8}
 status=0
 if [[ " $STEPS " == *" build "* ]]; then
 cmake -S "$ROOT" -B "$B" -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 &&
@@ -51,5 +52,14 @@ fi
 if [[ " $STEPS " == *" bench "* ]]; then
   export WSYNC_BENCH_CUDA=${WSYNC_BENCH_CUDA-$B/bin/wsync-bench-cuda}  # empty: skip the C path
   (cd "$ROOT" && timeout ${BENCH_T:-560} python3 tools/bench_python/bench_python.py --iters ${ITERS:-5} ${BENCH_ARGS:-} 2>&1) | tee "$OUT/bench-python.log" | tail -30
+fi
+if [[ " $STEPS " == *" fp8 "* ]]; then  # the quantizing copy vs the bandwidth limit and torch's loop
+  (cd "$ROOT/tools/bench_python" && timeout ${BENCH_T:-560} python3 bench_fp8.py --iters ${ITERS:-5} ${FP8_ARGS:-} 2>&1) |
+    tee "$OUT/bench-fp8.log" | tail -30
+fi
+if [[ " $STEPS " == *" probe "* ]]; then  # where the staged Python sync loses to the C path
+  export WSYNC_BENCH_CUDA=${WSYNC_BENCH_CUDA-$B/bin/wsync-bench-cuda}
+  (cd "$ROOT" && timeout ${BENCH_T:-560} python3 tools/bench_python/bench_python.py --staged-probe --iters ${ITERS:-5} 2>&1) |
+    tee "$OUT/bench-probe.log" | tail -40
 fi
 exit $status

@@ -59,8 +59,7 @@ def recv(conn, proc, timeout: float = 120.0):
 
 
 @child
-def _engine_main(conn, engine: str, layout: str, rank: int, tp: int, device: str, verify: bool,
-                 rollback: bool = False) -> None:
+def _engine_main(conn, engine: str, layout: str, rank: int, tp: int, device: str, worker_kw: dict) -> None:
     import importlib
 
     import models
@@ -76,8 +75,7 @@ def _engine_main(conn, engine: str, layout: str, rank: int, tp: int, device: str
         params = models.zeros_like_layout(ref, device)
     ptrs = {k: v.data_ptr() for k, v in params.items()}
     w = wsync.EngineWorker(
-        params, engine=engine, config=model.config, tp_rank=rank, tp_size=tp, verify=verify, plugin=plugin_for(device),
-        rollback=rollback,
+        params, engine=engine, config=model.config, tp_rank=rank, tp_size=tp, plugin=plugin_for(device), **worker_kw
     )
     conn.send(("ready", w.backend))
     while True:
@@ -107,15 +105,14 @@ class EngineRanks:
     """tp engine ranks of `engine`, each in its own process; `layout` "dense", "moe", or
     "module:function" naming a function(engine, rank, tp) -> (model, zeroed params)."""
 
-    def __init__(self, engine: str, layout: str, tp: int, device: str = "cpu", verify: bool = False,
-                 rollback: bool = False):
+    def __init__(self, engine: str, layout: str, tp: int, device: str = "cpu", **worker_kw):
         ctx = mp.get_context("spawn")
         self.conns = []
         self.procs = []
         for r in range(tp):
             a, b = ctx.Pipe()
             dev = device if device == "cpu" else f"cuda:{r if torch.cuda.device_count() > r else 0}"
-            p = ctx.Process(target=_engine_main, args=(b, engine, layout, r, tp, dev, verify, rollback), daemon=True)
+            p = ctx.Process(target=_engine_main, args=(b, engine, layout, r, tp, dev, worker_kw), daemon=True)
             p.start()
             self.conns.append(a)
             self.procs.append(p)

@@ -67,10 +67,10 @@ def fp8_engine(engine, rank, tp):
     return model, _zeros(_fp8_layout(models.engine_layout(dict(model.state_dict()), engine, rank, tp)))
 
 
-def _ranks(model, engine, tp):
+def _ranks(model, engine, tp, **kw):
     params = [_zeros(_fp8_layout(models.engine_layout(dict(model.state_dict()), engine, r, tp))) for r in range(tp)]
     workers = [wsync.EngineWorker(params[r], engine=engine, config=model.config, tp_rank=r, tp_size=tp,
-                                  plugin=plugin_for("cpu")) for r in range(tp)]
+                                  plugin=plugin_for("cpu"), **kw) for r in range(tp)]
     return params, workers, lambda m: [w.handle(m) for w in workers]
 
 
@@ -115,6 +115,44 @@ def test_fp8_nan_refused_naming_the_tensor_nothing_written():
         prod.sync(sd, send)  # the refused bucket's buffer came back: the next sync lands whole
         want = _fp8_layout(models.engine_layout(sd, "sglang", 0, 1))
         assert all(_bytes_equal(params[0][n], want[n]) for n in want)
+        _close(workers)
+
+
+def test_fp8_one_pass_nan_leaves_its_block_and_names_it():
+    """fp8_one_pass: the NaN check rides in the quantizing pass. The block holding the NaN keeps
+    its old fp8 bytes and scale, every other block and tensor of the bucket is the new version,
+    the request fails naming the tensor, row and column, and the version is not committed."""
+    model = _model()
+    params, workers, send = _ranks(model, "sglang", 1, fp8_one_pass=True)
+    with wsync.Producer("sglang", bucket_bytes=4 << 20, plugin=plugin_for("cpu")) as prod:
+        prod.sync(models.step(model, 1), send)
+        before = {n: t.clone() for n, t in params[0].items()}
+        sd = dict(models.step(model, 2))
+        name = "model.layers.1.mlp.down_proj.weight"
+        sd[name] = sd[name].clone()
+        sd[name][3, 5] = float("nan")
+        with pytest.raises(wsync.WsyncError) as e:
+            prod.sync(sd, send)
+        msg = str(e.value)
+        assert name in msg and "row 3, column 5" in msg and "left as it was" in msg, msg
+        got = params[0]
+        clean = dict(sd)
+        clean[name] = sd[name].nan_to_num(0.0)
+        want = _fp8_layout(models.engine_layout(clean, "sglang", 0, 1))
+        scale = name[: -len("weight")] + "weight_scale_inv"
+        q, s = got[name].view(torch.uint8), got[scale]
+        assert torch.equal(q[:128, :128], before[name].view(torch.uint8)[:128, :128]), "the NaN block was written"
+        assert torch.equal(s[0, 0], before[scale][0, 0])
+        assert torch.equal(q[:, 128:], want[name].view(torch.uint8)[:, 128:]) and torch.equal(
+            q[128:, :128], want[name].view(torch.uint8)[128:, :128]), "the other blocks are not the new version"
+        assert torch.equal(s.flatten()[1:], want[scale].flatten()[1:])
+        others = [n for n in want if n not in (name, scale)]
+        assert all(_bytes_equal(got[n], want[n]) for n in others), "the rest of the bucket did not land"
+        assert workers[0].state()["state"] != "consistent"
+        sd = models.step(model, 3)
+        prod.sync(sd, send)  # the next sync lands whole
+        want = _fp8_layout(models.engine_layout(sd, "sglang", 0, 1))
+        assert all(_bytes_equal(got[n], want[n]) for n in want)
         _close(workers)
 
 

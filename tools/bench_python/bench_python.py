@@ -92,7 +92,14 @@ def plugin():
     return os.path.join(str(wsync._native.lib_dir()), "libwsync_cuda.so")
 
 
-def trainer(conn, iters, skip_staged=False):
+# --staged-probe: the staged sync (2048 MiB buckets, 2 sets) three ways, to find where it loses
+# to the C path: as trainers hold parameters (one allocation each), with every parameter a view of
+# one storage (as the C path's trainer holds them), and with the trainer and the engine each on a
+# side stream instead of the legacy default stream; each with the last sync's per-bucket timeline
+PROBE = ("allocations", "one storage", "side streams")
+
+
+def trainer(conn, iters, skip_staged=False, probe=False):
     from wsync.export import TorchExport
 
     shapes = hf_shapes()
@@ -111,6 +118,25 @@ def trainer(conn, iters, skip_staged=False):
     # staged sync: separate trainer tensors, as a trainer's parameters
     params = {n: torch.randn(s, device="cuda").to(torch.bfloat16) for n, s in shapes.items()}
     torch.cuda.synchronize()
+    if probe:
+        del flat
+        for variant in PROBE:
+            conn.send(("variant", variant, None, None))
+            conn.recv()
+            ps, side = params, None
+            if variant == "one storage":
+                one = torch.empty(total // 2, dtype=torch.bfloat16, device="cuda")
+                ps, at = {}, 0
+                for n, t in params.items():
+                    ps[n] = one[at: at + t.numel()].view(t.shape)
+                    ps[n].copy_(t)
+                    at += t.numel()
+                torch.cuda.synchronize()
+            elif variant == "side streams":
+                side = torch.cuda.Stream()
+            staged(conn, ps, 2048, 2, iters, stream=side)
+        conn.send(("done", None, None, None))
+        return
     for bucket_mib, nbuf in () if skip_staged else STAGED:
         staged(conn, params, bucket_mib, nbuf, iters)
     for mib in DIRECT:
@@ -143,44 +169,53 @@ def direct(conn, params, iters, bucket_mib):
     conn.recv()
 
 
-def staged(conn, params, bucket_mib, nbuf, iters):
-    """Timed syncs through a Producer; the host time spent staging and waiting for replies."""
+def staged(conn, params, bucket_mib, nbuf, iters, stream=None):
+    """Timed syncs through a Producer; the host time spent staging and waiting for replies, and
+    the last sync's timeline (perf_counter: one clock for both processes)."""
     import wsync
 
     times, parts = [], []
     spent = {"stage": 0.0, "send": 0.0}
+    marks = []  # (what, perf_counter) of the current sync
     with wsync.Producer("sglang", bucket_bytes=bucket_mib << 20, device="cuda", digests=False,
                         buffers=nbuf, plugin=plugin()) as prod:
         stage_bucket = prod.stage_bucket
 
         def timed_stage(*a, **k):
             t = time.perf_counter()
+            marks.append(("stage", t))
             try:
                 return stage_bucket(*a, **k)
             finally:
                 spent["stage"] += time.perf_counter() - t
+                marks.append(("staged", time.perf_counter()))
         prod.stage_bucket = timed_stage
 
         def send(m):  # the replies are read when the Producer needs them (a deferred reply)
             t = time.perf_counter()
             conn.send(("msg", m))
             spent["send"] += time.perf_counter() - t
+            marks.append(("sent", time.perf_counter()))
 
             def replies():
                 t = time.perf_counter()
                 r = [conn.recv()]
                 spent["send"] += time.perf_counter() - t
+                marks.append(("reply", time.perf_counter()))
                 return r
             return replies
         for k in range(iters + 1):
             spent["stage"] = spent["send"] = 0.0
+            marks.clear()
             t0 = time.perf_counter()
-            prod.sync(params, send, weight_version=str(k))
+            marks.append(("sync", t0))
+            prod.sync(params, send, weight_version=str(k), stream=stream)
             times.append((time.perf_counter() - t0) * 1e3)
+            marks.append(("done", time.perf_counter()))
             parts.append((spent["stage"] * 1e3, spent["send"] * 1e3))
         conn.send(("release", None))
         conn.recv()
-    conn.send(("staged", (bucket_mib, nbuf, times[1:], parts[1:]), None, None))
+    conn.send(("staged", (bucket_mib, nbuf, times[1:], parts[1:], list(marks)), None, None))
     conn.recv()
 
 
@@ -201,76 +236,79 @@ def main():
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--foreign-only", action="store_true", help="skip the staged sync")
     ap.add_argument("--skip-staged", action="store_true", help="foreign and direct syncs only")
+    ap.add_argument("--staged-probe", action="store_true", help="the staged sync three ways, with timelines (PROBE)")
     args = ap.parse_args()
     iters = args.iters
     import wsync
 
     ctx = mp.get_context("spawn")
     a, b = ctx.Pipe()
-    p = ctx.Process(target=trainer, args=(b, iters, args.skip_staged), daemon=True)
+    p = ctx.Process(target=trainer, args=(b, iters, args.skip_staged, args.staged_probe), daemon=True)
     p.start()
     eng = {n: torch.zeros(s, dtype=torch.bfloat16, device="cuda") for n, s in engine_shapes().items()}
     w = wsync.EngineWorker(eng, engine="sglang", config=CFG, plugin=plugin())
     _, msgs, red, total = a.recv()
     it = iter(msgs)
     src = red[0](*red[1])  # torch's own import of the trainer's storage
-    flat_dst = torch.empty_like(src)
     import os
 
-    host = []
+    if not args.staged_probe:  # the foreign path
+        flat_dst = torch.empty_like(src)
+        host = []
 
-    def apply_drain():
-        t = time.perf_counter()
-        w.apply(next(it))
-        host.append((time.perf_counter() - t) * 1e3)
-        w.drain()
-    def gpu_only():  # the host's work hidden behind a sleeping stream: the copy's GPU time
-        torch.cuda._sleep(200_000_000)
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        w.apply(next(it))
-        b.record()
-        w.drain()
-        return a.elapsed_time(b)
-    foreign = []
-    for env in FOREIGN_ENV:
-        os.environ.update(env)
-        host.clear()
-        ms = event_ms(apply_drain, iters)
-        g = statistics.median(gpu_only() for _ in range(iters))
-        foreign.append((env, ms, statistics.median(host[1:]), g))
-        for k in env:
-            del os.environ[k]
-    wsync_ms = foreign[0][1]
-    flat_ms = event_ms(lambda: flat_dst.copy_(src), iters)
-    pairs, at = [], 0
-    for n, s in hf_shapes().items():
-        k = torch.Size(s).numel()
-        en, off = hf_to_engine(n)
-        pairs.append((eng[en][off: off + s[0]] if off or en != n else eng[en], src[at: at + k].view(s)))
-        at += k
+        def apply_drain():
+            t = time.perf_counter()
+            w.apply(next(it))
+            host.append((time.perf_counter() - t) * 1e3)
+            w.drain()
+        def gpu_only():  # the host's work hidden behind a sleeping stream: the copy's GPU time
+            torch.cuda._sleep(200_000_000)
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            w.apply(next(it))
+            b.record()
+            w.drain()
+            return a.elapsed_time(b)
+        foreign = []
+        for env in FOREIGN_ENV:
+            os.environ.update(env)
+            host.clear()
+            ms = event_ms(apply_drain, iters)
+            g = statistics.median(gpu_only() for _ in range(iters))
+            foreign.append((env, ms, statistics.median(host[1:]), g))
+            for k in env:
+                del os.environ[k]
+        wsync_ms = foreign[0][1]
+        flat_ms = event_ms(lambda: flat_dst.copy_(src), iters)
+        pairs, at = [], 0
+        for n, s in hf_shapes().items():
+            k = torch.Size(s).numel()
+            en, off = hf_to_engine(n)
+            pairs.append((eng[en][off: off + s[0]] if off or en != n else eng[en], src[at: at + k].view(s)))
+            at += k
 
-    def loop():
-        for d, s in pairs:
-            d.copy_(s)
-    loop_ms = event_ms(loop, iters)
-    BASE_MS.update(flat=flat_ms, loop=loop_ms)
-    gb = total / 1e9
-    print(f"foreign path, {gb:.1f} GB, 399 tensors into {len(eng)} engine parameters (median of {iters}):")
-    print(f"  one flat copy_ (cudaMemcpyAsync)  {flat_ms:8.2f} ms  {gb / flat_ms * 1e3:7.0f} GB/s")
-    print(f"  torch per-tensor copy_ loop        {loop_ms:8.2f} ms  {gb / loop_ms * 1e3:7.0f} GB/s")
-    for env, ms, host_ms, g in foreign:
-        what = " ".join(f"{k}={v}" for k, v in env.items()) or "default settings"
-        print(f"  wsync EngineWorker (Python), {what}: {ms:8.2f} ms  {gb / ms * 1e3:7.0f} GB/s "
-              f"(apply {host_ms:.2f} ms host, copy alone on the GPU {g:.2f} ms)")
-    print(f"  ratio wsync / flat copy: {flat_ms / wsync_ms:.3f} of the limit; "
-          f"{loop_ms / wsync_ms:.2f}x faster than the copy_ loop")
-    if args.foreign_only:
-        p.kill()
-        return
+        def loop():
+            for d, s in pairs:
+                d.copy_(s)
+        loop_ms = event_ms(loop, iters)
+        BASE_MS.update(flat=flat_ms, loop=loop_ms)
+        gb = total / 1e9
+        print(f"foreign path, {gb:.1f} GB, 399 tensors into {len(eng)} engine parameters (median of {iters}):")
+        print(f"  one flat copy_ (cudaMemcpyAsync)  {flat_ms:8.2f} ms  {gb / flat_ms * 1e3:7.0f} GB/s")
+        print(f"  torch per-tensor copy_ loop        {loop_ms:8.2f} ms  {gb / loop_ms * 1e3:7.0f} GB/s")
+        for env, ms, host_ms, g in foreign:
+            what = " ".join(f"{k}={v}" for k, v in env.items()) or "default settings"
+            print(f"  wsync EngineWorker (Python), {what}: {ms:8.2f} ms  {gb / ms * 1e3:7.0f} GB/s "
+                  f"(apply {host_ms:.2f} ms host, copy alone on the GPU {g:.2f} ms)")
+        print(f"  ratio wsync / flat copy: {flat_ms / wsync_ms:.3f} of the limit; "
+              f"{loop_ms / wsync_ms:.2f}x faster than the copy_ loop")
+        if args.foreign_only:
+            p.kill()
+            return
     a.send("go")
     handle_ms = []
     direct_env, gpu_only, gpu_ms, gpu_start = "", False, [], None
+    side, variant, emarks = None, "", []  # --staged-probe: the engine's stream, its timeline
     while True:
         if not a.poll(120):
             print("the trainer process sent nothing for 120 s: stopping")
@@ -286,8 +324,14 @@ def main():
                 gpu_start = torch.cuda.Event(enable_timing=True)
                 gpu_start.record()
             t = time.perf_counter()
-            a.send(w.handle(m))
+            if side is not None:
+                with torch.cuda.stream(side):
+                    reply = w.handle(m)
+            else:
+                reply = w.handle(m)
+            a.send(reply)
             handle_ms.append((time.perf_counter() - t) * 1e3)
+            emarks.append((t, time.perf_counter()))
             if gpu_only and '"flush_cache":true' in m:  # the sync's last bucket (SGLang drains it)
                 end = torch.cuda.Event(enable_timing=True)
                 end.record()
@@ -327,9 +371,21 @@ def main():
                       f"copy_ loop / direct sync: {BASE_MS['loop'] / ms:.3f}x")
             handle_ms.clear()
             a.send("ok")
+        elif op == "variant":
+            variant, emarks = m, []
+            side = torch.cuda.Stream() if m == "side streams" else None
+            a.send("ok")
         elif op == "staged":
-            mib, nbuf, times, parts = m
+            mib, nbuf, times, parts, marks = m
             STAGED_MS.append((mib, nbuf, statistics.median(times)))
+            if variant:
+                print(f"--- staged probe: {variant}")
+                t0 = marks[0][1]
+                last = [(x - t0, y - t0) for x, y in emarks if x >= t0]
+                print("  last sync's timeline, ms from sync(): trainer " + " ".join(
+                    f"{k}@{(t - t0) * 1e3:.2f}" for k, t in marks[1:]))
+                print("  engine handle() start-end: " + " ".join(f"{x * 1e3:.2f}-{y * 1e3:.2f}" for x, y in last))
+                emarks = []
             n_msgs = len(handle_ms)
             print(f"staged sync (Python Producer -> EngineWorker, {mib} MiB buckets, {nbuf} buffer set"
                   f"{'s' if nbuf > 1 else ''}, no digests): median {statistics.median(times):.2f} ms over "
