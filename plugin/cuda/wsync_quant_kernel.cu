@@ -2,6 +2,8 @@
 #include "wsync_quant_kernel.h"
 #include "wsync_kernel_search.cuh"
 
+#include <stdlib.h>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -26,29 +28,6 @@ static __device__ __forceinline__ uint32_t wsync_q_find(const wsync_cuda_qop_t *
                                                         uint64_t b)
 {
     return wsync_k_last_begin<wsync_cuda_qop_t, &wsync_cuda_qop_t::block_begin>(ops, n, b);
-}
-
-__global__ void __launch_bounds__(WSYNC_Q_THREADS)
-    wsync_q_scan(const wsync_cuda_qop_t *__restrict__ ops, uint32_t n, uint64_t total_blocks,
-                 unsigned long long *first_bad)
-{
-    for (uint64_t b = blockIdx.x; b < total_blocks; b += gridDim.x) {
-        const uint32_t i = wsync_q_find(ops, n, b);
-        const wsync_cuda_qop_t &op = ops[i];
-        const uint64_t k = b - op.block_begin;
-        const uint32_t r0 = (uint32_t)(k / op.bcols) * WSYNC_Q_BLOCK;
-        const uint32_t c0 = (uint32_t)(k % op.bcols) * WSYNC_Q_BLOCK;
-        const uint32_t r1 = min(op.rows, r0 + WSYNC_Q_BLOCK), c1 = min(op.cols, c0 + WSYNC_Q_BLOCK);
-        for (uint32_t e = threadIdx.x; e < WSYNC_Q_BLOCK * WSYNC_Q_BLOCK; e += WSYNC_Q_THREADS) {
-            const uint32_t r = r0 + e / WSYNC_Q_BLOCK, c = c0 + e % WSYNC_Q_BLOCK;
-            if (r >= r1 || c >= c1)
-                continue;
-            const float x = wsync_q_load(op.src + (uint64_t)r * op.src_pitch, op.src_dtype, c);
-            if (!isfinite(x))
-                atomicMin(first_bad, ((unsigned long long)i << 44) | ((unsigned long long)r << 22) |
-                                         (unsigned long long)c);
-        }
-    }
 }
 
 /* Block b's amax and first non-finite element, and the writes when it has none. */
@@ -101,7 +80,8 @@ static __device__ __forceinline__ void wsync_q_scale(const wsync_cuda_qop_t &op,
     }
 }
 
-/* Any layout: one element per thread and step. */
+/* Any layout: one element per thread and step. kQuantize 0: the check alone (the scan). */
+template <int kQuantize>
 static __device__ void wsync_q_block_scalar(const wsync_cuda_qop_t &op, uint32_t i,
                                             const wsync_q_block_t &k, unsigned long long *first_bad,
                                             float *smax, int *sbad)
@@ -120,6 +100,8 @@ static __device__ void wsync_q_block_scalar(const wsync_cuda_qop_t &op, uint32_t
         }
         amax = fmaxf(amax, fabsf(x));
     }
+    if (!kQuantize)
+        return;
     amax = wsync_q_reduce(amax, bad, smax, sbad);
     if (amax < 0.0f)
         return; /* a NaN or infinity: the block is left as it was */
@@ -135,53 +117,95 @@ static __device__ void wsync_q_block_scalar(const wsync_cuda_qop_t &op, uint32_t
     wsync_q_scale(op, k, amax);
 }
 
-/* 16-bit sources in 16-byte vectors (8 values), the whole block held in registers: the source is
- * read once. |x| of bf16 / f16 orders as its bits with the sign cleared, and a value is NaN or
- * infinite exactly when those bits reach the exponent's all-ones pattern. */
-#define WSYNC_Q_VECS (WSYNC_Q_BLOCK * WSYNC_Q_BLOCK / 8 / WSYNC_Q_THREADS)
-static __device__ void wsync_q_block_vec(const wsync_cuda_qop_t &op, uint32_t i,
-                                         const wsync_q_block_t &k, unsigned long long *first_bad,
-                                         float *smax, int *sbad)
+static __device__ __forceinline__ int wsync_q_vectors(const wsync_cuda_qop_t &op)
 {
-    const uint32_t inf = op.src_dtype == WSYNC_Q_DTYPE_BF16 ? 0x7f80u : 0x7c00u;
-    const uint32_t nv = (k.c1 - k.c0) / 8u;
+    return op.src_dtype != WSYNC_Q_DTYPE_BF16 && op.src_dtype != WSYNC_Q_DTYPE_F16
+               ? 0
+               : ((((uintptr_t)op.src | op.src_pitch) & 15u) |
+                  (((uintptr_t)op.dst | op.dst_pitch) & 7u) | (op.cols & 7u)) == 0;
+}
+
+#define WSYNC_Q_VECS (WSYNC_Q_BLOCK * WSYNC_Q_BLOCK / 8 / WSYNC_Q_THREADS)
+typedef struct wsync_q_vecs {
     uint4 v[WSYNC_Q_VECS];
-    uint32_t top = 0;
-    int bad = 0;
+} wsync_q_vecs_t;
+
+/* Thread's vector j of block k: its row and vector column, and whether it is inside the op. */
+static __device__ __forceinline__ int wsync_q_at(const wsync_q_block_t &k, int j, uint32_t *r,
+                                                 uint32_t *cv)
+{
+    const uint32_t e = threadIdx.x + (uint32_t)j * WSYNC_Q_THREADS;
+    *r = k.r0 + e / 16u;
+    *cv = e % 16u;
+    return *r < k.r1 && *cv < (k.c1 - k.c0) / 8u;
+}
+
+static __device__ __forceinline__ void wsync_q_vload(const wsync_cuda_qop_t &op,
+                                                     const wsync_q_block_t &k, wsync_q_vecs_t *x)
+{
 #pragma unroll
     for (int j = 0; j < WSYNC_Q_VECS; j++) {
-        const uint32_t e = threadIdx.x + (uint32_t)j * WSYNC_Q_THREADS;
-        const uint32_t r = k.r0 + e / 16u, cv = e % 16u;
-        v[j] = make_uint4(0, 0, 0, 0);
-        if (r < k.r1 && cv < nv)
-            v[j] = __ldcs(reinterpret_cast<const uint4 *>(op.src + (uint64_t)r * op.src_pitch +
-                                                          2u * (k.c0 + 8u * cv)));
-        const uint32_t w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
-#pragma unroll
-        for (int h = 0; h < 8; h++) {
-            const uint32_t a = (w[h / 2] >> (16 * (h % 2))) & 0x7fffu;
-            top = max(top, a);
-            if (a >= inf) {
-                if (!bad && first_bad != NULL)
-                    atomicMin(first_bad, wsync_q_key(i, r, k.c0 + 8u * cv + (uint32_t)h));
-                bad = 1;
-            }
-        }
+        uint32_t r, cv;
+        x->v[j] = make_uint4(0, 0, 0, 0);
+        if (wsync_q_at(k, j, &r, &cv))
+            x->v[j] = __ldcs(reinterpret_cast<const uint4 *>(op.src + (uint64_t)r * op.src_pitch +
+                                                             2u * (k.c0 + 8u * cv)));
     }
-    const float mine = op.src_dtype == WSYNC_Q_DTYPE_BF16
-                           ? __uint_as_float(top << 16)
-                           : __half2float(__ushort_as_half((unsigned short)top));
-    const float amax = wsync_q_reduce(mine, bad, smax, sbad);
-    if (amax < 0.0f)
-        return;
+}
+
+/* The first non-finite value among the thread's vectors, read again from the source (rare: out
+ * of the hot loop, so the vectors stay in registers). */
+static __device__ __noinline__ void wsync_q_vreport(const wsync_cuda_qop_t &op,
+                                                    const wsync_q_block_t &k, uint32_t i,
+                                                    uint32_t inf, unsigned long long *first_bad)
+{
+    for (int j = 0; j < WSYNC_Q_VECS; j++) {
+        uint32_t r, cv;
+        if (!wsync_q_at(k, j, &r, &cv))
+            continue;
+        const unsigned short *x = reinterpret_cast<const unsigned short *>(
+            op.src + (uint64_t)r * op.src_pitch + 2u * (k.c0 + 8u * cv));
+        for (uint32_t h = 0; h < 8; h++)
+            if ((x[h] & 0x7fffu) >= inf) {
+                atomicMin(first_bad, wsync_q_key(i, r, k.c0 + 8u * cv + h));
+                return;
+            }
+    }
+}
+
+/* The thread's largest |x| (as a float) of the loaded vectors; *bad when one is not finite. */
+static __device__ __forceinline__ float wsync_q_vcheck(const wsync_cuda_qop_t &op, uint32_t i,
+                                                       const wsync_q_block_t &k,
+                                                       const wsync_q_vecs_t *x,
+                                                       unsigned long long *first_bad, int *bad)
+{
+    const uint32_t inf = op.src_dtype == WSYNC_Q_DTYPE_BF16 ? 0x7f80u : 0x7c00u;
+    uint32_t top = 0;
+#pragma unroll
+    for (int j = 0; j < WSYNC_Q_VECS; j++) {
+        const uint32_t w[4] = {x->v[j].x, x->v[j].y, x->v[j].z, x->v[j].w};
+#pragma unroll
+        for (int h = 0; h < 8; h++)
+            top = max(top, (w[h / 2] >> (16 * (h % 2))) & 0x7fffu);
+    }
+    *bad = top >= inf; /* the largest magnitude is the one that reaches the all-ones exponent */
+    if (*bad && first_bad != NULL)
+        wsync_q_vreport(op, k, i, inf, first_bad);
+    return op.src_dtype == WSYNC_Q_DTYPE_BF16 ? __uint_as_float(top << 16)
+                                              : __half2float(__ushort_as_half((unsigned short)top));
+}
+
+static __device__ __forceinline__ void wsync_q_vstore(const wsync_cuda_qop_t &op,
+                                                      const wsync_q_block_t &k,
+                                                      const wsync_q_vecs_t *x, float amax)
+{
     const float inv = wsync_q_inv(amax);
 #pragma unroll
     for (int j = 0; j < WSYNC_Q_VECS; j++) {
-        const uint32_t e = threadIdx.x + (uint32_t)j * WSYNC_Q_THREADS;
-        const uint32_t r = k.r0 + e / 16u, cv = e % 16u;
-        if (r >= k.r1 || cv >= nv)
+        uint32_t r, cv;
+        if (!wsync_q_at(k, j, &r, &cv))
             continue;
-        const uint32_t w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+        const uint32_t w[4] = {x->v[j].x, x->v[j].y, x->v[j].z, x->v[j].w};
         uint32_t out[2] = {0, 0};
 #pragma unroll
         for (int h = 0; h < 8; h += 2) {
@@ -204,39 +228,135 @@ static __device__ void wsync_q_block_vec(const wsync_cuda_qop_t &op, uint32_t i,
     wsync_q_scale(op, k, amax);
 }
 
-static __device__ __forceinline__ int wsync_q_vectors(const wsync_cuda_qop_t &op)
+/* 16-bit sources in 16-byte vectors (8 values), the whole block held in registers: the source is
+ * read once. |x| of bf16 / f16 orders as its bits with the sign cleared, and a value is NaN or
+ * infinite exactly when those bits reach the exponent's all-ones pattern. */
+template <int kQuantize>
+static __device__ void wsync_q_block_vec(const wsync_cuda_qop_t &op, uint32_t i,
+                                         const wsync_q_block_t &k, unsigned long long *first_bad,
+                                         float *smax, int *sbad)
 {
-    return op.src_dtype != WSYNC_Q_DTYPE_BF16 && op.src_dtype != WSYNC_Q_DTYPE_F16
-               ? 0
-               : ((((uintptr_t)op.src | op.src_pitch) & 15u) |
-                  (((uintptr_t)op.dst | op.dst_pitch) & 7u) | (op.cols & 7u)) == 0;
+    wsync_q_vecs_t x;
+    int bad;
+    wsync_q_vload(op, k, &x);
+    const float mine = wsync_q_vcheck(op, i, k, &x, first_bad, &bad);
+    if (!kQuantize)
+        return;
+    const float amax = wsync_q_reduce(mine, bad, smax, sbad);
+    if (amax >= 0.0f)
+        wsync_q_vstore(op, k, &x, amax);
 }
 
-__global__ void __launch_bounds__(WSYNC_Q_THREADS)
-    wsync_q_blocks(const wsync_cuda_qop_t *__restrict__ ops, uint32_t n, uint64_t total_blocks,
+/* Block b of op (whose blocks start at op.block_begin): its rows and columns. */
+static __device__ __forceinline__ wsync_q_block_t wsync_q_geom(const wsync_cuda_qop_t &op,
+                                                               uint64_t b)
+{
+    const uint64_t kb = b - op.block_begin;
+    const uint32_t bcols = op.bcols;
+    wsync_q_block_t k;
+    k.r0 = (uint32_t)(kb / bcols) * WSYNC_Q_BLOCK;
+    k.c0 = (uint32_t)(kb % bcols) * WSYNC_Q_BLOCK;
+    k.r1 = min(op.rows, k.r0 + WSYNC_Q_BLOCK);
+    k.c1 = min(op.cols, k.c0 + WSYNC_Q_BLOCK);
+    return k;
+}
+
+/* Each CTA takes a contiguous run of blocks, so the op it is in changes rarely: it is looked up
+ * again only when the run crosses into the next op. */
+template <int kQuantize>
+__global__ void __launch_bounds__(WSYNC_Q_THREADS, 4)
+    wsync_q_kernel(const wsync_cuda_qop_t *__restrict__ ops, uint32_t n, uint64_t total_blocks,
                    unsigned long long *first_bad)
 {
     __shared__ float smax[WSYNC_Q_THREADS / 32];
     __shared__ int sbad[WSYNC_Q_THREADS / 32];
-    for (uint64_t b = blockIdx.x; b < total_blocks; b += gridDim.x) {
-        const uint32_t i = wsync_q_find(ops, n, b);
+    const uint64_t per = (total_blocks + gridDim.x - 1) / gridDim.x;
+    uint64_t b = (uint64_t)blockIdx.x * per;
+    const uint64_t end = min(total_blocks, b + per);
+    if (b >= end)
+        return;
+    uint32_t i = wsync_q_find(ops, n, b);
+    uint64_t next = i + 1 < n ? ops[i + 1].block_begin : ~0ull;
+    for (; b < end; b++) {
+        if (b >= next) {
+            i = wsync_q_find(ops, n, b);
+            next = i + 1 < n ? ops[i + 1].block_begin : ~0ull;
+        }
         const wsync_cuda_qop_t &op = ops[i];
-        const uint64_t kb = b - op.block_begin;
-        wsync_q_block_t k;
-        k.r0 = (uint32_t)(kb / op.bcols) * WSYNC_Q_BLOCK;
-        k.c0 = (uint32_t)(kb % op.bcols) * WSYNC_Q_BLOCK;
-        k.r1 = min(op.rows, k.r0 + WSYNC_Q_BLOCK);
-        k.c1 = min(op.cols, k.c0 + WSYNC_Q_BLOCK);
+        const wsync_q_block_t k = wsync_q_geom(op, b);
         if (wsync_q_vectors(op))
-            wsync_q_block_vec(op, i, k, first_bad, smax, sbad);
+            wsync_q_block_vec<kQuantize>(op, i, k, first_bad, smax, sbad);
         else
-            wsync_q_block_scalar(op, i, k, first_bad, smax, sbad);
+            wsync_q_block_scalar<kQuantize>(op, i, k, first_bad, smax, sbad);
     }
 }
 
-static unsigned wsync_q_grid(uint64_t total_blocks)
+/* WSYNC_CUDA_QUANT_VARIANT=1: as wsync_q_kernel<1>, with the next block's vectors loaded before
+ * this block's stores, so each CTA keeps loads in flight through its stores (twice the data
+ * registers, fewer CTAs per SM). */
+__global__ void __launch_bounds__(WSYNC_Q_THREADS)
+    wsync_q_kernel_prefetch(const wsync_cuda_qop_t *__restrict__ ops, uint32_t n,
+                            uint64_t total_blocks, unsigned long long *first_bad)
 {
-    return (unsigned)(total_blocks < 132u * 8u ? total_blocks : 132u * 8u);
+    __shared__ float smax[WSYNC_Q_THREADS / 32];
+    __shared__ int sbad[WSYNC_Q_THREADS / 32];
+    const uint64_t per = (total_blocks + gridDim.x - 1) / gridDim.x;
+    uint64_t b = (uint64_t)blockIdx.x * per;
+    const uint64_t end = min(total_blocks, b + per);
+    if (b >= end)
+        return;
+    uint32_t i = wsync_q_find(ops, n, b);
+    uint64_t next = i + 1 < n ? ops[i + 1].block_begin : ~0ull;
+    wsync_q_vecs_t x;
+    int have = 0; /* x holds block b */
+    for (; b < end; b++) {
+        if (b >= next) {
+            i = wsync_q_find(ops, n, b);
+            next = i + 1 < n ? ops[i + 1].block_begin : ~0ull;
+        }
+        const wsync_cuda_qop_t &op = ops[i];
+        const wsync_q_block_t k = wsync_q_geom(op, b);
+        if (!wsync_q_vectors(op)) {
+            wsync_q_block_scalar<1>(op, i, k, first_bad, smax, sbad);
+            have = 0;
+            continue;
+        }
+        if (!have)
+            wsync_q_vload(op, k, &x);
+        int bad;
+        const float mine = wsync_q_vcheck(op, i, k, &x, first_bad, &bad);
+        const float amax = wsync_q_reduce(mine, bad, smax, sbad);
+        wsync_q_vecs_t y;
+        have = 0;
+        if (b + 1 < end) {
+            const uint32_t i2 = b + 1 >= next ? wsync_q_find(ops, n, b + 1) : i;
+            const wsync_cuda_qop_t &op2 = ops[i2];
+            if (wsync_q_vectors(op2)) {
+                wsync_q_vload(op2, wsync_q_geom(op2, b + 1), &y);
+                have = 1;
+            }
+        }
+        if (amax >= 0.0f)
+            wsync_q_vstore(op, k, &x, amax);
+        if (have)
+            x = y;
+    }
+}
+
+/* One wave: as many CTAs as the device holds at once (each takes a contiguous run of blocks). */
+template <typename K> static unsigned wsync_q_grid(K kernel, uint64_t total_blocks)
+{
+    int dev = 0, sms = 0, per_sm = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, WSYNC_Q_THREADS, 0) !=
+            cudaSuccess ||
+        sms * per_sm <= 0) {
+        (void)cudaGetLastError();
+        sms = 132, per_sm = 4;
+    }
+    const uint64_t wave = (uint64_t)sms * (uint64_t)per_sm;
+    return (unsigned)(total_blocks < wave ? total_blocks : wave);
 }
 
 extern "C" cudaError_t wsync_cuda_quant_scan(const wsync_cuda_qop_t *ops, uint32_t n,
@@ -245,8 +365,8 @@ extern "C" cudaError_t wsync_cuda_quant_scan(const wsync_cuda_qop_t *ops, uint32
 {
     if (n == 0 || total_blocks == 0)
         return cudaSuccess;
-    wsync_q_scan<<<wsync_q_grid(total_blocks), WSYNC_Q_THREADS, 0, s>>>(ops, n, total_blocks,
-                                                                        first_bad);
+    wsync_q_kernel<0><<<wsync_q_grid(wsync_q_kernel<0>, total_blocks), WSYNC_Q_THREADS, 0, s>>>(
+        ops, n, total_blocks, first_bad);
     return cudaGetLastError();
 }
 
@@ -256,7 +376,12 @@ extern "C" cudaError_t wsync_cuda_quant_blocks(const wsync_cuda_qop_t *ops, uint
 {
     if (n == 0 || total_blocks == 0)
         return cudaSuccess;
-    wsync_q_blocks<<<wsync_q_grid(total_blocks), WSYNC_Q_THREADS, 0, s>>>(ops, n, total_blocks,
-                                                                          first_bad);
+    const char *v = getenv("WSYNC_CUDA_QUANT_VARIANT");
+    if (v != NULL && atoi(v) == 1)
+        wsync_q_kernel_prefetch<<<wsync_q_grid(wsync_q_kernel_prefetch, total_blocks),
+                                  WSYNC_Q_THREADS, 0, s>>>(ops, n, total_blocks, first_bad);
+    else
+        wsync_q_kernel<1><<<wsync_q_grid(wsync_q_kernel<1>, total_blocks), WSYNC_Q_THREADS, 0, s>>>(
+            ops, n, total_blocks, first_bad);
     return cudaGetLastError();
 }
