@@ -250,7 +250,8 @@ typedef struct wsync_copy_op_v1 {
  * op.src_pitch), the destination rows x cols e4m3fn bytes at op.dst_pitch (op.dst_extent bytes
  * from op.dst), quantized in blocks of 128 x 128 from the op's first row and column: per block
  * amax = max |x| (at least 1e-4), each value x * ((1 / amax) x 448) in float cast to e4m3fn
- * (nearest even, saturating), and the block's float scale amax / 448 at scale_dst + (row block) x
+ * (nearest even, saturating), and the block's float scale amax x (1 / 448) (the reciprocal
+ * rounded to float: amax / 448 as torch computes it on a CUDA tensor) at scale_dst + (row block) x
  * scale_pitch + (column block) x 4, inside scale_extent bytes from scale_dst (DeepGEMM's
  * per_block_cast_to_fp8, the layout of weight / weight_scale_inv in DeepSeek-V3 and Qwen3-FP8
  * checkpoints). A NaN or infinite source value refuses the whole call, before anything is written.

@@ -107,7 +107,8 @@ int wsync_fp8_quantize_2d(const void *src, uint64_t src_pitch, wsync_dtype_t dty
                 for (int64_t c = bc * block; c < c1; c++)
                     dst[(uint64_t)r * dst_pitch + (uint64_t)c] = wsync_fp8_e4m3fn(
                         wsync_fp8_load(s0 + (uint64_t)r * src_pitch, dtype, c) * inv);
-            const float scale = amax / WSYNC_FP8_E4M3_MAX;
+            /* torch on CUDA divides by a scalar as a multiplication by its reciprocal */
+            const float scale = amax * WSYNC_FP8_E4M3_INV_MAX;
             memcpy(scales + (uint64_t)br * scale_pitch + 4u * (uint64_t)bc, &scale, 4);
         }
     return found ? -1 : 0;

@@ -4,8 +4,11 @@
  * per_block_cast_to_fp8 defines it (the reference vLLM's and SGLang's FP8 tests use): per block,
  * amax = max |x| in float, clamped to at least 1e-4 (an all-zero block), each value x * (448 /
  * amax) cast to e4m3fn, 448 / amax computed as torch does it, (1 / amax) x 448 in float, and the
- * block's scale (weight_scale_inv) amax / 448. Bit-identical to that
- * reference (tests/unit/common/fp8_vectors.py). Pure functions; thread safe. */
+ * block's scale (weight_scale_inv) amax / 448 as torch computes it on a CUDA tensor, the way the
+ * engines run it: amax x (1 / 448), the reciprocal rounded to float (a division by a scalar is a
+ * multiplication by its reciprocal there; on the CPU torch divides, which differs in the last bit
+ * for about half the blocks). Bit-identical to that reference (tests/unit/common/fp8_vectors.py).
+ * Pure functions; thread safe. */
 #ifndef WSYNC_COMMON_FP8_H
 #define WSYNC_COMMON_FP8_H
 
@@ -14,6 +17,7 @@
 #include "wsync_abi.h"
 
 #define WSYNC_FP8_E4M3_MAX 448.0f
+#define WSYNC_FP8_E4M3_INV_MAX (1.0f / 448.0f) /* rounded to float, as torch's host code does */
 #define WSYNC_FP8_BLOCK 128
 
 uint8_t wsync_fp8_e4m3fn(float f);

@@ -73,7 +73,8 @@ static __device__ __forceinline__ void wsync_q_scale(const wsync_cuda_qop_t &op,
                                                      const wsync_q_block_t &k, float amax)
 {
     if (threadIdx.x == 0) {
-        const float scale = __fdiv_rn(fmaxf(amax, 1e-4f), 448.0f);
+        /* amax / 448 as torch computes it on the GPU: times the reciprocal (wsync_fp8.h) */
+        const float scale = __fmul_rn(fmaxf(amax, 1e-4f), 1.0f / 448.0f);
         memcpy(op.scales + (uint64_t)(k.r0 / WSYNC_Q_BLOCK) * op.scale_pitch +
                    4u * (k.c0 / WSYNC_Q_BLOCK),
                &scale, 4);

@@ -2,7 +2,7 @@
  * first NaN or infinite value of the quantized sources (before anything is written, unless the
  * call asks for WSYNC_COPY_QUANT_ONE_PASS), and the block quantizer, bit-identical
  * to the host's (plugin/common/wsync_fp8.h): per 128 x 128 block amax, (1 / amax) x 448 in float,
- * each value cast to e4m3fn (nearest even, saturating), the scale amax / 448. C-callable. */
+ * each value cast to e4m3fn (nearest even, saturating), the scale amax x (1 / 448). C-callable. */
 #ifndef WSYNC_QUANT_KERNEL_H
 #define WSYNC_QUANT_KERNEL_H
 

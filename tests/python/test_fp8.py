@@ -30,15 +30,21 @@ def _model(intermediate: int = 256):
     return AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
 
 
+# amax / 448 as torch computes it on a CUDA tensor, where the engines quantize: a division by a
+# scalar is a multiplication by its reciprocal rounded to float (aten's div_true_kernel_cuda)
+INV_448 = torch.tensor(1.0) / 448.0
+
+
 def per_block_cast_to_fp8(x: torch.Tensor):
-    """DeepGEMM's reference quantizer (torch): e4m3fn values and one float scale per 128 x 128."""
+    """DeepGEMM's reference quantizer (torch, as it runs on the GPU): e4m3fn values and one float
+    scale per 128 x 128."""
     m, n = x.shape
     xp = torch.zeros((math.ceil(m / 128) * 128, math.ceil(n / 128) * 128), dtype=x.dtype)
     xp[:m, :n] = x
     xv = xp.view(-1, 128, xp.size(1) // 128, 128)
     amax = xv.abs().float().amax(dim=(1, 3), keepdim=True).clamp(1e-4)
     q = (xv * (448.0 / amax)).to(torch.float8_e4m3fn)
-    return q.view_as(xp)[:m, :n].contiguous(), (amax / 448.0).view(xv.size(0), xv.size(2))
+    return q.view_as(xp)[:m, :n].contiguous(), (amax * INV_448).view(xv.size(0), xv.size(2))
 
 
 def _fp8_layout(ref):

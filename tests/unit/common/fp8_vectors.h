@@ -539,6 +539,6 @@ static const uint8_t wsync_fp8_out[] = {
 #define WSYNC_FP8_ROWS 300
 #define WSYNC_FP8_COLS 260
 #define WSYNC_FP8_BLOCKS_FNV 0xc762146de23f4d92ull
-static const uint32_t wsync_fp8_scales[] = {0x346facad, 0x346facad, 0x3c909249,
-                                            0x4a11b6db, 0x3f800000, 0x346facad,
-                                            0x346facad, 0x3c91b6db, 0x4a112492};
+static const uint32_t wsync_fp8_scales[] = {0x346facad, 0x346facad, 0x3c90924a,
+                                            0x4a11b6dc, 0x3f800000, 0x346facad,
+                                            0x346facad, 0x3c91b6dc, 0x4a112493};

@@ -4,7 +4,7 @@
   (boundaries, ties, subnormals, +-448 and beyond, infinities, NaN, and random values);
 - blocks: a 300 x 260 bf16 matrix defined by integer arithmetic (the C test builds the same
   bits), quantized by DeepGEMM's per_block_cast_to_fp8 (128 x 128 blocks, amax clamped to 1e-4,
-  x * (448 / amax) cast to e4m3fn, scale amax / 448): an FNV-1a hash of the fp8 bytes and
+  x * (448 / amax) cast to e4m3fn, scale amax / 448 as on a CUDA tensor: amax * fl(1 / 448)): an FNV-1a hash of the fp8 bytes and
   every scale's bits. Blocks cycle through all-zero, tiny, ordinary, huge and +-448 values.
 
 usage: python fp8_vectors.py > fp8_vectors.h && clang-format -i fp8_vectors.h   (torch with float8 support)
@@ -65,6 +65,11 @@ def block_matrix(rows=300, cols=260, block=128):
     return t
 
 
+# amax / 448 as torch computes it on a CUDA tensor (the engines quantize there): a division by a
+# scalar is a multiplication by its reciprocal rounded to float (aten's div_true_kernel_cuda)
+INV_448 = torch.tensor(1.0) / 448.0
+
+
 def per_block_cast_to_fp8(x, block=128):
     m, n = x.shape
     pm, pn = -(-m // block) * block, -(-n // block) * block
@@ -73,7 +78,7 @@ def per_block_cast_to_fp8(x, block=128):
     view = padded.view(-1, block, pn // block, block)
     amax = view.abs().float().amax(dim=(1, 3), keepdim=True).clamp(1e-4)
     q = (view * (448.0 / amax)).to(torch.float8_e4m3fn)
-    return q.view_as(padded)[:m, :n].contiguous(), (amax / 448.0).view(view.size(0), view.size(2))
+    return q.view_as(padded)[:m, :n].contiguous(), (amax * INV_448).view(view.size(0), view.size(2))
 
 
 def fnv(data):
