@@ -182,10 +182,17 @@ static wsync_result_t copy_locked_with(struct wsync_consumer *c, struct wsync_ha
         }
         /* the copy engines' share after the kernel's launch, so the GPU starts at once */
         rc = wsync_cuda_lane_run(&c->lane, &sp, "copy_weights", err);
+        /* more work of the call (the quantizing kernel) beside the copy engines' share */
+        cudaError_t xe = cudaSuccess;
+        if (extra != NULL && rc == WSYNC_OK)
+            xe = extra->fn(extra->arg, s);
+        extra = NULL;
         /* the caller's stream carries both shares from here on, whatever was enqueued */
         e = wsync_cuda_lane_join(&c->lane, &sp, s);
         if (rc != WSYNC_OK)
             return rc;
+        if (xe != cudaSuccess)
+            return wsync_cuda_fail(err, xe, "copy_quantized", "launching the quantizing kernel");
         if (e != cudaSuccess)
             return wsync_cuda_fail(err, e, "copy_weights", "joining the copy engines' share");
         atomic_fetch_add(&wsync_cuda_stats.launches, 1);
