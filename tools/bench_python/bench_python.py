@@ -169,6 +169,28 @@ def direct(conn, params, iters, bucket_mib):
     conn.recv()
 
 
+class GpuClock:
+    """A stream's GPU times on the host's perf_counter clock (one clock for both processes): an
+    event recorded and waited for at the start anchors the stream's timeline (~10 us)."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or torch.cuda.current_stream()
+        self.base = torch.cuda.Event(enable_timing=True)
+        self.base.record(self.stream)
+        self.base.synchronize()
+        self.t0 = time.perf_counter()
+        self.events = []
+
+    def mark(self, what):
+        e = torch.cuda.Event(enable_timing=True)
+        e.record(self.stream)
+        self.events.append((what, e))
+
+    def times(self):
+        torch.cuda.synchronize()
+        return [(w, self.t0 + self.base.elapsed_time(e) / 1e3) for w, e in self.events]
+
+
 def staged(conn, params, bucket_mib, nbuf, iters, stream=None):
     """Timed syncs through a Producer; the host time spent staging and waiting for replies, and
     the last sync's timeline (perf_counter: one clock for both processes)."""
@@ -181,14 +203,18 @@ def staged(conn, params, bucket_mib, nbuf, iters, stream=None):
                         buffers=nbuf, plugin=plugin()) as prod:
         stage_bucket = prod.stage_bucket
 
+        clock = [None]
+
         def timed_stage(*a, **k):
             t = time.perf_counter()
             marks.append(("stage", t))
+            clock[0].mark("gpu stage")
             try:
                 return stage_bucket(*a, **k)
             finally:
                 spent["stage"] += time.perf_counter() - t
                 marks.append(("staged", time.perf_counter()))
+                clock[0].mark("gpu staged")
         prod.stage_bucket = timed_stage
 
         def send(m):  # the replies are read when the Producer needs them (a deferred reply)
@@ -207,11 +233,13 @@ def staged(conn, params, bucket_mib, nbuf, iters, stream=None):
         for k in range(iters + 1):
             spent["stage"] = spent["send"] = 0.0
             marks.clear()
+            clock[0] = GpuClock(stream)
             t0 = time.perf_counter()
             marks.append(("sync", t0))
             prod.sync(params, send, weight_version=str(k), stream=stream)
             times.append((time.perf_counter() - t0) * 1e3)
             marks.append(("done", time.perf_counter()))
+            marks.extend(clock[0].times())
             parts.append((spent["stage"] * 1e3, spent["send"] * 1e3))
         conn.send(("release", None))
         conn.recv()
@@ -308,7 +336,7 @@ def main():
     a.send("go")
     handle_ms = []
     direct_env, gpu_only, gpu_ms, gpu_start = "", False, [], None
-    side, variant, emarks = None, "", []  # --staged-probe: the engine's stream, its timeline
+    side, variant, emarks, eclock = None, "", [], None  # --staged-probe: the engine's stream, timelines
     while True:
         if not a.poll(120):
             print("the trainer process sent nothing for 120 s: stopping")
@@ -324,11 +352,15 @@ def main():
                 gpu_start = torch.cuda.Event(enable_timing=True)
                 gpu_start.record()
             t = time.perf_counter()
+            if eclock is not None:
+                eclock.mark("gpu copy")
             if side is not None:
                 with torch.cuda.stream(side):
                     reply = w.handle(m)
             else:
                 reply = w.handle(m)
+            if eclock is not None:
+                eclock.mark("gpu copied")
             a.send(reply)
             handle_ms.append((time.perf_counter() - t) * 1e3)
             emarks.append((t, time.perf_counter()))
@@ -374,6 +406,7 @@ def main():
         elif op == "variant":
             variant, emarks = m, []
             side = torch.cuda.Stream() if m == "side streams" else None
+            eclock = GpuClock(side)
             a.send("ok")
         elif op == "staged":
             mib, nbuf, times, parts, marks = m
@@ -382,9 +415,16 @@ def main():
                 print(f"--- staged probe: {variant}")
                 t0 = marks[0][1]
                 last = [(x - t0, y - t0) for x, y in emarks if x >= t0]
+                host = [(k, t) for k, t in marks[1:] if not k.startswith("gpu")]
                 print("  last sync's timeline, ms from sync(): trainer " + " ".join(
-                    f"{k}@{(t - t0) * 1e3:.2f}" for k, t in marks[1:]))
+                    f"{k}@{(t - t0) * 1e3:.2f}" for k, t in host))
                 print("  engine handle() start-end: " + " ".join(f"{x * 1e3:.2f}-{y * 1e3:.2f}" for x, y in last))
+                g = [t - t0 for k, t in marks if k.startswith("gpu")]
+                print("  trainer stream, each stage_bucket's work (stream reached - done): " + " ".join(
+                    f"{x * 1e3:.2f}-{y * 1e3:.2f}" for x, y in zip(g[::2], g[1::2])))
+                e = [t - t0 for _, t in eclock.times() if t >= t0]
+                print("  engine stream, each handle()'s work (stream reached - done): " + " ".join(
+                    f"{x * 1e3:.2f}-{y * 1e3:.2f}" for x, y in zip(e[::2], e[1::2])))
                 emarks = []
             n_msgs = len(handle_ms)
             print(f"staged sync (Python Producer -> EngineWorker, {mib} MiB buckets, {nbuf} buffer set"
