@@ -176,6 +176,8 @@ int wsync_model_build(wsync_model_t *m, const wsync_model_config_t *cfg, char *w
     memset(m, 0, sizeof(*m));
     if (cfg->model_dir != NULL)
         return wsync_model_from_dir(m, cfg->model_dir, cfg->dtype, why, len);
+    if (cfg->config_json != NULL)
+        return wsync_model_from_config(m, cfg->config_json, strlen(cfg->config_json), why, len);
     if (cfg->scale < 1) {
         snprintf(why, len, "scale %u must be >= 1", cfg->scale);
         return -1;

@@ -29,15 +29,18 @@ typedef struct wsync_model_tensor {
 } wsync_model_tensor_t;
 
 typedef struct wsync_model_config {
-    const char *layout;    /* "dense" or "moe" */
-    unsigned scale;        /* >= 1: hidden, intermediate and vocab dims >= 512 are divided by it;
-                            * attention widths stay whole heads of 128 (head counts divided, at least
-                            * one kv head, q heads a multiple of kv heads); expert counts are kept */
-    unsigned layers;       /* 0: the real model's (dense 36, moe 48) */
-    const char *model_dir; /* a Hugging Face model directory: its config's tensor list and its
-                            * checkpoint's bytes (layout, scale and layers are then ignored) */
-    wsync_dtype_t dtype;   /* with model_dir: the dtype the model holds its floating-point
-                            * tensors in (a bf16 engine for an f32 checkpoint); 0: the file's */
+    const char *layout;      /* "dense" or "moe" */
+    unsigned scale;          /* >= 1: hidden, intermediate and vocab dims >= 512 are divided by it;
+                              * attention widths stay whole heads of 128 (head counts divided, at least
+                              * one kv head, q heads a multiple of kv heads); expert counts are kept */
+    unsigned layers;         /* 0: the real model's (dense 36, moe 48) */
+    const char *model_dir;   /* a Hugging Face model directory: its config's tensor list and its
+                              * checkpoint's bytes (layout, scale and layers are then ignored) */
+    wsync_dtype_t dtype;     /* with model_dir: the dtype the model holds its floating-point
+                              * tensors in (a bf16 engine for an f32 checkpoint); 0: the file's */
+    const char *config_json; /* the text of a config.json alone: its tensor list, synthetic
+                              * contents (planning a model without its weights: wsync plan);
+                              * layout, scale and layers are then ignored */
 } wsync_model_config_t;
 
 typedef struct wsync_model {

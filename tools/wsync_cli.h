@@ -14,6 +14,7 @@ int wsync_cmd_info(int argc, char **argv);
 int wsync_cmd_demo(int argc, char **argv);
 int wsync_cmd_bench(int argc, char **argv);
 int wsync_cmd_inspect(int argc, char **argv);
+int wsync_cmd_plan(int argc, char **argv);
 
 /* The host struct given to plugins: logs to stderr at or above $WSYNC_LOG_LEVEL
  * (error|warn|info|debug, default warn), prefixed with `who`. Thread safe. `who` must outlive it.

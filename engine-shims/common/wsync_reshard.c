@@ -71,6 +71,11 @@ static int piece_cmp(const void *x, const void *y)
     return a->rank < b->rank ? -1 : a->rank > b->rank;
 }
 
+struct wsync_reshard_index {
+    const wsync_reshard_piece_t **sorted; /* by tensor, rectangle, rank */
+    size_t *first;                        /* tensor t's: sorted[first[t] .. first[t + 1]) */
+};
+
 /* The pieces sorted by tensor, rectangle and rank; first[t]..first[t + 1] are tensor t's. */
 static wsync_result_t index_pieces(const wsync_reshard_src_t *src,
                                    const wsync_reshard_piece_t ***sorted, size_t **first,
@@ -141,11 +146,22 @@ static wsync_result_t plan_tensor(const wsync_reshard_src_t *src,
             end++;
         const rect_t pr = piece_rect(p[k]), m = rect_meet(&pr, want);
         if (rect_area(&m) > 0) {
-            size_t best = k;
-            for (size_t j = k + 1; j < end; j++)
-                if (link_of(src->place[p[j]->rank], where) <
-                    link_of(src->place[p[best]->rank], where))
+            /* the nearest replicas; among them the engine ranks take turns (by GPU), so no
+             * one replica serves every rank */
+            wsync_reshard_link_t near = WSYNC_LINK_NET;
+            size_t count = 0;
+            for (size_t j = k; j < end; j++) {
+                const wsync_reshard_link_t l = link_of(src->place[p[j]->rank], where);
+                if (l < near)
+                    near = l, count = 0;
+                count += l == near;
+            }
+            size_t pick = where.gpu % count, best = k;
+            for (size_t j = k; j < end; j++)
+                if (link_of(src->place[p[j]->rank], where) == near && pick-- == 0) {
                     best = j;
+                    break;
+                }
             const wsync_reshard_piece_t *b = p[best];
             wsync_reshard_op_t op = {
                 .src_rank = b->rank,
@@ -205,21 +221,59 @@ static wsync_result_t check_disjoint(const wsync_reshard_src_t *src,
     return WSYNC_OK;
 }
 
+wsync_result_t wsync_reshard_index_build(const wsync_reshard_src_t *src,
+                                         wsync_reshard_index_t **out, wsync_error_t *err)
+{
+    if (src == NULL || out == NULL || (src->n_tensors > 0 && src->tensors == NULL) ||
+        (src->n_pieces > 0 && src->pieces == NULL) || (src->n_ranks > 0 && src->place == NULL))
+        return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT, "reshard: NULL argument");
+    wsync_reshard_index_t *x = calloc(1, sizeof(*x));
+    if (x == NULL)
+        return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "reshard: out of memory");
+    wsync_result_t rc = index_pieces(src, &x->sorted, &x->first, err);
+    for (size_t i = 0; i < src->n_tensors && rc == WSYNC_OK; i++)
+        rc = check_disjoint(src, x->sorted + x->first[i], x->first[i + 1] - x->first[i], err);
+    if (rc != WSYNC_OK) {
+        wsync_reshard_index_free(x);
+        return rc;
+    }
+    *out = x;
+    return WSYNC_OK;
+}
+
+void wsync_reshard_index_free(wsync_reshard_index_t *x)
+{
+    if (x == NULL)
+        return;
+    free(x->sorted);
+    free(x->first);
+    free(x);
+}
+
 wsync_result_t wsync_reshard_plan(const wsync_map_table_t *table, const wsync_engine_ops_t *eng,
                                   wsync_reshard_place_t where, const wsync_reshard_src_t *src,
                                   wsync_reshard_op_t **ops, size_t *n_ops, wsync_error_t *err)
 {
-    if (table == NULL || eng == NULL || src == NULL || ops == NULL || n_ops == NULL ||
-        (src->n_tensors > 0 && src->tensors == NULL) ||
-        (src->n_pieces > 0 && src->pieces == NULL) || (src->n_ranks > 0 && src->place == NULL))
+    wsync_reshard_index_t *x = NULL;
+    wsync_result_t rc = wsync_reshard_index_build(src, &x, err);
+    if (rc == WSYNC_OK)
+        rc = wsync_reshard_plan_indexed(table, eng, where, src, x, ops, n_ops, err);
+    wsync_reshard_index_free(x);
+    return rc;
+}
+
+wsync_result_t wsync_reshard_plan_indexed(const wsync_map_table_t *table,
+                                          const wsync_engine_ops_t *eng,
+                                          wsync_reshard_place_t where,
+                                          const wsync_reshard_src_t *src,
+                                          const wsync_reshard_index_t *x, wsync_reshard_op_t **ops,
+                                          size_t *n_ops, wsync_error_t *err)
+{
+    if (table == NULL || eng == NULL || src == NULL || x == NULL || ops == NULL || n_ops == NULL)
         return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT, "reshard: NULL argument");
     *ops = NULL;
     *n_ops = 0;
-    const wsync_reshard_piece_t **sorted = NULL;
-    size_t *first = NULL;
-    wsync_result_t rc = index_pieces(src, &sorted, &first, err);
-    if (rc != WSYNC_OK)
-        return rc;
+    wsync_result_t rc = WSYNC_OK;
     plan_out_t out = {0};
     for (size_t i = 0; i < src->n_tensors && rc == WSYNC_OK; i++) {
         const wsync_tensor_desc_t *t = &src->tensors[i];
@@ -259,14 +313,10 @@ wsync_result_t wsync_reshard_plan(const wsync_map_table_t *table, const wsync_en
         const rect_t want = {(int64_t)(dst.src_offset / pitch), (int64_t)dst.rows,
                              (int64_t)((dst.src_offset % pitch) / es),
                              (int64_t)(dst.row_bytes / es)};
-        const wsync_reshard_piece_t *const *p = sorted + first[i];
-        const size_t np = first[i + 1] - first[i];
-        rc = check_disjoint(src, p, np, err);
-        if (rc == WSYNC_OK)
-            rc = plan_tensor(src, p, np, i, &want, &dst, es, where, &out, err);
+        const wsync_reshard_piece_t *const *p = x->sorted + x->first[i];
+        rc = plan_tensor(src, p, x->first[i + 1] - x->first[i], i, &want, &dst, es, where, &out,
+                         err);
     }
-    free(sorted);
-    free(first);
     if (rc != WSYNC_OK) {
         free(out.ops);
         return rc;

@@ -5,7 +5,9 @@
  * intersection of the two, as copy ops from (trainer rank, segment offset) into the engine's
  * parameters: each destination byte written exactly once, each source byte read at most once,
  * no full tensor gathered anywhere. A rectangle several trainer ranks hold (data-parallel
- * replicas) is read from the nearest: the same GPU, then the same node, then the lowest rank.
+ * replicas) is read from the nearest: the same GPU, then the same node, then another node; among
+ * equally near replicas (in rank order) the engine rank on GPU g takes number g mod their count,
+ * so the engine ranks share them out instead of all reading one.
  * Deterministic: the same inputs give the same ops in the same order. Pure functions; thread safe.
  */
 #ifndef WSYNC_RESHARD_H
@@ -64,6 +66,20 @@ typedef struct wsync_reshard_src {
 wsync_result_t wsync_reshard_plan(const wsync_map_table_t *table, const wsync_engine_ops_t *eng,
                                   wsync_reshard_place_t where, const wsync_reshard_src_t *src,
                                   wsync_reshard_op_t **ops, size_t *n_ops, wsync_error_t *err);
+
+/* The trainer's pieces sorted and checked once (pieces of a tensor that overlap without being
+ * equal are refused here, naming it), for the plans of many engine ranks. */
+typedef struct wsync_reshard_index wsync_reshard_index_t;
+wsync_result_t wsync_reshard_index_build(const wsync_reshard_src_t *src,
+                                         wsync_reshard_index_t **out, wsync_error_t *err);
+void wsync_reshard_index_free(wsync_reshard_index_t *x);
+/* wsync_reshard_plan with src's index built by wsync_reshard_index_build. */
+wsync_result_t wsync_reshard_plan_indexed(const wsync_map_table_t *table,
+                                          const wsync_engine_ops_t *eng,
+                                          wsync_reshard_place_t where,
+                                          const wsync_reshard_src_t *src,
+                                          const wsync_reshard_index_t *x, wsync_reshard_op_t **ops,
+                                          size_t *n_ops, wsync_error_t *err);
 
 /* Frees what wsync_reshard_plan and wsync_reshard_trainer_layout allocated (ops, pieces). */
 void wsync_reshard_free(void *p);
