@@ -174,7 +174,7 @@ class Producer:
         last plan is kept: a trainer syncing the same tensors again plans nothing."""
         pairs = _torch.items(named)
         names = [n for n, _ in pairs]
-        sizes = [t.numel() * t.element_size() for _, t in pairs]
+        sizes = [t.nbytes for _, t in pairs]
         key = (tuple(names), tuple(sizes))
         if self._plan_cache is not None and self._plan_cache[0] == key:
             return [list(b) for b in self._plan_cache[1]]
