@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "wsync_digest.h"
 #include "wsync_error.h"
@@ -38,6 +39,7 @@ struct wsync_driver {
     wsync_loader_t loader;
     const wsync_consumer_ops_t *ops; /* NULL: native fallback */
     struct wsync_consumer *consumer;
+    double t_copied; /* WSYNC_DRIVER_TIMING: when the last copy call returned (us) */
     char native_why[WSYNC_ERROR_MESSAGE_LEN + 64];
     wsync_driver_buffer_t *buffers;
     size_t n_buffers, cap_buffers;
@@ -115,6 +117,24 @@ void wsync_driver_log(wsync_driver_t *d, wsync_log_level_t level, const char *fm
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     d->cfg.log(d->cfg.log_user, level, __FILE__, __LINE__, "%s", msg);
+}
+
+/* WSYNC_DRIVER_TIMING=1: each request's host time by phase on stderr (docs/PERFORMANCE.md). */
+int wsync_driver_timing(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("WSYNC_DRIVER_TIMING");
+        on = v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
+    }
+    return on;
+}
+
+double wsync_driver_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
 }
 
 static void wsync_driver_fall_back(wsync_driver_t *d, const char *step, const wsync_error_t *e)
@@ -602,6 +622,7 @@ static wsync_result_t wsync_driver_execute(wsync_driver_t *d, const wsync_manife
             rc = d->ops->copy_weights(d->consumer, e->handle, wsync_driver_stream(d), m->generation,
                                       ops, m->n_tensors, plain_flags, err);
         const int refused = rc != WSYNC_OK; /* the copy call itself: it read nothing */
+        d->t_copied = wsync_driver_timing() ? wsync_driver_us() : 0;
         if (rc == WSYNC_OK)
             rc = d->ops->record_consumed(d->consumer, e->handle,
                                          (d->cfg.copy_flags & WSYNC_COPY_VERIFY) != 0 || quantizes,
@@ -669,6 +690,9 @@ wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifest
     m = calloc(n ? n : 1, sizeof(*m));
     if (m == NULL)
         return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "apply: out of memory");
+    const int timing = wsync_driver_timing();
+    double t_parsed = 0, t_checked = 0, t_copy = 0, t_record = 0;
+    const double t0 = timing ? wsync_driver_us() : 0;
     for (size_t i = 0; i < n && rc == WSYNC_OK; i++) {
         rc = wsync_driver_parse(d, manifests[i], lens[i], &m[i], err);
         if (rc == WSYNC_OK)
@@ -689,13 +713,21 @@ wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifest
         if (rc != WSYNC_OK)
             wsync_driver_release_unread(d, m, n);
     }
+    if (timing)
+        t_parsed = t0, t_checked = wsync_driver_us();
     if (rc == WSYNC_OK && d->txn.phase != WSYNC_TXN_UPDATING && total > 0) {
         wsync_txn_begin_implicit(&d->txn); /* an engine request outside wsync_begin */
         wsync_driver_hook_begin(d, d->txn.version);
     }
     for (size_t i = 0; i < n && rc == WSYNC_OK; i++) {
         int wrote = 0;
+        const double t_exec = timing ? wsync_driver_us() : 0;
+        d->t_copied = 0;
         rc = wsync_driver_execute(d, m[i], ops + k, quant + k, &wrote, err);
+        if (timing && d->t_copied > 0) {
+            const double t_end = wsync_driver_us();
+            t_copy += d->t_copied - t_exec, t_record += t_end - d->t_copied;
+        }
         if (rc == WSYNC_OK)
             wsync_txn_applied(&d->txn, m[i]->tensors, m[i]->n_tensors, live[i], m[i]->buffer.pid);
         else if (wrote && live[i])
@@ -706,6 +738,11 @@ wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifest
     }
     if (rc == WSYNC_OK && generation != NULL)
         *generation = gen;
+    if (timing)
+        fprintf(stderr,
+                "wsync driver: %zu manifest(s), %zu ops: parse and plan %.0f us, copy call %.0f "
+                "us, record_consumed %.0f us, total %.0f us\n",
+                n, total, t_checked - t_parsed, t_copy, t_record, wsync_driver_us() - t0);
     if (rc != WSYNC_OK)
         wsync_driver_log(d, WSYNC_LOG_ERROR, "wsync: request refused: %s: %s", wsync_strerror(rc),
                          err != NULL ? err->message : "");

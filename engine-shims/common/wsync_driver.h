@@ -135,6 +135,11 @@ void wsync_driver_flush_cache(wsync_driver_t *d);
 void wsync_driver_post_load(wsync_driver_t *d);
 
 /* Log through the configured logger (shims use it for their own messages). */
+/* WSYNC_DRIVER_TIMING=1 (read once): requests print their host time by phase on stderr; a
+ * monotonic clock in microseconds for it. */
+int wsync_driver_timing(void);
+double wsync_driver_us(void);
+
 void wsync_driver_log(wsync_driver_t *d, wsync_log_level_t level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

@@ -1,6 +1,7 @@
 /* Shim dispatch and the helpers shims share. Contract in wsync_shim.h. */
 #include "wsync_shim.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -156,7 +157,9 @@ char *wsync_shim_serve(const wsync_shim_t *s, wsync_shim_ctx_t *ctx, const char 
     wsync_error_t local = {.struct_size = sizeof(local)};
     wsync_error_t *e = err != NULL ? err : &local;
     json_error_t jerr;
+    const double t0 = wsync_driver_timing() ? wsync_driver_us() : 0;
     json_t *req = json_loadb(text, len, 0, &jerr), *extra = NULL, *reply;
+    const double t1 = t0 > 0 ? wsync_driver_us() : 0;
     const char *method = NULL;
     wsync_result_t rc;
     char *out;
@@ -180,11 +183,17 @@ char *wsync_shim_serve(const wsync_shim_t *s, wsync_shim_ctx_t *ctx, const char 
             json_object_set_new(extra, "committed", json_integer((json_int_t)after));
         }
     }
+    const double t2 = t0 > 0 ? wsync_driver_us() : 0;
     reply =
         rc == WSYNC_OK ? wsync_req_reply_ok(method, extra) : wsync_req_reply_error(method, rc, e);
     if (rc != WSYNC_OK)
         json_decref(extra);
     out = reply != NULL ? json_dumps(reply, JSON_COMPACT) : NULL;
+    if (t0 > 0)
+        fprintf(stderr,
+                "wsync serve: %s request of %zu bytes: JSON parse %.0f us, handling %.0f us, "
+                "reply %.0f us\n",
+                method != NULL ? method : "?", len, t1 - t0, t2 - t1, wsync_driver_us() - t2);
     json_decref(reply);
     json_decref(req);
     if (rc_out != NULL)
