@@ -29,6 +29,15 @@ wsync_result_t wsync_req_add_tensor(json_t *manifest, const char *name, const ch
  * invalid (the later wsync_req_add_tensor says why). */
 int wsync_req_tensor_bytes(const char *dtype, json_t *shape, uint64_t *out);
 
+/* json_loadb of an engine request, with its long strings (a manifest's text, a base64 blob:
+ * WSYNC_REQ_LONG_STRING bytes and more, top-level values or top-level arrays of them) copied
+ * out by a scan for the closing quote instead of jansson's character-by-character string
+ * parser, which costs more than the rest of a request together. The same object as json_loadb
+ * gives; a long string with a \u escape, or any text the scan does not take, goes through
+ * json_loadb whole. NULL (err filled) where json_loadb fails. */
+#define WSYNC_REQ_LONG_STRING 512
+json_t *wsync_req_loadb(const char *text, size_t len, json_error_t *err);
+
 /* Serialize a manifest for the driver; *text is malloc'd. */
 wsync_result_t wsync_req_dump(json_t *manifest, char **text, size_t *len, wsync_error_t *err);
 

@@ -158,7 +158,7 @@ char *wsync_shim_serve(const wsync_shim_t *s, wsync_shim_ctx_t *ctx, const char 
     wsync_error_t *e = err != NULL ? err : &local;
     json_error_t jerr;
     const double t0 = wsync_driver_timing() ? wsync_driver_us() : 0;
-    json_t *req = json_loadb(text, len, 0, &jerr), *extra = NULL, *reply;
+    json_t *req = wsync_req_loadb(text, len, &jerr), *extra = NULL, *reply;
     const double t1 = t0 > 0 ? wsync_driver_us() : 0;
     const char *method = NULL;
     wsync_result_t rc;

@@ -4,11 +4,13 @@
  * vLLM's start / update / finish, LMDeploy's persistent buffer). The driver runs in native mode
  * (no plugin) against a fake engine whose native loader checks that every op the driver planned
  * stays inside the engine's parameter and reads inside the manifest's buffer. Invariants: every
- * request gets a reply; planned ops never leave the parameter. */
+ * request gets a reply; planned ops never leave the parameter; the request loader
+ * (wsync_req_loadb) takes exactly the texts json_loadb takes, as equal objects. */
 #include <string.h>
 
 #include "wsync_driver.h"
 #include "wsync_fuzz.h"
+#include "wsync_request.h"
 #include "wsync_shim.h"
 
 #ifndef WSYNC_FUZZ_SHIM
@@ -108,6 +110,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     while (pos <= size) {
         const uint8_t *end = size > pos ? memchr(data + pos, '\0', size - pos) : NULL;
         size_t len = end ? (size_t)(end - (data + pos)) : size - pos;
+        /* the request loader takes exactly what jansson takes, as the same object */
+        json_t *a = json_loadb((const char *)data + pos, len, 0, NULL);
+        json_t *b = wsync_req_loadb((const char *)data + pos, len, NULL);
+        WSYNC_FUZZ_CHECK((a == NULL) == (b == NULL) && (a == NULL || json_equal(a, b)));
+        json_decref(a);
+        json_decref(b);
         wsync_result_t rc = WSYNC_OK;
         err = (wsync_error_t){.struct_size = sizeof(err)};
         char *reply = wsync_shim_serve(shim, &ctx, (const char *)data + pos, len, &rc, &err);

@@ -112,13 +112,59 @@ static void test_pick_rank(void **state)
     json_decref(three);
 }
 
+/* wsync_req_loadb against json_loadb: the same object, or both refusing, for requests with
+ * long strings (plain, escaped, in arrays) and texts the fast path must leave to jansson. */
+static void loads_as_jansson(const char *text)
+{
+    json_t *a = json_loadb(text, strlen(text), 0, NULL),
+           *b = wsync_req_loadb(text, strlen(text), NULL);
+    if ((a == NULL) != (b == NULL) || (a != NULL && !json_equal(a, b)))
+        fail_msg("wsync_req_loadb and json_loadb disagree on: %.120s", text);
+    json_decref(a);
+    json_decref(b);
+}
+
+static void test_request_loader(void **state)
+{
+    (void)state;
+    char *big = malloc(4096), *text = malloc(16384);
+    memset(big, 'x', 4000);
+    big[4000] = '\0';
+    const char *forms[] = {
+        "{\"method\":\"m\",\"s\":[\"%s\",\"short\"],\"f\":true}",
+        "{\"s\":\"%s\\\"quoted\\\\ \\n tab\\t\"}",
+        " { \"s\" : [ \"%s\" , \"b\" ] , \"n\" : [1, {\"k\": \"v\"}] } ",
+        "{\"s\":[\"%s\" \"b\"]}", /* a missing comma */
+        "{\"s\":[\"%s\",]}",      /* a trailing comma */
+        "{\"s\":\"%s\",\"s\":1}", /* a key given twice */
+        "{\"s\":\"%s\\u0041\"}",  /* a \\u escape: jansson's */
+        "{\"s\":\"%s\\q\"}",      /* a bad escape */
+        "{\"s\":\"%s\"} trailing",
+        "{\"s\":\"%s\"",          /* unterminated */
+        "[\"%s\"]",               /* not an object */
+        "{\"s\":\"%s\xc3\xa9\"}", /* non-ASCII: jansson checks UTF-8 */
+        "{\"s\":\"%s\xff\"}",
+    };
+    for (size_t i = 0; i < sizeof(forms) / sizeof(forms[0]); i++) {
+        snprintf(text, 16384, forms[i], big);
+        loads_as_jansson(text);
+    }
+    /* the fast path really took the first form: the long string is there, whole */
+    snprintf(text, 16384, forms[0], big);
+    json_t *r = wsync_req_loadb(text, strlen(text), NULL);
+    assert_non_null(r);
+    assert_int_equal(json_string_length(json_array_get(json_object_get(r, "s"), 0)), 4000);
+    json_decref(r);
+    free(big);
+    free(text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bucket_round_trip),
-        cmocka_unit_test(test_persistent_buffer),
-        cmocka_unit_test(test_bucket_errors),
-        cmocka_unit_test(test_pick_rank),
+        cmocka_unit_test(test_bucket_round_trip), cmocka_unit_test(test_persistent_buffer),
+        cmocka_unit_test(test_bucket_errors),     cmocka_unit_test(test_pick_rank),
+        cmocka_unit_test(test_request_loader),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
