@@ -36,16 +36,8 @@ static void wsync_ref_stderr_log(void *user, wsync_log_level_t level, const char
 static int wsync_ref_param(void *user, const char *name, wsync_param_info_t *out)
 {
     wsync_ref_engine_t *e = user;
-    long i = wsync_ref_layout_find(&e->layout, name);
-    if (i < 0)
-        return -1;
-    const wsync_ref_param_t *p = &e->layout.params[i];
-    out->ptr = e->arena + p->offset;
-    out->dtype = WSYNC_DTYPE_BF16;
-    out->ndim = p->ndim;
-    memset(out->shape, 0, sizeof(out->shape));
-    memcpy(out->shape, p->shape, sizeof(p->shape));
-    return 0;
+    const wsync_ref_view_t v = {.l = &e->layout, .arena = e->arena};
+    return wsync_ref_view_param(&v, name, out);
 }
 
 static void wsync_ref_tp(void *user, uint32_t *rank, uint32_t *size)

@@ -219,6 +219,46 @@ long wsync_ref_layout_find(const wsync_ref_layout_t *l, const char *name)
     return -1;
 }
 
+int wsync_ref_view_param(const wsync_ref_view_t *v, const char *name, wsync_param_info_t *out)
+{
+    long i = wsync_ref_layout_find(v->l, name);
+    if (i < 0)
+        return -1;
+    const wsync_ref_param_t *p = &v->l->params[i];
+    out->ptr = v->arena + p->offset;
+    out->dtype = WSYNC_DTYPE_BF16;
+    out->ndim = p->ndim;
+    memset(out->shape, 0, sizeof(out->shape));
+    memcpy(out->shape, p->shape, sizeof(p->shape));
+    return 0;
+}
+
+static int wsync_ref_view_param_cb(void *user, const char *name, wsync_param_info_t *out)
+{
+    return wsync_ref_view_param(user, name, out);
+}
+
+static void wsync_ref_view_tp(void *user, uint32_t *rank, uint32_t *size)
+{
+    const wsync_ref_view_t *v = user;
+    *rank = v->l->rank;
+    *size = v->l->size;
+}
+
+static void wsync_ref_view_dims(void *user, wsync_model_dims_t *out)
+{
+    *out = ((const wsync_ref_view_t *)user)->l->dims;
+}
+
+wsync_engine_ops_t wsync_ref_view_ops(wsync_ref_view_t *v)
+{
+    return (wsync_engine_ops_t){.struct_size = sizeof(wsync_engine_ops_t),
+                                .user = v,
+                                .param = wsync_ref_view_param_cb,
+                                .tp = wsync_ref_view_tp,
+                                .dims = wsync_ref_view_dims};
+}
+
 /* HF tensor `prefix``suffix` of `version` into a fresh buffer (caller frees). */
 static unsigned char *wsync_ref_hf(const wsync_ref_layout_t *l, const char *prefix,
                                    const char *suffix, uint64_t version)

@@ -50,6 +50,16 @@ int wsync_ref_layout_build(wsync_ref_layout_t *l, const char *engine,
 void wsync_ref_layout_free(wsync_ref_layout_t *l);
 long wsync_ref_layout_find(const wsync_ref_layout_t *l, const char *name);
 
+/* A layout's parameters at `arena` as an engine's registry answers for them — param (bf16, the
+ * layout's shapes), tp (the layout's rank and size) and dims: what the reference engine and the
+ * tests plan against. wsync_ref_view_ops fills those three members, user = view. */
+typedef struct wsync_ref_view {
+    const wsync_ref_layout_t *l;
+    unsigned char *arena;
+} wsync_ref_view_t;
+int wsync_ref_view_param(const wsync_ref_view_t *v, const char *name, wsync_param_info_t *out);
+wsync_engine_ops_t wsync_ref_view_ops(wsync_ref_view_t *v);
+
 /* The bytes parameter p must hold after weight version `version` (host memory, p->nbytes). */
 void wsync_ref_expected(const wsync_ref_layout_t *l, const wsync_ref_param_t *p, uint64_t version,
                         void *dst);

@@ -2,8 +2,6 @@
 #include "wsync_quant_kernel.h"
 #include "wsync_kernel_search.cuh"
 
-#include <stdlib.h>
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -292,58 +290,6 @@ __global__ void __launch_bounds__(WSYNC_Q_THREADS, 4)
     }
 }
 
-/* WSYNC_CUDA_QUANT_VARIANT=1: as wsync_q_kernel<1>, with the next block's vectors loaded before
- * this block's stores, so each CTA keeps loads in flight through its stores (twice the data
- * registers, fewer CTAs per SM). */
-__global__ void __launch_bounds__(WSYNC_Q_THREADS)
-    wsync_q_kernel_prefetch(const wsync_cuda_qop_t *__restrict__ ops, uint32_t n,
-                            uint64_t total_blocks, unsigned long long *first_bad)
-{
-    __shared__ float smax[WSYNC_Q_THREADS / 32];
-    __shared__ int sbad[WSYNC_Q_THREADS / 32];
-    const uint64_t per = (total_blocks + gridDim.x - 1) / gridDim.x;
-    uint64_t b = (uint64_t)blockIdx.x * per;
-    const uint64_t end = min(total_blocks, b + per);
-    if (b >= end)
-        return;
-    uint32_t i = wsync_q_find(ops, n, b);
-    uint64_t next = i + 1 < n ? ops[i + 1].block_begin : ~0ull;
-    wsync_q_vecs_t x;
-    int have = 0; /* x holds block b */
-    for (; b < end; b++) {
-        if (b >= next) {
-            i = wsync_q_find(ops, n, b);
-            next = i + 1 < n ? ops[i + 1].block_begin : ~0ull;
-        }
-        const wsync_cuda_qop_t &op = ops[i];
-        const wsync_q_block_t k = wsync_q_geom(op, b);
-        if (!wsync_q_vectors(op)) {
-            wsync_q_block_scalar<1>(op, i, k, first_bad, smax, sbad);
-            have = 0;
-            continue;
-        }
-        if (!have)
-            wsync_q_vload(op, k, &x);
-        int bad;
-        const float mine = wsync_q_vcheck(op, i, k, &x, first_bad, &bad);
-        const float amax = wsync_q_reduce(mine, bad, smax, sbad);
-        wsync_q_vecs_t y;
-        have = 0;
-        if (b + 1 < end) {
-            const uint32_t i2 = b + 1 >= next ? wsync_q_find(ops, n, b + 1) : i;
-            const wsync_cuda_qop_t &op2 = ops[i2];
-            if (wsync_q_vectors(op2)) {
-                wsync_q_vload(op2, wsync_q_geom(op2, b + 1), &y);
-                have = 1;
-            }
-        }
-        if (amax >= 0.0f)
-            wsync_q_vstore(op, k, &x, amax);
-        if (have)
-            x = y;
-    }
-}
-
 /* One wave: as many CTAs as the device holds at once (each takes a contiguous run of blocks). */
 template <typename K> static unsigned wsync_q_grid(K kernel, uint64_t total_blocks)
 {
@@ -377,12 +323,7 @@ extern "C" cudaError_t wsync_cuda_quant_blocks(const wsync_cuda_qop_t *ops, uint
 {
     if (n == 0 || total_blocks == 0)
         return cudaSuccess;
-    const char *v = getenv("WSYNC_CUDA_QUANT_VARIANT");
-    if (v != NULL && atoi(v) == 1)
-        wsync_q_kernel_prefetch<<<wsync_q_grid(wsync_q_kernel_prefetch, total_blocks),
-                                  WSYNC_Q_THREADS, 0, s>>>(ops, n, total_blocks, first_bad);
-    else
-        wsync_q_kernel<1><<<wsync_q_grid(wsync_q_kernel<1>, total_blocks), WSYNC_Q_THREADS, 0, s>>>(
-            ops, n, total_blocks, first_bad);
+    wsync_q_kernel<1><<<wsync_q_grid(wsync_q_kernel<1>, total_blocks), WSYNC_Q_THREADS, 0, s>>>(
+        ops, n, total_blocks, first_bad);
     return cudaGetLastError();
 }

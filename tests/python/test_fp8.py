@@ -59,6 +59,15 @@ def _fp8_layout(ref):
     return out
 
 
+def _with_nan(sd):
+    """The step's tensors with a NaN at row 3, column 5 of one down_proj (cloned), and its name."""
+    sd = dict(sd)
+    name = "model.layers.1.mlp.down_proj.weight"
+    sd[name] = sd[name].clone()
+    sd[name][3, 5] = float("nan")
+    return sd, name
+
+
 def _zeros(layout):
     return {n: torch.zeros(t.shape, dtype=t.dtype) for n, t in layout.items()}
 
@@ -109,10 +118,7 @@ def test_fp8_nan_refused_naming_the_tensor_nothing_written():
     with wsync.Producer("sglang", bucket_bytes=4 << 20, plugin=plugin_for("cpu")) as prod:
         prod.sync(models.step(model, 1), send)
         before = {n: t.clone() for n, t in params[0].items()}
-        sd = dict(models.step(model, 2))
-        name = "model.layers.1.mlp.down_proj.weight"
-        sd[name] = sd[name].clone()
-        sd[name][3, 5] = float("nan")
+        sd, name = _with_nan(models.step(model, 2))
         with pytest.raises(wsync.WsyncError) as e:
             prod.sync(sd, send)
         assert name in str(e.value) and "NaN" in str(e.value) and "row 3, column 5" in str(e.value), str(e.value)
@@ -133,10 +139,7 @@ def test_fp8_one_pass_nan_leaves_its_block_and_names_it():
     with wsync.Producer("sglang", bucket_bytes=4 << 20, plugin=plugin_for("cpu")) as prod:
         prod.sync(models.step(model, 1), send)
         before = {n: t.clone() for n, t in params[0].items()}
-        sd = dict(models.step(model, 2))
-        name = "model.layers.1.mlp.down_proj.weight"
-        sd[name] = sd[name].clone()
-        sd[name][3, 5] = float("nan")
+        sd, name = _with_nan(models.step(model, 2))
         with pytest.raises(wsync.WsyncError) as e:
             prod.sync(sd, send)
         msg = str(e.value)

@@ -16,7 +16,7 @@ import pytest
 import torch
 import wsync
 from conftest import plugin_for
-from test_fp8 import _bytes_equal, _fp8_layout, _model
+from test_fp8 import _bytes_equal, _fp8_layout, _model, _with_nan
 
 pytestmark = pytest.mark.gpu
 
@@ -44,10 +44,7 @@ def test_gpu_fp8_nan_refused_nothing_written(engine_ranks):
     with wsync.Producer("sglang", bucket_bytes=4 << 20, device="cuda", plugin=plugin_for("cuda")) as prod:
         prod.sync(models.step(model, 1), ranks.send)
         ((before, _),) = ranks.state()
-        sd = dict(models.step(model, 2))
-        name = "model.layers.1.mlp.down_proj.weight"
-        sd[name] = sd[name].clone()
-        sd[name][3, 5] = float("nan")
+        sd, name = _with_nan(models.step(model, 2))
         with pytest.raises(wsync.WsyncError) as e:
             prod.sync(sd, ranks.send)
         assert name in str(e.value) and "row 3, column 5" in str(e.value), str(e.value)
@@ -67,10 +64,7 @@ def test_gpu_fp8_one_pass_nan_leaves_its_block(engine_ranks):
     with wsync.Producer("sglang", bucket_bytes=4 << 20, device="cuda", plugin=plugin_for("cuda")) as prod:
         prod.sync(models.step(model, 1), ranks.send)
         ((before, _),) = ranks.state()
-        sd = dict(models.step(model, 2))
-        name = "model.layers.1.mlp.down_proj.weight"
-        sd[name] = sd[name].clone()
-        sd[name][3, 5] = float("nan")
+        sd, name = _with_nan(models.step(model, 2))
         with pytest.raises(wsync.WsyncError) as e:
             prod.sync(sd, ranks.send)
         assert name in str(e.value) and "row 3, column 5" in str(e.value) and "left as it was" in str(e.value)

@@ -26,7 +26,7 @@ import multiprocessing as mp
 import statistics
 
 import torch
-from bench_python import CFG, event_ms, hf_shapes, plugin
+from bench_python import CFG, attention_shapes, event_ms, hf_shapes, plugin
 
 MOE = {"L": 12, "H": 2048, "NH": 32, "KV": 4, "HD": 128, "I": 768, "E": 128, "V": 151936}
 MOE_CFG = {"hidden_size": MOE["H"], "num_attention_heads": MOE["NH"], "num_key_value_heads": MOE["KV"],
@@ -40,11 +40,7 @@ def moe_hf_shapes():
     s = {"model.embed_tokens.weight": (V, H)}
     for i in range(L):
         p = f"model.layers.{i}."
-        s |= {p + "self_attn.q_proj.weight": (NH * HD, H), p + "self_attn.k_proj.weight": (KV * HD, H),
-              p + "self_attn.v_proj.weight": (KV * HD, H), p + "self_attn.o_proj.weight": (H, NH * HD),
-              p + "self_attn.q_norm.weight": (HD,), p + "self_attn.k_norm.weight": (HD,),
-              p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
-              p + "mlp.gate.weight": (E, H)}
+        s |= attention_shapes(p, H, NH, KV, HD) | {p + "mlp.gate.weight": (E, H)}
         for e in range(E):
             q = f"{p}mlp.experts.{e}."
             s |= {q + "gate_proj.weight": (inter, H), q + "up_proj.weight": (inter, H), q + "down_proj.weight": (H, inter)}
@@ -171,7 +167,7 @@ def run_layout(layout, iters):
     ctx = mp.get_context("spawn")
     a, b = ctx.Pipe()
     per_mode = 2 * iters + 2
-    p = ctx.Process(target=trainer, args=(b, layout, per_mode * 4 + 4 * 8), daemon=True)
+    p = ctx.Process(target=trainer, args=(b, layout, per_mode * 3 + 4 * 8), daemon=True)
     p.start()
     msgs, red = a.recv()
     it = iter(msgs)
@@ -217,19 +213,12 @@ def run_layout(layout, iters):
         return ms, statistics.median(g)
 
     results = {}
-    import os
-
-    modes = [(False, None), (True, None), (True, "1")]  # (fp8_one_pass, WSYNC_CUDA_QUANT_VARIANT)
-    for one_pass, variant in modes:
-        if variant:
-            os.environ["WSYNC_CUDA_QUANT_VARIANT"] = variant
+    for one_pass in (False, True):
         params = fp8_params(shapes)
         w = wsync.EngineWorker(params, engine="sglang", config=cfg, plugin=plugin(), fp8_one_pass=one_pass)
         ms, g = measure(w)
         same = differences(params, ref)
         what = "fp8_one_pass (check inside the one pass)" if one_pass else "NaN check before any write"
-        what += f", WSYNC_CUDA_QUANT_VARIANT={variant}" if variant else ""
-        os.environ.pop("WSYNC_CUDA_QUANT_VARIANT", None)
         print(f"  wsync, {what:40s}\n    {ms:8.2f} ms  ({limit_ms / ms:.3f} of the limit; "
               f"{loop_ms / ms:.2f}x faster than the torch loop); GPU alone {g:.2f} ms ({limit_ms / g:.3f}); {same}")
         results.setdefault(one_pass, ms)

@@ -26,15 +26,20 @@ import torch
 L, H, NH, KV, HD, FF, V = 36, 4096, 32, 8, 128, 12288, 151936
 
 
+def attention_shapes(p, h, nh, kv, hd):
+    """A Qwen3 layer's attention and norms (prefix p = "model.layers.<i>.")."""
+    return {p + "self_attn.q_proj.weight": (nh * hd, h), p + "self_attn.k_proj.weight": (kv * hd, h),
+            p + "self_attn.v_proj.weight": (kv * hd, h), p + "self_attn.o_proj.weight": (h, nh * hd),
+            p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
+            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)}
+
+
 def hf_shapes():
     s = {"model.embed_tokens.weight": (V, H)}
     for i in range(L):
         p = f"model.layers.{i}."
-        s |= {p + "self_attn.q_proj.weight": (NH * HD, H), p + "self_attn.k_proj.weight": (KV * HD, H),
-              p + "self_attn.v_proj.weight": (KV * HD, H), p + "self_attn.o_proj.weight": (H, NH * HD),
-              p + "self_attn.q_norm.weight": (HD,), p + "self_attn.k_norm.weight": (HD,),
-              p + "mlp.gate_proj.weight": (FF, H), p + "mlp.up_proj.weight": (FF, H), p + "mlp.down_proj.weight": (H, FF),
-              p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,)}
+        s |= attention_shapes(p, H, NH, KV, HD)
+        s |= {p + "mlp.gate_proj.weight": (FF, H), p + "mlp.up_proj.weight": (FF, H), p + "mlp.down_proj.weight": (H, FF)}
     s |= {"model.norm.weight": (H,), "lm_head.weight": (V, H)}
     return s
 

@@ -13,58 +13,9 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "wsync_ref_layout.h"
+#include "reshard_fixture.h"
 #include "wsync_reshard.h"
 #include "wsync_shim.h"
-
-typedef struct eng {
-    wsync_ref_layout_t l;
-    unsigned char *arena;
-    uint32_t rank, size;
-} eng_t;
-
-static int param_cb(void *user, const char *name, wsync_param_info_t *out)
-{
-    eng_t *e = user;
-    long i = wsync_ref_layout_find(&e->l, name);
-    if (i < 0)
-        return -1;
-    const wsync_ref_param_t *p = &e->l.params[i];
-    out->ptr = e->arena + p->offset;
-    out->dtype = WSYNC_DTYPE_BF16;
-    out->ndim = p->ndim;
-    memset(out->shape, 0, sizeof(out->shape));
-    memcpy(out->shape, p->shape, sizeof(p->shape));
-    return 0;
-}
-
-static void tp_cb(void *user, uint32_t *rank, uint32_t *size)
-{
-    *rank = ((eng_t *)user)->rank;
-    *size = ((eng_t *)user)->size;
-}
-
-static void dims_cb(void *user, wsync_model_dims_t *out)
-{
-    *out = ((eng_t *)user)->l.dims;
-}
-
-/* The model's tensors as descriptors (names point into m). */
-static wsync_tensor_desc_t *descs(const wsync_model_t *m)
-{
-    wsync_tensor_desc_t *t = calloc(m->n, sizeof(*t));
-    assert_non_null(t);
-    for (size_t i = 0; i < m->n; i++) {
-        const wsync_model_tensor_t *x = &m->tensors[i];
-        t[i] = (wsync_tensor_desc_t){.struct_size = sizeof(t[i]),
-                                     .name = x->name,
-                                     .dtype = x->dtype,
-                                     .ndim = x->ndim,
-                                     .nbytes = x->nbytes};
-        memcpy(t[i].shape, x->shape, sizeof(x->shape));
-    }
-    return t;
-}
 
 /* Each trainer rank's segment, filled with its pieces of version `version`. */
 static unsigned char **fill_segments(const wsync_model_t *m, const wsync_reshard_piece_t *p,
@@ -97,28 +48,24 @@ static void run_engine_rank(const char *engine, const wsync_model_config_t *cfg,
 {
     const wsync_shim_t *shim = wsync_shim_find(engine);
     assert_non_null(shim);
-    eng_t e = {.rank = rank, .size = size};
+    eng_t e;
     char why[256];
-    if (wsync_ref_layout_build(&e.l, engine, cfg, rank, size, why, sizeof(why)) != 0)
+    if (engine_open(&e, engine, cfg, rank, size, why, sizeof(why)) != 0)
         fail_msg("%s rank %u/%u: %s", engine, rank, size, why);
-    e.arena = calloc(1, e.l.arena_bytes);
     unsigned char *hits = calloc(1, e.l.arena_bytes);
-    assert_non_null(e.arena);
     assert_non_null(hits);
-    wsync_engine_ops_t ops = {
-        .struct_size = sizeof(ops), .user = &e, .param = param_cb, .tp = tp_cb, .dims = dims_cb};
     wsync_error_t err = {.struct_size = sizeof(err)};
     wsync_reshard_op_t *plan = NULL;
     size_t n = 0;
     /* engine rank r runs on GPU r, the trainer's rank r there too: one node */
     const wsync_reshard_place_t where = {.gpu = rank, .node = 0};
-    if (wsync_reshard_plan(shim->map, &ops, where, src, &plan, &n, &err) != WSYNC_OK)
+    if (wsync_reshard_plan(shim->map, &e.ops, where, src, &plan, &n, &err) != WSYNC_OK)
         fail_msg("%s rank %u/%u: %s", engine, rank, size, err.message);
     for (size_t i = 0; i < n; i++) {
         const wsync_copy_op_t *o = &plan[i].op;
         for (uint64_t r = 0; r < o->rows; r++) {
             unsigned char *d = (unsigned char *)o->dst + r * o->dst_pitch;
-            const uint64_t at = (uint64_t)(d - e.arena);
+            const uint64_t at = (uint64_t)(d - e.view.arena);
             assert_true(at + o->row_bytes <= e.l.arena_bytes);
             memcpy(d, seg[plan[i].src_rank] + o->src_offset + r * o->src_pitch, o->row_bytes);
             for (uint64_t b = 0; b < o->row_bytes; b++)
@@ -132,7 +79,7 @@ static void run_engine_rank(const char *engine, const wsync_model_config_t *cfg,
         const wsync_ref_param_t *p = &e.l.params[i];
         want = realloc(want, p->nbytes);
         wsync_ref_expected(&e.l, p, version, want);
-        if (memcmp(e.arena + p->offset, want, p->nbytes) != 0)
+        if (memcmp(e.view.arena + p->offset, want, p->nbytes) != 0)
             fail_msg("%s rank %u/%u: parameter %s differs from the reference", engine, rank, size,
                      p->name);
         for (uint64_t b = 0; b < p->nbytes; b++)
@@ -143,8 +90,7 @@ static void run_engine_rank(const char *engine, const wsync_model_config_t *cfg,
     free(want);
     wsync_reshard_free(plan);
     free(hits);
-    free(e.arena);
-    wsync_ref_layout_free(&e.l);
+    engine_close(&e);
 }
 
 /* Every engine rank of `engines` (n_engines of sglang, vllm, lmdeploy) at TP 1, 2 and 4. */
@@ -154,7 +100,7 @@ static void reshard_case(const char *layout, const wsync_reshard_trainer_t *t, i
     wsync_model_t m;
     char why[256];
     assert_int_equal(wsync_model_build(&m, &cfg, why, sizeof(why)), 0);
-    wsync_tensor_desc_t *td = descs(&m);
+    wsync_tensor_desc_t *td = model_descs(&m);
     const uint32_t world = t->tp * t->fsdp * t->dp * t->pp;
     uint64_t *seg = calloc(world, sizeof(*seg));
     wsync_reshard_place_t *place = calloc(world, sizeof(*place));
@@ -189,7 +135,7 @@ static void reshard_case(const char *layout, const wsync_reshard_trainer_t *t, i
     wsync_reshard_free(p);
     free(seg);
     free(place);
-    free(td);
+    model_descs_free(td);
     wsync_model_free(&m);
 }
 
@@ -215,34 +161,49 @@ static void test_pp_and_replicas(void **state)
     reshard_case("moe", &dp, 1);
 }
 
+/* A one-layer dense model and trainer t's pieces of it (laid out with `engine`'s rules). */
+typedef struct small {
+    wsync_model_config_t cfg;
+    wsync_model_t m;
+    wsync_tensor_desc_t *td;
+    wsync_reshard_piece_t *p;
+    size_t np;
+} small_t;
+
+static void small_open(small_t *s, const char *engine, const wsync_reshard_trainer_t *t)
+{
+    char why[256];
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    s->cfg = (wsync_model_config_t){.layout = "dense", .scale = 8, .layers = 1};
+    assert_int_equal(wsync_model_build(&s->m, &s->cfg, why, sizeof(why)), 0);
+    assert_non_null(s->td = model_descs(&s->m));
+    assert_int_equal(wsync_reshard_trainer_layout(wsync_shim_find(engine)->map, t, s->td, s->m.n,
+                                                  &s->p, &s->np, NULL, &err),
+                     WSYNC_OK);
+}
+
 /* A replica on the engine's own GPU is chosen over the same bytes elsewhere. */
 static void test_nearest_replica(void **state)
 {
     (void)state;
-    const wsync_model_config_t cfg = {.layout = "dense", .scale = 8, .layers = 1};
-    wsync_model_t m;
-    char why[256];
-    assert_int_equal(wsync_model_build(&m, &cfg, why, sizeof(why)), 0);
-    wsync_tensor_desc_t *td = descs(&m);
     const wsync_reshard_trainer_t t = {.tp = 1, .fsdp = 1, .dp = 4, .pp = 1};
-    uint64_t seg[4];
-    wsync_reshard_piece_t *p = NULL;
-    size_t np = 0;
+    small_t sm;
+    small_open(&sm, "vllm", &t);
+    const wsync_model_config_t cfg = sm.cfg;
+    wsync_model_t m = sm.m;
+    wsync_tensor_desc_t *td = sm.td;
+    wsync_reshard_piece_t *p = sm.p;
+    size_t np = sm.np;
+    char why[256];
     wsync_error_t err = {.struct_size = sizeof(err)};
-    assert_int_equal(
-        wsync_reshard_trainer_layout(wsync_shim_find("vllm")->map, &t, td, m.n, &p, &np, seg, &err),
-        WSYNC_OK);
     /* ranks 0, 1 on node 0; 2, 3 on node 1; the engine on GPU 3 */
     const wsync_reshard_place_t place[4] = {{0, 0}, {1, 0}, {2, 1}, {3, 1}};
     const wsync_reshard_src_t src = {td, m.n, p, np, place, 4};
-    eng_t e = {.rank = 0, .size = 1};
-    assert_int_equal(wsync_ref_layout_build(&e.l, "vllm", &cfg, 0, 1, why, sizeof(why)), 0);
-    e.arena = calloc(1, e.l.arena_bytes);
-    wsync_engine_ops_t ops = {
-        .struct_size = sizeof(ops), .user = &e, .param = param_cb, .tp = tp_cb, .dims = dims_cb};
+    eng_t e;
+    assert_int_equal(engine_open(&e, "vllm", &cfg, 0, 1, why, sizeof(why)), 0);
     wsync_reshard_op_t *plan = NULL;
     size_t n = 0;
-    assert_int_equal(wsync_reshard_plan(wsync_shim_find("vllm")->map, &ops,
+    assert_int_equal(wsync_reshard_plan(wsync_shim_find("vllm")->map, &e.ops,
                                         (wsync_reshard_place_t){3, 1}, &src, &plan, &n, &err),
                      WSYNC_OK);
     assert_true(n > 0);
@@ -252,7 +213,7 @@ static void test_nearest_replica(void **state)
     }
     wsync_reshard_free(plan);
     /* on GPU 5 of node 1 (no trainer there): one of its node's, number 5 mod 2 */
-    assert_int_equal(wsync_reshard_plan(wsync_shim_find("vllm")->map, &ops,
+    assert_int_equal(wsync_reshard_plan(wsync_shim_find("vllm")->map, &e.ops,
                                         (wsync_reshard_place_t){5, 1}, &src, &plan, &n, &err),
                      WSYNC_OK);
     for (size_t i = 0; i < n; i++) {
@@ -264,10 +225,9 @@ static void test_nearest_replica(void **state)
     assert_int_equal(in.link[WSYNC_LINK_NVLINK], m.payload_bytes);
     assert_int_equal(in.link[WSYNC_LINK_NET] + in.link[WSYNC_LINK_LOCAL], 0);
     wsync_reshard_free(plan);
-    free(e.arena);
-    wsync_ref_layout_free(&e.l);
+    engine_close(&e);
     wsync_reshard_free(p);
-    free(td);
+    model_descs_free(td);
     wsync_model_free(&m);
 }
 
@@ -275,25 +235,19 @@ static void test_nearest_replica(void **state)
 static void test_bad_layouts(void **state)
 {
     (void)state;
-    const wsync_model_config_t cfg = {.layout = "dense", .scale = 8, .layers = 1};
-    wsync_model_t m;
-    char why[256];
-    assert_int_equal(wsync_model_build(&m, &cfg, why, sizeof(why)), 0);
-    wsync_tensor_desc_t *td = descs(&m);
     const wsync_reshard_trainer_t t = {.tp = 2, .fsdp = 1, .dp = 1, .pp = 1};
-    uint64_t seg[2];
-    wsync_reshard_piece_t *p = NULL;
-    size_t np = 0;
+    small_t sm;
+    small_open(&sm, "sglang", &t);
+    const wsync_model_config_t cfg = sm.cfg;
+    wsync_model_t m = sm.m;
+    wsync_tensor_desc_t *td = sm.td;
+    wsync_reshard_piece_t *p = sm.p;
+    size_t np = sm.np;
+    char why[256];
     wsync_error_t err = {.struct_size = sizeof(err)};
-    assert_int_equal(wsync_reshard_trainer_layout(wsync_shim_find("sglang")->map, &t, td, m.n, &p,
-                                                  &np, seg, &err),
-                     WSYNC_OK);
     const wsync_reshard_place_t place[2] = {{0, 0}, {1, 0}};
-    eng_t e = {.rank = 0, .size = 1};
-    assert_int_equal(wsync_ref_layout_build(&e.l, "sglang", &cfg, 0, 1, why, sizeof(why)), 0);
-    e.arena = calloc(1, e.l.arena_bytes);
-    wsync_engine_ops_t ops = {
-        .struct_size = sizeof(ops), .user = &e, .param = param_cb, .tp = tp_cb, .dims = dims_cb};
+    eng_t e;
+    assert_int_equal(engine_open(&e, "sglang", &cfg, 0, 1, why, sizeof(why)), 0);
     wsync_reshard_op_t *plan = NULL;
     size_t n = 0;
     /* drop the piece of rank 1 of the first tensor: half of it is missing */
@@ -304,7 +258,7 @@ static void test_bad_layouts(void **state)
     memcpy(fewer, p, k * sizeof(*p));
     memcpy(fewer + k, p + k + 1, (np - k - 1) * sizeof(*p));
     wsync_reshard_src_t src = {td, m.n, fewer, np - 1, place, 2};
-    assert_int_equal(wsync_reshard_plan(wsync_shim_find("sglang")->map, &ops,
+    assert_int_equal(wsync_reshard_plan(wsync_shim_find("sglang")->map, &e.ops,
                                         (wsync_reshard_place_t){0, 0}, &src, &plan, &n, &err),
                      WSYNC_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(err.message, m.tensors[0].name));
@@ -314,7 +268,7 @@ static void test_bad_layouts(void **state)
     fewer[k].r0 -= 1, fewer[k].rows += 1;
     src.n_pieces = np;
     err = (wsync_error_t){.struct_size = sizeof(err)};
-    assert_int_equal(wsync_reshard_plan(wsync_shim_find("sglang")->map, &ops,
+    assert_int_equal(wsync_reshard_plan(wsync_shim_find("sglang")->map, &e.ops,
                                         (wsync_reshard_place_t){0, 0}, &src, &plan, &n, &err),
                      WSYNC_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(err.message, m.tensors[0].name));
@@ -330,10 +284,9 @@ static void test_bad_layouts(void **state)
         fail_msg("%s", err.message);
     assert_non_null(strstr(err.message, "kv heads"));
     free(fewer);
-    free(e.arena);
-    wsync_ref_layout_free(&e.l);
+    engine_close(&e);
     wsync_reshard_free(p);
-    free(td);
+    model_descs_free(td);
     wsync_model_free(&m);
 }
 

@@ -22,7 +22,7 @@
 #include <cmocka.h>
 
 #include "wsync_loader.h"
-#include "wsync_ref_layout.h"
+#include "reshard_fixture.h"
 #include "wsync_reshard.h"
 #include "wsync_shim.h"
 
@@ -56,17 +56,8 @@ static void world_build(world_t *w, uint32_t tp, uint32_t fsdp)
     w->cfg = (wsync_model_config_t){.layout = "moe", .scale = 8, .layers = 2};
     char why[256];
     assert_int_equal(wsync_model_build(&w->m, &w->cfg, why, sizeof(why)), 0);
-    w->td = calloc(w->m.n, sizeof(*w->td));
+    w->td = model_descs(&w->m);
     assert_non_null(w->td);
-    for (size_t i = 0; i < w->m.n; i++) {
-        const wsync_model_tensor_t *x = &w->m.tensors[i];
-        w->td[i] = (wsync_tensor_desc_t){.struct_size = sizeof(w->td[i]),
-                                         .name = x->name,
-                                         .dtype = x->dtype,
-                                         .ndim = x->ndim,
-                                         .nbytes = x->nbytes};
-        memcpy(w->td[i].shape, x->shape, sizeof(x->shape));
-    }
     w->t = (wsync_reshard_trainer_t){.tp = tp, .fsdp = fsdp, .dp = 1, .pp = 1};
     w->n = tp * fsdp;
     w->seg = calloc(w->n, sizeof(*w->seg));
@@ -96,7 +87,7 @@ static void world_free(world_t *w)
     wsync_reshard_free(w->p);
     free(w->seg);
     free(w->place);
-    free(w->td);
+    model_descs_free(w->td);
     wsync_model_free(&w->m);
 }
 
@@ -174,38 +165,6 @@ static int trainer_main(const world_t *w, uint32_t r, uint32_t readers)
     return rc;
 }
 
-typedef struct eng {
-    wsync_ref_layout_t l;
-    unsigned char *arena;
-    uint32_t rank, size;
-} eng_t;
-
-static int param_cb(void *user, const char *name, wsync_param_info_t *out)
-{
-    eng_t *e = user;
-    long i = wsync_ref_layout_find(&e->l, name);
-    if (i < 0)
-        return -1;
-    const wsync_ref_param_t *p = &e->l.params[i];
-    out->ptr = e->arena + p->offset;
-    out->dtype = WSYNC_DTYPE_BF16;
-    out->ndim = p->ndim;
-    memset(out->shape, 0, sizeof(out->shape));
-    memcpy(out->shape, p->shape, sizeof(p->shape));
-    return 0;
-}
-
-static void tp_cb(void *user, uint32_t *rank, uint32_t *size)
-{
-    *rank = ((eng_t *)user)->rank;
-    *size = ((eng_t *)user)->size;
-}
-
-static void dims_cb(void *user, wsync_model_dims_t *out)
-{
-    *out = ((eng_t *)user)->l.dims;
-}
-
 static char *read_all(const char *path)
 {
     FILE *f = fopen(path, "rb");
@@ -225,11 +184,10 @@ static char *read_all(const char *path)
  * published nothing within timeout_ms and nothing was written; other codes: what failed. */
 static int engine_main(const world_t *w, uint32_t i, uint32_t size, double timeout_ms)
 {
-    eng_t e = {.rank = i, .size = size};
-    char why[256], path[128];
-    if (wsync_ref_layout_build(&e.l, "sglang", &w->cfg, i, size, why, sizeof(why)) != 0)
+    eng_t e;
+    char path[128], why[256];
+    if (engine_open(&e, "sglang", &w->cfg, i, size, why, sizeof(why)) != 0)
         return 20;
-    e.arena = calloc(1, e.l.arena_bytes);
     /* every source first: nothing is written unless every trainer rank published */
     char **text = calloc(w->n, sizeof(*text));
     const double t0 = now_ms();
@@ -241,7 +199,7 @@ static int engine_main(const world_t *w, uint32_t i, uint32_t size, double timeo
             fprintf(stderr, "engine rank %u/%u: trainer rank %u published nothing within %.0f ms\n",
                     i, size, r, timeout_ms);
             for (uint64_t b = 0; b < e.l.arena_bytes; b++)
-                if (e.arena[b] != 0)
+                if (e.view.arena[b] != 0)
                     return 21;
             return 2;
         }
@@ -255,12 +213,10 @@ static int engine_main(const world_t *w, uint32_t i, uint32_t size, double timeo
     struct wsync_consumer *con = NULL;
     if (c->create(&cc, &con, &err) != WSYNC_OK)
         return 23;
-    wsync_engine_ops_t ops = {
-        .struct_size = sizeof(ops), .user = &e, .param = param_cb, .tp = tp_cb, .dims = dims_cb};
     const wsync_reshard_src_t src = {w->td, w->m.n, w->p, w->np, w->place, w->n};
     wsync_reshard_op_t *plan = NULL;
     size_t n = 0;
-    if (wsync_reshard_plan(wsync_shim_find("sglang")->map, &ops,
+    if (wsync_reshard_plan(wsync_shim_find("sglang")->map, &e.ops,
                            (wsync_reshard_place_t){.gpu = i, .node = 0}, &src, &plan, &n,
                            &err) != WSYNC_OK)
         return 24;
@@ -290,13 +246,14 @@ static int engine_main(const world_t *w, uint32_t i, uint32_t size, double timeo
         const wsync_ref_param_t *p = &e.l.params[q];
         want = realloc(want, p->nbytes ? p->nbytes : 1);
         wsync_ref_expected(&e.l, p, VERSION, want);
-        if (memcmp(e.arena + p->offset, want, p->nbytes) != 0) {
+        if (memcmp(e.view.arena + p->offset, want, p->nbytes) != 0) {
             fprintf(stderr, "engine rank %u/%u: %s differs from the reference\n", i, size, p->name);
             rc = 26;
         }
     }
     c->finalize(con, NULL);
     wsync_loader_close(&l);
+    engine_close(&e);
     return rc;
 }
 

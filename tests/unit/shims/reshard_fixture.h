@@ -1,0 +1,24 @@
+/* What the resharding tests share: an engine rank of the reference engine's layout with its
+ * parameters in a zeroed arena, and the model's tensors as descriptors. */
+#ifndef RESHARD_FIXTURE_H
+#define RESHARD_FIXTURE_H
+
+#include "wsync_ref_layout.h"
+
+typedef struct eng {
+    wsync_ref_layout_t l;
+    wsync_ref_view_t view;
+    wsync_engine_ops_t ops;
+} eng_t;
+
+/* Engine rank `rank` of `size`: 0, or -1 with why. engine_close frees it. */
+int engine_open(eng_t *e, const char *engine, const wsync_model_config_t *cfg, uint32_t rank,
+                uint32_t size, char *why, size_t len);
+void engine_close(eng_t *e);
+
+/* The model's tensors as descriptors (names point into m; model_descs_free them), NULL out of
+ * memory. (Allocated here, outside the tests' cmocka allocator.) */
+wsync_tensor_desc_t *model_descs(const wsync_model_t *m);
+void model_descs_free(wsync_tensor_desc_t *t);
+
+#endif
