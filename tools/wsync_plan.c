@@ -86,17 +86,8 @@ static int engine_build(plan_engine_t *e, const plan_opts_t *o, const wsync_mode
     e->ep_rank = rank / (o->etp / o->eep);
     if (wsync_ref_layout_build(&e->l, o->engine, cfg, rank, o->etp, why, len) != 0)
         return -1;
-    const uint32_t mtp = o->etp / o->eep;
-    int64_t first = 0, count = e->l.dims.experts;
-    if (o->eep > 1)
-        wsync_map_ep_share(e->l.dims.experts, e->ep_rank, o->eep, &first, &count);
-    for (size_t i = 0; i < e->l.n; i++) { /* fused experts: the rank's share, split over mtp */
-        wsync_ref_param_t *p = &e->l.params[i];
-        if (p->kind == WSYNC_REF_W13)
-            p->shape[0] = count, p->shape[1] = 2 * e->l.dims.moe_intermediate / mtp;
-        else if (p->kind == WSYNC_REF_W2)
-            p->shape[0] = count, p->shape[2] = e->l.dims.moe_intermediate / mtp;
-    }
+    if (o->eep > 1 && wsync_ref_layout_ep(&e->l, e->ep_rank, o->eep) != 0)
+        return snprintf(why, len, "ep %u does not divide tp %u", o->eep, o->etp), -1;
     for (e->nslot = 16; e->nslot < 2 * e->l.n;)
         e->nslot *= 2;
     if ((e->slot = calloc(e->nslot, sizeof(*e->slot))) == NULL)

@@ -157,13 +157,24 @@ static void wsync_ref_layer(wsync_ref_builder_t *b, unsigned li, const char *eng
 #undef WSYNC_REF_P
 }
 
+/* Each parameter's offset in the arena (WSYNC_REF_ALIGN-aligned, in order) and the arena's size. */
+static void wsync_ref_place(wsync_ref_layout_t *l)
+{
+    uint64_t off = 0;
+    for (size_t i = 0; i < l->n; i++) {
+        off = (off + WSYNC_REF_ALIGN - 1) / WSYNC_REF_ALIGN * WSYNC_REF_ALIGN;
+        l->params[i].offset = off;
+        off += l->params[i].nbytes;
+    }
+    l->arena_bytes = off;
+}
+
 int wsync_ref_layout_build(wsync_ref_layout_t *l, const char *engine,
                            const wsync_model_config_t *cfg, uint32_t rank, uint32_t size, char *why,
                            size_t len)
 {
     wsync_ref_builder_t b = {.l = l};
     unsigned layers = 0;
-    uint64_t off = 0;
     int64_t n = size;
 
     memset(l, 0, sizeof(*l));
@@ -195,12 +206,29 @@ int wsync_ref_layout_build(wsync_ref_layout_t *l, const char *engine,
         wsync_ref_layout_free(l);
         return wsync_ref_why(why, len, "out of memory");
     }
+    wsync_ref_place(l);
+    return 0;
+}
+
+int wsync_ref_layout_ep(wsync_ref_layout_t *l, uint32_t ep_rank, uint32_t ep_size)
+{
+    if (ep_size == 0 || l->size % ep_size != 0 || ep_rank >= ep_size)
+        return -1;
+    const int64_t mtp = l->size / ep_size, mi = l->dims.moe_intermediate;
+    /* the linear placement, worked out here rather than asked of the mapping (the check) */
+    const int64_t e = l->dims.experts, per = e / ep_size, extra = e % ep_size;
+    const int64_t count = per + ((int64_t)ep_rank < extra);
     for (size_t i = 0; i < l->n; i++) {
-        off = (off + WSYNC_REF_ALIGN - 1) / WSYNC_REF_ALIGN * WSYNC_REF_ALIGN;
-        l->params[i].offset = off;
-        off += l->params[i].nbytes;
+        wsync_ref_param_t *p = &l->params[i];
+        if (p->kind == WSYNC_REF_W13)
+            p->shape[0] = count, p->shape[1] = 2 * mi / mtp;
+        else if (p->kind == WSYNC_REF_W2)
+            p->shape[0] = count, p->shape[2] = mi / mtp;
+        else
+            continue;
+        p->nbytes = 2u * (uint64_t)(p->shape[0] * p->shape[1] * p->shape[2]);
     }
-    l->arena_bytes = off;
+    wsync_ref_place(l);
     return 0;
 }
 
@@ -250,13 +278,25 @@ static void wsync_ref_view_dims(void *user, wsync_model_dims_t *out)
     *out = ((const wsync_ref_view_t *)user)->l->dims;
 }
 
+/* EP inside the TP group: MoE TP over size / ep_size ranks. */
+static void wsync_ref_view_moe(void *user, uint32_t *ep_rank, uint32_t *ep_size, uint32_t *mtp_rank,
+                               uint32_t *mtp_size)
+{
+    const wsync_ref_view_t *v = user;
+    *ep_rank = v->ep_rank;
+    *ep_size = v->ep_size;
+    *mtp_size = v->l->size / v->ep_size;
+    *mtp_rank = v->l->rank % *mtp_size;
+}
+
 wsync_engine_ops_t wsync_ref_view_ops(wsync_ref_view_t *v)
 {
     return (wsync_engine_ops_t){.struct_size = sizeof(wsync_engine_ops_t),
                                 .user = v,
                                 .param = wsync_ref_view_param_cb,
                                 .tp = wsync_ref_view_tp,
-                                .dims = wsync_ref_view_dims};
+                                .dims = wsync_ref_view_dims,
+                                .moe = v->ep_size > 1 ? wsync_ref_view_moe : NULL};
 }
 
 /* HF tensor `prefix``suffix` of `version` into a fresh buffer (caller frees). */

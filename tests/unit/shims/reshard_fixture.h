@@ -7,14 +7,20 @@
 
 typedef struct eng {
     wsync_ref_layout_t l;
+    wsync_ref_layout_t whole; /* with EP: the MoE TP group's layout its experts come from */
     wsync_ref_view_t view;
     wsync_engine_ops_t ops;
 } eng_t;
 
-/* Engine rank `rank` of `size`: 0, or -1 with why. engine_close frees it. */
+/* Engine rank `rank` of `size`, EP `ep` inside its TP group (1: none; EP rank rank / (size /
+ * ep)): 0, or -1 with why. engine_close frees it. */
 int engine_open(eng_t *e, const char *engine, const wsync_model_config_t *cfg, uint32_t rank,
-                uint32_t size, char *why, size_t len);
+                uint32_t size, uint32_t ep, char *why, size_t len);
 void engine_close(eng_t *e);
+/* The bytes parameter p of e must hold after weight version `version`: the reference engine's,
+ * and with EP its experts' share of the layout of its MoE TP group (rank % (size / ep) of
+ * size / ep), computed from the whole tensors. */
+int engine_expected(const eng_t *e, const wsync_ref_param_t *p, uint64_t version, void *dst);
 
 /* The model's tensors as descriptors (names point into m; model_descs_free them), NULL out of
  * memory. (Allocated here, outside the tests' cmocka allocator.) */

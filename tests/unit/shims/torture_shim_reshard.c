@@ -1,7 +1,8 @@
 /* Resharding plans (engine-shims/common/wsync_reshard.c), executed on the CPU: trainer TP
  * {1, 2, 4} x FSDP {1, 2} (and PP 2, DP 2 replicas) hold their shards of the synthetic dense and
  * MoE models in per-rank segments; each engine rank of SGLang, vLLM and LMDeploy at TP {1, 2, 4}
- * is planned and its ops run with memcpy. Every engine parameter then equals the reference
+ * (SGLang's MoE also with EP 2 and 4 inside its TP group) is planned and its ops run with
+ * memcpy. Every engine parameter then equals the reference
  * engine's expected bytes (wsync_ref_expected, computed from the whole tensors: the gather), every
  * destination byte was written exactly once, replicas were read from the same GPU when one holds
  * them, and bad layouts are refused naming the tensor. */
@@ -44,13 +45,14 @@ static unsigned char **fill_segments(const wsync_model_t *m, const wsync_reshard
 /* Runs one engine rank's plan and checks it against the reference engine. */
 static void run_engine_rank(const char *engine, const wsync_model_config_t *cfg,
                             const wsync_reshard_src_t *src, unsigned char *const *seg,
-                            uint32_t rank, uint32_t size, uint64_t version, uint64_t *local)
+                            uint32_t rank, uint32_t size, uint32_t ep, uint64_t version,
+                            uint64_t *local)
 {
     const wsync_shim_t *shim = wsync_shim_find(engine);
     assert_non_null(shim);
     eng_t e;
     char why[256];
-    if (engine_open(&e, engine, cfg, rank, size, why, sizeof(why)) != 0)
+    if (engine_open(&e, engine, cfg, rank, size, ep, why, sizeof(why)) != 0)
         fail_msg("%s rank %u/%u: %s", engine, rank, size, why);
     unsigned char *hits = calloc(1, e.l.arena_bytes);
     assert_non_null(hits);
@@ -78,7 +80,7 @@ static void run_engine_rank(const char *engine, const wsync_model_config_t *cfg,
     for (size_t i = 0; i < e.l.n; i++) {
         const wsync_ref_param_t *p = &e.l.params[i];
         want = realloc(want, p->nbytes);
-        wsync_ref_expected(&e.l, p, version, want);
+        assert_int_equal(engine_expected(&e, p, version, want), 0);
         if (memcmp(e.view.arena + p->offset, want, p->nbytes) != 0)
             fail_msg("%s rank %u/%u: parameter %s differs from the reference", engine, rank, size,
                      p->name);
@@ -124,10 +126,15 @@ static void reshard_case(const char *layout, const wsync_reshard_trainer_t *t, i
         for (uint32_t tp = 1; tp <= 4; tp *= 2) {
             uint64_t local = 0;
             for (uint32_t r = 0; r < tp; r++)
-                run_engine_rank(engines[k], &cfg, &src, s, r, tp, 7, &local);
+                run_engine_rank(engines[k], &cfg, &src, s, r, tp, 1, 7, &local);
             /* the engine and the trainer alike: every byte comes from its own GPU */
             if (tp == t->tp && t->fsdp == 1 && t->pp == 1 && t->dp == 1)
                 assert_true(local > 0);
+            /* SGLang with expert parallelism inside its TP group: EP = TP (each rank its whole
+             * experts) and, at TP 4, EP 2 (experts split over MoE TP 2) */
+            for (uint32_t ep = 2; k == 0 && strcmp(layout, "moe") == 0 && ep <= tp; ep *= 2)
+                for (uint32_t r = 0; r < tp; r++)
+                    run_engine_rank(engines[k], &cfg, &src, s, r, tp, ep, 7, &local);
         }
     for (uint32_t r = 0; r < world; r++)
         free(s[r]);
@@ -200,7 +207,7 @@ static void test_nearest_replica(void **state)
     const wsync_reshard_place_t place[4] = {{0, 0}, {1, 0}, {2, 1}, {3, 1}};
     const wsync_reshard_src_t src = {td, m.n, p, np, place, 4};
     eng_t e;
-    assert_int_equal(engine_open(&e, "vllm", &cfg, 0, 1, why, sizeof(why)), 0);
+    assert_int_equal(engine_open(&e, "vllm", &cfg, 0, 1, 1, why, sizeof(why)), 0);
     wsync_reshard_op_t *plan = NULL;
     size_t n = 0;
     assert_int_equal(wsync_reshard_plan(wsync_shim_find("vllm")->map, &e.ops,
@@ -247,7 +254,7 @@ static void test_bad_layouts(void **state)
     wsync_error_t err = {.struct_size = sizeof(err)};
     const wsync_reshard_place_t place[2] = {{0, 0}, {1, 0}};
     eng_t e;
-    assert_int_equal(engine_open(&e, "sglang", &cfg, 0, 1, why, sizeof(why)), 0);
+    assert_int_equal(engine_open(&e, "sglang", &cfg, 0, 1, 1, why, sizeof(why)), 0);
     wsync_reshard_op_t *plan = NULL;
     size_t n = 0;
     /* drop the piece of rank 1 of the first tensor: half of it is missing */

@@ -186,7 +186,7 @@ static int engine_main(const world_t *w, uint32_t i, uint32_t size, double timeo
 {
     eng_t e;
     char path[128], why[256];
-    if (engine_open(&e, "sglang", &w->cfg, i, size, why, sizeof(why)) != 0)
+    if (engine_open(&e, "sglang", &w->cfg, i, size, 1, why, sizeof(why)) != 0)
         return 20;
     /* every source first: nothing is written unless every trainer rank published */
     char **text = calloc(w->n, sizeof(*text));
