@@ -25,7 +25,7 @@ typedef struct plan_opts {
 /* An engine rank's parameters, looked up by name through an open-addressing index. */
 typedef struct plan_engine {
     wsync_ref_layout_t l;
-    uint32_t rank, size, ep_rank, ep_size;
+    uint32_t rank, size, ep_rank, ep_size, mtp_size;
     size_t *slot, nslot;
 } plan_engine_t;
 
@@ -67,27 +67,32 @@ static void engine_dims(void *user, wsync_model_dims_t *out)
     *out = ((plan_engine_t *)user)->l.dims;
 }
 
-/* SGLang's EP inside the TP group: EP rank r / (tp / ep), the experts split over tp / ep. */
+/* EP inside the TP group (SGLang's: EP rank r / (tp / ep), experts split over tp / ep ranks), or
+ * across replicas (each GPU its own share, expert TP 1). */
 static void engine_moe(void *user, uint32_t *ep_rank, uint32_t *ep_size, uint32_t *mtp_rank,
                        uint32_t *mtp_size)
 {
     const plan_engine_t *e = user;
     *ep_rank = e->ep_rank;
     *ep_size = e->ep_size;
-    *mtp_size = e->size / e->ep_size;
-    *mtp_rank = e->rank % *mtp_size;
+    *mtp_size = e->mtp_size;
+    *mtp_rank = e->rank % e->mtp_size;
 }
 
+/* The engine rank on GPU g: TP rank g mod tp; EP inside its TP group when ep <= tp, else EP rank
+ * g mod ep across replicas. */
 static int engine_build(plan_engine_t *e, const plan_opts_t *o, const wsync_model_config_t *cfg,
-                        uint32_t rank, char *why, size_t len)
+                        uint32_t g, char *why, size_t len)
 {
     memset(e, 0, sizeof(*e));
-    e->rank = rank, e->size = o->etp, e->ep_size = o->eep;
-    e->ep_rank = rank / (o->etp / o->eep);
-    if (wsync_ref_layout_build(&e->l, o->engine, cfg, rank, o->etp, why, len) != 0)
+    e->rank = g % o->etp, e->size = o->etp, e->ep_size = o->eep;
+    const int inside = o->eep <= o->etp;
+    e->ep_rank = inside ? e->rank / (o->etp / o->eep) : g % o->eep;
+    e->mtp_size = inside ? o->etp / o->eep : 1;
+    if (wsync_ref_layout_build(&e->l, o->engine, cfg, e->rank, o->etp, why, len) != 0)
         return -1;
-    if (o->eep > 1 && wsync_ref_layout_ep(&e->l, e->ep_rank, o->eep) != 0)
-        return snprintf(why, len, "ep %u does not divide tp %u", o->eep, o->etp), -1;
+    if (o->eep > 1 && wsync_ref_layout_ep(&e->l, e->ep_rank, o->eep, e->mtp_size) != 0)
+        return snprintf(why, len, "ep %u and tp %u do not fit", o->eep, o->etp), -1;
     for (e->nslot = 16; e->nslot < 2 * e->l.n;)
         e->nslot *= 2;
     if ((e->slot = calloc(e->nslot, sizeof(*e->slot))) == NULL)
@@ -159,7 +164,9 @@ static void usage(FILE *out)
             "  The resharding plan of a Hugging Face config.json's model (bf16) from a trainer\n"
             "  of T x F x D x P ranks (rank r on GPU r) into engine replicas of N ranks over the\n"
             "  same GPUs (replica j's rank i on GPU j N + i), EP E inside each replica's TP\n"
-            "  group: bytes per link (the same GPU, NVLink inside a node of G GPUs, the network\n"
+            "  group when E <= N, else across replicas (GPU g holds EP rank g mod E's experts,\n"
+            "  expert TP 1: DP attention): bytes per link (the same GPU, NVLink inside a node of G "
+            "GPUs, the network\n"
             "  between nodes), per rank, the minimum off-GPU bytes, and the lower bound on the\n"
             "  time from the links' bandwidths (GB/s per GPU, defaults 450, 50 and 4000); --json\n"
             "  adds the exact numbers as one JSON line at the end.\n");
@@ -207,12 +214,15 @@ static int parse(int argc, char **argv, plan_opts_t *o)
         }
     }
     const uint32_t world = o->trainer.tp * o->trainer.fsdp * o->trainer.dp * o->trainer.pp;
-    if (o->config == NULL || !have_trainer || o->etp == 0 || o->eep == 0 || o->gpn == 0 ||
-        o->etp % o->eep != 0 || world % o->etp != 0 || o->nvlink_gbs <= 0 || o->net_gbs <= 0 ||
-        o->hbm_gbs <= 0) {
+    const int ep_fits =
+        o->eep != 0 && o->etp != 0 &&
+        (o->eep <= o->etp ? o->etp % o->eep == 0 : o->eep % o->etp == 0 && world % o->eep == 0);
+    if (o->config == NULL || !have_trainer || o->etp == 0 || !ep_fits || o->gpn == 0 ||
+        world % o->etp != 0 || o->nvlink_gbs <= 0 || o->net_gbs <= 0 || o->hbm_gbs <= 0) {
         fprintf(stderr,
                 "wsync plan: name a config.json and --trainer; --engine-tp must divide the %u "
-                "trainer ranks and --engine-ep the engine's tp; bandwidths above 0\n",
+                "trainer ranks, --engine-ep divide the engine's tp or be a multiple of it that "
+                "divides the ranks; bandwidths above 0\n",
                 world);
         return -1;
     }
@@ -253,10 +263,10 @@ static void report(const plan_opts_t *o, const wsync_model_t *m, uint32_t world,
     printf("trainer: tp %u x fsdp %u x dp %u x pp %u = %u GPUs on %u nodes of %u\n", o->trainer.tp,
            o->trainer.fsdp, o->trainer.dp, o->trainer.pp, world, (world + o->gpn - 1) / o->gpn,
            o->gpn);
-    printf("engine: %s tp %u ep %u, %u replicas; %" PRIu64 " copy ops, planned in %.1f s\n",
-           o->engine, o->etp, o->eep, world / o->etp, t->all.ops, secs);
-    printf("bytes the engine ranks write: %.1f GB (%u replicas x the model)\n",
-           (double)t->needed / 1e9, world / o->etp);
+    printf("engine: %s tp %u ep %u (%s), %u replicas; %" PRIu64 " copy ops, planned in %.1f s\n",
+           o->engine, o->etp, o->eep, o->eep <= o->etp ? "inside each TP group" : "across replicas",
+           world / o->etp, t->all.ops, secs);
+    printf("bytes the engine ranks write: %.1f GB\n", (double)t->needed / 1e9);
     for (int k = 0; k < WSYNC_LINKS; k++)
         printf("  %-8s %10.1f GB  max per engine rank in %8.2f GB, per trainer rank out %8.2f GB\n",
                link[k], (double)t->all.link[k] / 1e9, (double)in_max[k] / 1e9,
@@ -340,38 +350,46 @@ int wsync_cmd_plan(int argc, char **argv)
         fprintf(stderr, "wsync plan: trainer: %s\n", err.message);
         goto out;
     }
-    for (uint32_t i = 0; i < o.etp; i++)
+    /* EP inside the TP group: one layout per TP rank serves every replica; across replicas each
+     * GPU's is its own, built in turn */
+    const int per_gpu = o.eep > o.etp;
+    for (uint32_t i = 0; !per_gpu && i < o.etp; i++)
         if (engine_build(&eng[i], &o, &cfg, i, why, sizeof(why)) != 0) {
             fprintf(stderr, "wsync plan: engine rank %u: %s\n", i, why);
             goto out;
         }
-    for (uint32_t j = 0; j < world / o.etp; j++)
-        for (uint32_t i = 0; i < o.etp; i++) {
-            const wsync_engine_ops_t ops = {.struct_size = sizeof(ops),
-                                            .user = &eng[i],
-                                            .param = engine_param,
-                                            .tp = engine_tp,
-                                            .dims = engine_dims,
-                                            .moe = engine_moe};
-            const uint32_t g = j * o.etp + i;
-            wsync_reshard_op_t *ops_out = NULL;
-            size_t n = 0;
-            if (wsync_reshard_plan_indexed(shim->map, &ops, place[g], &src, idx, &ops_out, &n,
-                                           &err) != WSYNC_OK) {
-                fprintf(stderr, "wsync plan: engine rank %u of replica %u: %s\n", i, j,
-                        err.message);
-                goto out;
-            }
-            wsync_reshard_bytes_t in = {0};
-            wsync_reshard_count(ops_out, n, &in, tot.out);
-            for (int k = 0; k < WSYNC_LINKS; k++) {
-                tot.in[g][k] += in.link[k];
-                tot.all.link[k] += in.link[k];
-                tot.needed += in.link[k];
-            }
-            tot.all.ops += in.ops;
-            wsync_reshard_free(ops_out);
+    for (uint32_t g = 0; g < world; g++) {
+        const uint32_t i = g % o.etp;
+        if (per_gpu && engine_build(&eng[i], &o, &cfg, g, why, sizeof(why)) != 0) {
+            fprintf(stderr, "wsync plan: engine rank on GPU %u: %s\n", g, why);
+            goto out;
         }
+        const wsync_engine_ops_t ops = {.struct_size = sizeof(ops),
+                                        .user = &eng[i],
+                                        .param = engine_param,
+                                        .tp = engine_tp,
+                                        .dims = engine_dims,
+                                        .moe = engine_moe};
+        wsync_reshard_op_t *ops_out = NULL;
+        size_t n = 0;
+        wsync_result_t prc =
+            wsync_reshard_plan_indexed(shim->map, &ops, place[g], &src, idx, &ops_out, &n, &err);
+        if (per_gpu)
+            engine_free(&eng[i]), memset(&eng[i], 0, sizeof(eng[i]));
+        if (prc != WSYNC_OK) {
+            fprintf(stderr, "wsync plan: engine rank on GPU %u: %s\n", g, err.message);
+            goto out;
+        }
+        wsync_reshard_bytes_t in = {0};
+        wsync_reshard_count(ops_out, n, &in, tot.out);
+        for (int k = 0; k < WSYNC_LINKS; k++) {
+            tot.in[g][k] += in.link[k];
+            tot.all.link[k] += in.link[k];
+            tot.needed += in.link[k];
+        }
+        tot.all.ops += in.ops;
+        wsync_reshard_free(ops_out);
+    }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     report(&o, &m, world, &tot,
            (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);

@@ -210,11 +210,12 @@ int wsync_ref_layout_build(wsync_ref_layout_t *l, const char *engine,
     return 0;
 }
 
-int wsync_ref_layout_ep(wsync_ref_layout_t *l, uint32_t ep_rank, uint32_t ep_size)
+int wsync_ref_layout_ep(wsync_ref_layout_t *l, uint32_t ep_rank, uint32_t ep_size,
+                        uint32_t mtp_size)
 {
-    if (ep_size == 0 || l->size % ep_size != 0 || ep_rank >= ep_size)
+    if (ep_size == 0 || mtp_size == 0 || l->size % mtp_size != 0 || ep_rank >= ep_size)
         return -1;
-    const int64_t mtp = l->size / ep_size, mi = l->dims.moe_intermediate;
+    const int64_t mtp = mtp_size, mi = l->dims.moe_intermediate;
     /* the linear placement, worked out here rather than asked of the mapping (the check) */
     const int64_t e = l->dims.experts, per = e / ep_size, extra = e % ep_size;
     const int64_t count = per + ((int64_t)ep_rank < extra);
@@ -285,8 +286,8 @@ static void wsync_ref_view_moe(void *user, uint32_t *ep_rank, uint32_t *ep_size,
     const wsync_ref_view_t *v = user;
     *ep_rank = v->ep_rank;
     *ep_size = v->ep_size;
-    *mtp_size = v->l->size / v->ep_size;
-    *mtp_rank = v->l->rank % *mtp_size;
+    *mtp_size = v->mtp_size;
+    *mtp_rank = v->l->rank % v->mtp_size;
 }
 
 wsync_engine_ops_t wsync_ref_view_ops(wsync_ref_view_t *v)

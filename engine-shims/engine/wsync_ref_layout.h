@@ -51,12 +51,14 @@ void wsync_ref_layout_free(wsync_ref_layout_t *l);
 long wsync_ref_layout_find(const wsync_ref_layout_t *l, const char *name);
 
 /* Expert parallelism on a built layout (TP rank r of size n): the fused experts become EP rank
- * ep_rank's share in the linear placement (rank r of s holds E / s experts, one more when r <
- * E mod s, in order: docs/SHIMS.md), by local index, split over the
- * MoE TP group of n / ep_size ranks (SGLang's EP inside its TP group); offsets and the arena
- * are laid out again. wsync_ref_expected does not know EP: an expert parameter's bytes are the
- * TP-1 layout's, experts [first, first + count). 0, or -1 when ep_size does not divide n. */
-int wsync_ref_layout_ep(wsync_ref_layout_t *l, uint32_t ep_rank, uint32_t ep_size);
+ * ep_rank's share of ep_size in the linear placement (rank r of s holds E / s experts, one more
+ * when r < E mod s, in order: docs/SHIMS.md), by local index, split over a MoE TP group of
+ * mtp_size ranks (rank r mod mtp_size of it): mtp_size n / ep_size is SGLang's EP inside its TP
+ * group, 1 with EP across replicas (DP attention). Offsets and the arena are laid out again.
+ * wsync_ref_expected does not know EP: an expert parameter's bytes are the MoE TP group's
+ * layout's, experts [first, first + count). 0, or -1 when mtp_size does not divide n. */
+int wsync_ref_layout_ep(wsync_ref_layout_t *l, uint32_t ep_rank, uint32_t ep_size,
+                        uint32_t mtp_size);
 
 /* A layout's parameters at `arena` as an engine's registry answers for them — param (bf16, the
  * layout's shapes), tp (the layout's rank and size) and dims: what the reference engine and the
@@ -64,7 +66,7 @@ int wsync_ref_layout_ep(wsync_ref_layout_t *l, uint32_t ep_rank, uint32_t ep_siz
 typedef struct wsync_ref_view {
     const wsync_ref_layout_t *l;
     unsigned char *arena;
-    uint32_t ep_rank, ep_size; /* ep_size > 1 (wsync_ref_layout_ep): the ops answer moe too */
+    uint32_t ep_rank, ep_size, mtp_size; /* ep_size > 1 (wsync_ref_layout_ep): moe too */
 } wsync_ref_view_t;
 int wsync_ref_view_param(const wsync_ref_view_t *v, const char *name, wsync_param_info_t *out);
 wsync_engine_ops_t wsync_ref_view_ops(wsync_ref_view_t *v);

@@ -4,29 +4,38 @@
 #include <stdlib.h>
 #include <string.h>
 
-int engine_open(eng_t *e, const char *engine, const wsync_model_config_t *cfg, uint32_t rank,
-                uint32_t size, uint32_t ep, char *why, size_t len)
+int engine_open_ep(eng_t *e, const char *engine, const wsync_model_config_t *cfg, uint32_t rank,
+                   uint32_t size, uint32_t ep_rank, uint32_t ep_size, uint32_t mtp_size, char *why,
+                   size_t len)
 {
     memset(e, 0, sizeof(*e));
     if (wsync_ref_layout_build(&e->l, engine, cfg, rank, size, why, len) != 0)
         return -1;
-    const uint32_t ep_rank = ep > 1 ? rank / (size / ep) : 0;
-    if (ep > 1 && (wsync_ref_layout_ep(&e->l, ep_rank, ep) != 0 ||
-                   wsync_ref_layout_build(&e->whole, engine, cfg, rank % (size / ep), size / ep,
-                                          why, len) != 0)) {
+    if (ep_size > 1 && (wsync_ref_layout_ep(&e->l, ep_rank, ep_size, mtp_size) != 0 ||
+                        wsync_ref_layout_build(&e->whole, engine, cfg, rank % mtp_size, mtp_size,
+                                               why, len) != 0)) {
         wsync_ref_layout_free(&e->l);
         return -1;
     }
     e->view = (wsync_ref_view_t){.l = &e->l,
                                  .arena = calloc(1, e->l.arena_bytes),
-                                 .ep_rank = ep_rank,
-                                 .ep_size = ep > 1 ? ep : 1};
+                                 .ep_rank = ep_size > 1 ? ep_rank : 0,
+                                 .ep_size = ep_size > 1 ? ep_size : 1,
+                                 .mtp_size = ep_size > 1 ? mtp_size : 1};
     if (e->view.arena == NULL) {
-        wsync_ref_layout_free(&e->l);
+        engine_close(e);
         return -1;
     }
     e->ops = wsync_ref_view_ops(&e->view);
     return 0;
+}
+
+int engine_open(eng_t *e, const char *engine, const wsync_model_config_t *cfg, uint32_t rank,
+                uint32_t size, uint32_t ep, char *why, size_t len)
+{
+    return ep > 1 ? engine_open_ep(e, engine, cfg, rank, size, rank / (size / ep), ep, size / ep,
+                                   why, len)
+                  : engine_open_ep(e, engine, cfg, rank, size, 0, 1, 1, why, len);
 }
 
 void engine_close(eng_t *e)

@@ -16,10 +16,14 @@ typedef struct eng {
  * ep)): 0, or -1 with why. engine_close frees it. */
 int engine_open(eng_t *e, const char *engine, const wsync_model_config_t *cfg, uint32_t rank,
                 uint32_t size, uint32_t ep, char *why, size_t len);
+/* The same with any EP arrangement: EP rank ep_rank of ep_size, MoE TP group of mtp_size. */
+int engine_open_ep(eng_t *e, const char *engine, const wsync_model_config_t *cfg, uint32_t rank,
+                   uint32_t size, uint32_t ep_rank, uint32_t ep_size, uint32_t mtp_size, char *why,
+                   size_t len);
 void engine_close(eng_t *e);
 /* The bytes parameter p of e must hold after weight version `version`: the reference engine's,
- * and with EP its experts' share of the layout of its MoE TP group (rank % (size / ep) of
- * size / ep), computed from the whole tensors. */
+ * and with EP its experts' share of the layout of its MoE TP group (rank % mtp_size of
+ * mtp_size), computed from the whole tensors. */
 int engine_expected(const eng_t *e, const wsync_ref_param_t *p, uint64_t version, void *dst);
 
 /* The model's tensors as descriptors (names point into m; model_descs_free them), NULL out of
