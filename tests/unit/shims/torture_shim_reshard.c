@@ -43,24 +43,21 @@ static unsigned char **fill_segments(const wsync_model_t *m, const wsync_reshard
 }
 
 /* Runs one engine rank's plan and checks it against the reference engine. */
-static void run_engine_rank(const char *engine, const wsync_model_config_t *cfg,
-                            const wsync_reshard_src_t *src, unsigned char *const *seg,
-                            uint32_t rank, uint32_t size, uint32_t ep, uint64_t version,
-                            uint64_t *local)
+/* Plans the opened engine rank e (on GPU gpu, node 0), runs its ops and checks every parameter
+ * against the reference, each byte written once; engine_close(e) after. */
+static void run_opened(eng_t *e_, const char *engine, const wsync_reshard_src_t *src,
+                       unsigned char *const *seg, uint32_t gpu, uint64_t version, uint64_t *local)
 {
+    eng_t e = *e_;
+    const uint32_t rank = e.l.rank, size = e.l.size;
     const wsync_shim_t *shim = wsync_shim_find(engine);
     assert_non_null(shim);
-    eng_t e;
-    char why[256];
-    if (engine_open(&e, engine, cfg, rank, size, ep, why, sizeof(why)) != 0)
-        fail_msg("%s rank %u/%u: %s", engine, rank, size, why);
     unsigned char *hits = calloc(1, e.l.arena_bytes);
     assert_non_null(hits);
     wsync_error_t err = {.struct_size = sizeof(err)};
     wsync_reshard_op_t *plan = NULL;
     size_t n = 0;
-    /* engine rank r runs on GPU r, the trainer's rank r there too: one node */
-    const wsync_reshard_place_t where = {.gpu = rank, .node = 0};
+    const wsync_reshard_place_t where = {.gpu = gpu, .node = 0};
     if (wsync_reshard_plan(shim->map, &e.ops, where, src, &plan, &n, &err) != WSYNC_OK)
         fail_msg("%s rank %u/%u: %s", engine, rank, size, err.message);
     for (size_t i = 0; i < n; i++) {
@@ -92,7 +89,20 @@ static void run_engine_rank(const char *engine, const wsync_model_config_t *cfg,
     free(want);
     wsync_reshard_free(plan);
     free(hits);
-    engine_close(&e);
+    engine_close(e_);
+}
+
+/* Engine rank `rank` of `size` (EP ep inside its TP group), on GPU rank: run_opened. */
+static void run_engine_rank(const char *engine, const wsync_model_config_t *cfg,
+                            const wsync_reshard_src_t *src, unsigned char *const *seg,
+                            uint32_t rank, uint32_t size, uint32_t ep, uint64_t version,
+                            uint64_t *local)
+{
+    eng_t e;
+    char why[256];
+    if (engine_open(&e, engine, cfg, rank, size, ep, why, sizeof(why)) != 0)
+        fail_msg("%s rank %u/%u: %s", engine, rank, size, why);
+    run_opened(&e, engine, src, seg, rank, version, local);
 }
 
 /* Every engine rank of `engines` (n_engines of sglang, vllm, lmdeploy) at TP 1, 2 and 4. */
@@ -157,6 +167,44 @@ static void test_tp_fsdp_grid(void **state)
                 /* vLLM's and LMDeploy's layouts on one trainer layout of each model */
                 reshard_case(layouts[l], &t, tp == 2 && f == 2 ? 3 : 1);
             }
+}
+
+/* EP across replicas (DP attention): SGLang TP 2 in 2 replicas on the trainer's 4 GPUs, the
+ * experts spread over all 4 (GPU g holds EP rank g's, expert TP 1). */
+static void test_ep_across_replicas(void **state)
+{
+    (void)state;
+    const wsync_model_config_t cfg = {.layout = "moe", .scale = 8, .layers = 2};
+    wsync_model_t m;
+    char why[256];
+    assert_int_equal(wsync_model_build(&m, &cfg, why, sizeof(why)), 0);
+    wsync_tensor_desc_t *td = model_descs(&m);
+    const wsync_reshard_trainer_t t = {.tp = 2, .fsdp = 2, .dp = 1, .pp = 1};
+    uint64_t seg[4];
+    wsync_reshard_piece_t *p = NULL;
+    size_t np = 0;
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    assert_int_equal(wsync_reshard_trainer_layout(wsync_shim_find("sglang")->map, &t, td, m.n, &p,
+                                                  &np, seg, &err),
+                     WSYNC_OK);
+    wsync_reshard_place_t place[4];
+    for (uint32_t r = 0; r < 4; r++)
+        place[r] = (wsync_reshard_place_t){.gpu = r, .node = 0};
+    unsigned char **s = fill_segments(&m, p, np, seg, 4, 7);
+    const wsync_reshard_src_t src = {td, m.n, p, np, place, 4};
+    uint64_t local = 0;
+    for (uint32_t g = 0; g < 4; g++) {
+        eng_t e;
+        if (engine_open_ep(&e, "sglang", &cfg, g % 2, 2, g, 4, 1, why, sizeof(why)) != 0)
+            fail_msg("GPU %u: %s", g, why);
+        run_opened(&e, "sglang", &src, s, g, 7, &local);
+    }
+    for (uint32_t r = 0; r < 4; r++)
+        free(s[r]);
+    free(s);
+    wsync_reshard_free(p);
+    model_descs_free(td);
+    wsync_model_free(&m);
 }
 
 static void test_pp_and_replicas(void **state)
@@ -300,9 +348,8 @@ static void test_bad_layouts(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tp_fsdp_grid),
-        cmocka_unit_test(test_pp_and_replicas),
-        cmocka_unit_test(test_nearest_replica),
+        cmocka_unit_test(test_tp_fsdp_grid),       cmocka_unit_test(test_pp_and_replicas),
+        cmocka_unit_test(test_ep_across_replicas), cmocka_unit_test(test_nearest_replica),
         cmocka_unit_test(test_bad_layouts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
