@@ -146,6 +146,8 @@ static int parse_trainer(const char *arg, wsync_reshard_trainer_t *t)
             t->dp = v;
         else if (sscanf(tok, "pp=%u", &v) == 1)
             t->pp = v;
+        else if (sscanf(tok, "ep=%u", &v) == 1)
+            t->ep = v;
         else
             return -1;
         if (v == 0)
@@ -157,18 +159,18 @@ static int parse_trainer(const char *arg, wsync_reshard_trainer_t *t)
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: wsync plan CONFIG.json --trainer tp=T,fsdp=F,dp=D,pp=P\n"
+            "usage: wsync plan CONFIG.json --trainer tp=T,fsdp=F,dp=D,pp=P[,ep=X]\n"
             "                  --engine sglang|vllm|lmdeploy --engine-tp N [--engine-ep E]\n"
             "                  [--gpus-per-node G] [--nvlink-gbs B] [--net-gbs B] [--hbm-gbs B]\n"
             "                  [--json]\n"
             "  The resharding plan of a Hugging Face config.json's model (bf16) from a trainer\n"
-            "  of T x F x D x P ranks (rank r on GPU r) into engine replicas of N ranks over the\n"
-            "  same GPUs (replica j's rank i on GPU j N + i), EP E inside each replica's TP\n"
-            "  group when E <= N, else across replicas (GPU g holds EP rank g mod E's experts,\n"
-            "  expert TP 1: DP attention): bytes per link (the same GPU, NVLink inside a node of G "
-            "GPUs, the network\n"
-            "  between nodes), per rank, the minimum off-GPU bytes, and the lower bound on the\n"
-            "  time from the links' bandwidths (GB/s per GPU, defaults 450, 50 and 4000); --json\n"
+            "  of T x F x D x P ranks (rank r on GPU r; ep=X: expert parallelism over the F\n"
+            "  ranks) into engine replicas of N ranks over the same GPUs (replica j's rank i on\n"
+            "  GPU j N + i), EP E inside each replica's TP group when E <= N, else across\n"
+            "  replicas (GPU g holds EP rank g mod E's experts, expert TP 1: DP attention):\n"
+            "  bytes per link (the same GPU, NVLink inside a node of G GPUs, the network between\n"
+            "  nodes), per rank, the minimum off-GPU bytes, and the lower bound on the time from\n"
+            "  the links' bandwidths (GB/s per GPU, defaults 450, 50 and 4000); --json\n"
             "  adds the exact numbers as one JSON line at the end.\n");
 }
 

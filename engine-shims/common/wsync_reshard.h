@@ -99,10 +99,15 @@ void wsync_reshard_count(const wsync_reshard_op_t *ops, size_t n, wsync_reshard_
  * replicated), over tp; then over fsdp by dim 0 of that shard (FSDP2's chunks: ceil(rows / fsdp)
  * each, the last ones shorter or empty; a 1-D tensor by its elements); layers over pp stages in
  * contiguous runs (embeddings on the first, the final norm and lm_head on the last); dp ranks are
- * replicas. Each rank's pieces are packed in tensor order, WSYNC_MAP_ALIGN-aligned. */
+ * replicas. Expert parallelism (ep > 1, Megatron's EP inside the data-parallel group): the
+ * experts of a layer are split over ep ranks in the linear placement (wsync_map_ep_owner), fsdp
+ * rank f being EP rank f mod ep, and each expert is chunked over the fsdp / ep ranks of its EP
+ * rank instead of all fsdp ranks. Each rank's pieces are packed in tensor order,
+ * WSYNC_MAP_ALIGN-aligned. */
 typedef struct wsync_reshard_trainer {
     uint32_t tp, fsdp, dp, pp;
     int64_t kv_heads; /* the model's, to refuse a tp that splits a query group; 0: unchecked */
+    uint32_t ep;      /* expert parallelism over the fsdp ranks (dividing fsdp); 0 or 1: none */
 } wsync_reshard_trainer_t;
 
 /* Pieces of tensors[0..n) for trainer `t`: *pieces (wsync_reshard_free), *n_pieces, and each rank's

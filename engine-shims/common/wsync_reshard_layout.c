@@ -103,10 +103,22 @@ wsync_result_t wsync_reshard_trainer_layout(const wsync_map_table_t *table,
     uint64_t *seg = calloc(world, sizeof(*seg));
     if (seg == NULL)
         return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "reshard: %u ranks", world);
+    const uint32_t ep = t->ep > 1 ? t->ep : 1;
+    if (t->fsdp % ep != 0) {
+        free(seg);
+        return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
+                            "reshard: trainer ep %u does not divide fsdp %u (EP ranks are fsdp "
+                            "ranks)",
+                            ep, t->fsdp);
+    }
     long layers = 0;
-    for (size_t i = 0; i < n; i++)
+    int64_t experts = 0;
+    for (size_t i = 0; i < n; i++) {
         if (layer_of(tensors[i].name) + 1 > layers)
             layers = layer_of(tensors[i].name) + 1;
+        const int64_t x = wsync_map_expert_of(table, tensors[i].name);
+        experts = x + 1 > experts ? x + 1 : experts;
+    }
     pieces_t v = {0};
     wsync_result_t rc = WSYNC_OK;
     for (size_t i = 0; i < n && rc == WSYNC_OK; i++) {
@@ -125,18 +137,25 @@ wsync_result_t wsync_reshard_trainer_layout(const wsync_map_table_t *table,
         const int64_t rows = x->ndim == 1 ? 1 : x->shape[0];
         const int64_t cols = x->ndim == 1 ? x->shape[0] : x->shape[1];
         const uint32_t stage = stage_of(x->name, layer_of(x->name), layers, t->pp);
+        const int64_t expert = ep > 1 ? wsync_map_expert_of(table, x->name) : -1;
+        const uint32_t owner = expert >= 0 ? wsync_map_ep_owner(experts, ep, expert) : 0;
+        /* an expert under EP: held by the fsdp ranks of its EP rank, chunked over them */
+        const uint32_t chunks = expert >= 0 ? t->fsdp / ep : t->fsdp;
         for (uint32_t d = 0; d < t->dp && rc == WSYNC_OK; d++)
             for (uint32_t f = 0; f < t->fsdp && rc == WSYNC_OK; f++)
                 for (uint32_t k = 0; k < t->tp && rc == WSYNC_OK; k++) {
+                    if (expert >= 0 && f % ep != owner)
+                        break;
+                    const uint32_t chunk = expert >= 0 ? f / ep : f;
                     int64_t r0, nr, c0, nc, s, len;
                     if ((rc = tp_shard(&tg, x->name, rows, cols, t, k, &r0, &nr, &c0, &nc, err)) !=
                         WSYNC_OK)
                         break;
                     if (rows == 1) { /* a 1-D tensor: FSDP chunks its elements */
-                        fsdp_chunk(nc, t->fsdp, f, &s, &len);
+                        fsdp_chunk(nc, chunks, chunk, &s, &len);
                         c0 += s, nc = len;
                     } else {
-                        fsdp_chunk(nr, t->fsdp, f, &s, &len);
+                        fsdp_chunk(nr, chunks, chunk, &s, &len);
                         r0 += s, nr = len;
                     }
                     if (nr == 0 || nc == 0)

@@ -214,6 +214,11 @@ static void test_pp_and_replicas(void **state)
     reshard_case("dense", &pp, 1);
     const wsync_reshard_trainer_t dp = {.tp = 1, .fsdp = 2, .dp = 2, .pp = 1};
     reshard_case("moe", &dp, 1);
+    /* trainer expert parallelism: EP 2 over the fsdp ranks (each expert on half of them) */
+    const wsync_reshard_trainer_t ep = {.tp = 2, .fsdp = 2, .dp = 1, .pp = 1, .ep = 2};
+    reshard_case("moe", &ep, 1);
+    const wsync_reshard_trainer_t ep4 = {.tp = 1, .fsdp = 4, .dp = 1, .pp = 1, .ep = 2};
+    reshard_case("moe", &ep4, 1);
 }
 
 /* A one-layer dense model and trainer t's pieces of it (laid out with `engine`'s rules). */
