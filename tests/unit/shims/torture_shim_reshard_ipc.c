@@ -3,7 +3,8 @@
  * a shared-memory staging buffer of its own and publishes it; each engine rank, in its own
  * process, waits until every trainer rank has published, opens their buffers, plans itself
  * (wsync_reshard_plan) and copies each source's ops with copy_weights, then checks every engine
- * parameter against the reference engine. Trainer TP 2 x FSDP 2 into SGLang TP 1, 2, 4; and a
+ * parameter against the reference engine. Trainer TP 2 x FSDP 2 into SGLang TP 1, 2, 4 (and TP 4
+ * with EP 4); and a
  * trainer rank that dies before it publishes: every engine rank reports it within the timeout
  * and writes nothing. */
 #include <dirent.h>
@@ -182,11 +183,11 @@ static char *read_all(const char *path)
 
 /* Engine rank i of size: 0 when every parameter equals the reference; 2 when a trainer rank
  * published nothing within timeout_ms and nothing was written; other codes: what failed. */
-static int engine_main(const world_t *w, uint32_t i, uint32_t size, double timeout_ms)
+static int engine_main(const world_t *w, uint32_t i, uint32_t size, uint32_t ep, double timeout_ms)
 {
     eng_t e;
     char path[128], why[256];
-    if (engine_open(&e, "sglang", &w->cfg, i, size, 1, why, sizeof(why)) != 0)
+    if (engine_open(&e, "sglang", &w->cfg, i, size, ep, why, sizeof(why)) != 0)
         return 20;
     /* every source first: nothing is written unless every trainer rank published */
     char **text = calloc(w->n, sizeof(*text));
@@ -245,7 +246,8 @@ static int engine_main(const world_t *w, uint32_t i, uint32_t size, double timeo
     for (size_t q = 0; q < e.l.n && rc == 0; q++) {
         const wsync_ref_param_t *p = &e.l.params[q];
         want = realloc(want, p->nbytes ? p->nbytes : 1);
-        wsync_ref_expected(&e.l, p, VERSION, want);
+        if (engine_expected(&e, p, VERSION, want) != 0)
+            rc = 27;
         if (memcmp(e.view.arena + p->offset, want, p->nbytes) != 0) {
             fprintf(stderr, "engine rank %u/%u: %s differs from the reference\n", i, size, p->name);
             rc = 26;
@@ -258,8 +260,9 @@ static int engine_main(const world_t *w, uint32_t i, uint32_t size, double timeo
 }
 
 /* The ranks of one run: trainer ranks (dead: the one that exits before publishing, or -1) and
- * engine ranks of SGLang at `size`; the exit status each engine rank must end with. */
-static void run(uint32_t tp, uint32_t fsdp, uint32_t size, int dead, int want_engine)
+ * engine ranks of SGLang at `size` with EP ep inside its TP group; the exit status each engine
+ * rank must end with. */
+static void run(uint32_t tp, uint32_t fsdp, uint32_t size, uint32_t ep, int dead, int want_engine)
 {
     world_t w;
     world_build(&w, tp, fsdp);
@@ -270,7 +273,7 @@ static void run(uint32_t tp, uint32_t fsdp, uint32_t size, int dead, int want_en
     const double timeout = dead >= 0 ? 3000 : 60000;
     for (uint32_t i = 0; i < size; i++)
         if ((pids[w.n + i] = fork()) == 0)
-            _exit(engine_main(&w, i, size, timeout));
+            _exit(engine_main(&w, i, size, ep, timeout));
     const double t0 = now_ms();
     for (uint32_t i = 0; i < size; i++) {
         int st = 0;
@@ -300,13 +303,14 @@ static void test_tp2_fsdp2_into_tp_1_2_4(void **state)
 {
     (void)state;
     for (uint32_t size = 1; size <= 4; size *= 2)
-        run(2, 2, size, -1, 0);
+        run(2, 2, size, 1, -1, 0);
+    run(2, 2, 4, 4, -1, 0); /* SGLang's EP = TP: each engine rank its own experts */
 }
 
 static void test_trainer_rank_dies_before_publishing(void **state)
 {
     (void)state;
-    run(2, 2, 2, 1, 2);
+    run(2, 2, 2, 1, 1, 2);
 }
 
 int main(void)
