@@ -106,31 +106,66 @@ static void run_engine_rank(const char *engine, const wsync_model_config_t *cfg,
 }
 
 /* Every engine rank of `engines` (n_engines of sglang, vllm, lmdeploy) at TP 1, 2 and 4. */
+/* A trainer of layout t on GPUs 0.. of one node holding version 7 of a 2-layer model in its
+ * segments (pieces laid out with SGLang's rules). */
+typedef struct tworld {
+    wsync_model_config_t cfg;
+    wsync_model_t m;
+    wsync_tensor_desc_t *td;
+    wsync_reshard_piece_t *p;
+    size_t np;
+    uint64_t *seg;
+    wsync_reshard_place_t *place;
+    unsigned char **s;
+    uint32_t world;
+    wsync_reshard_src_t src;
+} tworld_t;
+
+static void tworld_open(tworld_t *w, const char *layout, const wsync_reshard_trainer_t *t)
+{
+    char why[256];
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    memset(w, 0, sizeof(*w));
+    w->cfg = (wsync_model_config_t){.layout = layout, .scale = 8, .layers = 2};
+    assert_int_equal(wsync_model_build(&w->m, &w->cfg, why, sizeof(why)), 0);
+    assert_non_null(w->td = model_descs(&w->m));
+    w->world = t->tp * t->fsdp * t->dp * t->pp;
+    w->seg = calloc(w->world, sizeof(*w->seg));
+    w->place = calloc(w->world, sizeof(*w->place));
+    if (wsync_reshard_trainer_layout(wsync_shim_find("sglang")->map, t, w->td, w->m.n, &w->p,
+                                     &w->np, w->seg, &err) != WSYNC_OK)
+        fail_msg("trainer layout: %s", err.message);
+    for (uint32_t r = 0; r < w->world; r++)
+        w->place[r] = (wsync_reshard_place_t){.gpu = r, .node = 0};
+    w->s = fill_segments(&w->m, w->p, w->np, w->seg, w->world, 7);
+    w->src = (wsync_reshard_src_t){.tensors = w->td,
+                                   .n_tensors = w->m.n,
+                                   .pieces = w->p,
+                                   .n_pieces = w->np,
+                                   .place = w->place,
+                                   .n_ranks = w->world};
+}
+
+static void tworld_close(tworld_t *w)
+{
+    for (uint32_t r = 0; r < w->world; r++)
+        free(w->s[r]);
+    free(w->s);
+    wsync_reshard_free(w->p);
+    free(w->seg);
+    free(w->place);
+    model_descs_free(w->td);
+    wsync_model_free(&w->m);
+}
+
+/* Every engine rank of `engines` (n_engines of sglang, vllm, lmdeploy) at TP 1, 2 and 4. */
 static void reshard_case(const char *layout, const wsync_reshard_trainer_t *t, int n_engines)
 {
-    const wsync_model_config_t cfg = {.layout = layout, .scale = 8, .layers = 2};
-    wsync_model_t m;
-    char why[256];
-    assert_int_equal(wsync_model_build(&m, &cfg, why, sizeof(why)), 0);
-    wsync_tensor_desc_t *td = model_descs(&m);
-    const uint32_t world = t->tp * t->fsdp * t->dp * t->pp;
-    uint64_t *seg = calloc(world, sizeof(*seg));
-    wsync_reshard_place_t *place = calloc(world, sizeof(*place));
-    wsync_reshard_piece_t *p = NULL;
-    size_t np = 0;
-    wsync_error_t err = {.struct_size = sizeof(err)};
-    if (wsync_reshard_trainer_layout(wsync_shim_find("sglang")->map, t, td, m.n, &p, &np, seg,
-                                     &err) != WSYNC_OK)
-        fail_msg("trainer layout: %s", err.message);
-    for (uint32_t r = 0; r < world; r++)
-        place[r] = (wsync_reshard_place_t){.gpu = r, .node = 0};
-    unsigned char **s = fill_segments(&m, p, np, seg, world, 7);
-    const wsync_reshard_src_t src = {.tensors = td,
-                                     .n_tensors = m.n,
-                                     .pieces = p,
-                                     .n_pieces = np,
-                                     .place = place,
-                                     .n_ranks = world};
+    tworld_t w;
+    tworld_open(&w, layout, t);
+    const wsync_model_config_t cfg = w.cfg;
+    const wsync_reshard_src_t src = w.src;
+    unsigned char **s = w.s;
     const char *engines[] = {"sglang", "vllm", "lmdeploy"};
     for (int k = 0; k < n_engines; k++)
         for (uint32_t tp = 1; tp <= 4; tp *= 2) {
@@ -146,14 +181,7 @@ static void reshard_case(const char *layout, const wsync_reshard_trainer_t *t, i
                 for (uint32_t r = 0; r < tp; r++)
                     run_engine_rank(engines[k], &cfg, &src, s, r, tp, ep, 7, &local);
         }
-    for (uint32_t r = 0; r < world; r++)
-        free(s[r]);
-    free(s);
-    wsync_reshard_free(p);
-    free(seg);
-    free(place);
-    model_descs_free(td);
-    wsync_model_free(&m);
+    tworld_close(&w);
 }
 
 static void test_tp_fsdp_grid(void **state)
@@ -174,37 +202,18 @@ static void test_tp_fsdp_grid(void **state)
 static void test_ep_across_replicas(void **state)
 {
     (void)state;
-    const wsync_model_config_t cfg = {.layout = "moe", .scale = 8, .layers = 2};
-    wsync_model_t m;
-    char why[256];
-    assert_int_equal(wsync_model_build(&m, &cfg, why, sizeof(why)), 0);
-    wsync_tensor_desc_t *td = model_descs(&m);
     const wsync_reshard_trainer_t t = {.tp = 2, .fsdp = 2, .dp = 1, .pp = 1};
-    uint64_t seg[4];
-    wsync_reshard_piece_t *p = NULL;
-    size_t np = 0;
-    wsync_error_t err = {.struct_size = sizeof(err)};
-    assert_int_equal(wsync_reshard_trainer_layout(wsync_shim_find("sglang")->map, &t, td, m.n, &p,
-                                                  &np, seg, &err),
-                     WSYNC_OK);
-    wsync_reshard_place_t place[4];
-    for (uint32_t r = 0; r < 4; r++)
-        place[r] = (wsync_reshard_place_t){.gpu = r, .node = 0};
-    unsigned char **s = fill_segments(&m, p, np, seg, 4, 7);
-    const wsync_reshard_src_t src = {td, m.n, p, np, place, 4};
+    tworld_t w;
+    tworld_open(&w, "moe", &t);
+    char why[256];
     uint64_t local = 0;
     for (uint32_t g = 0; g < 4; g++) {
         eng_t e;
-        if (engine_open_ep(&e, "sglang", &cfg, g % 2, 2, g, 4, 1, why, sizeof(why)) != 0)
+        if (engine_open_ep(&e, "sglang", &w.cfg, g % 2, 2, g, 4, 1, why, sizeof(why)) != 0)
             fail_msg("GPU %u: %s", g, why);
-        run_opened(&e, "sglang", &src, s, g, 7, &local);
+        run_opened(&e, "sglang", &w.src, w.s, g, 7, &local);
     }
-    for (uint32_t r = 0; r < 4; r++)
-        free(s[r]);
-    free(s);
-    wsync_reshard_free(p);
-    model_descs_free(td);
-    wsync_model_free(&m);
+    tworld_close(&w);
 }
 
 static void test_pp_and_replicas(void **state)
