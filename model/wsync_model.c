@@ -27,7 +27,7 @@ static const char wsync_model_moe_config[] =
     "\"num_experts_per_tok\":8,\"decoder_sparse_step\":1,\"mlp_only_layers\":[],"
     "\"vocab_size\":151936,\"tie_word_embeddings\":false,\"torch_dtype\":\"bfloat16\"}";
 
-static uint64_t wsync_model_hash(const char *s)
+uint64_t wsync_model_hash(const char *s)
 {
     uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
     for (; *s; s++)

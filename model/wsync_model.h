@@ -63,6 +63,9 @@ int wsync_model_from_config(wsync_model_t *m, const char *json, size_t json_len,
                             size_t len);
 void wsync_model_free(wsync_model_t *m);
 
+/* FNV-1a of a name: the hash of the model's name index (and of other name indexes). */
+uint64_t wsync_model_hash(const char *s);
+
 /* Index of the tensor called `name`, or -1. */
 long wsync_model_find(const wsync_model_t *m, const char *name);
 

@@ -22,93 +22,37 @@ typedef struct plan_opts {
     int json;
 } plan_opts_t;
 
-/* An engine rank's parameters, looked up by name through an open-addressing index. */
+/* An engine rank's parameters (the reference layout) as its registry answers for them; planning
+ * only: the arena is a base address that is never written. */
 typedef struct plan_engine {
     wsync_ref_layout_t l;
-    uint32_t rank, size, ep_rank, ep_size, mtp_size;
-    size_t *slot, nslot;
+    wsync_ref_view_t view;
 } plan_engine_t;
 
-static uint64_t fnv(const char *s)
-{
-    uint64_t h = 1469598103934665603ull;
-    while (*s)
-        h = (h ^ (unsigned char)*s++) * 1099511628211ull;
-    return h;
-}
-
-static int engine_param(void *user, const char *name, wsync_param_info_t *out)
-{
-    plan_engine_t *e = user;
-    for (size_t k = fnv(name) & (e->nslot - 1);; k = (k + 1) & (e->nslot - 1)) {
-        if (e->slot[k] == 0)
-            return -1;
-        const wsync_ref_param_t *p = &e->l.params[e->slot[k] - 1];
-        if (strcmp(p->name, name) != 0)
-            continue;
-        /* planning only: addresses are offsets from a base that is never written */
-        out->ptr = (void *)(uintptr_t)(4096u + p->offset);
-        out->dtype = WSYNC_DTYPE_BF16;
-        out->ndim = p->ndim;
-        memset(out->shape, 0, sizeof(out->shape));
-        memcpy(out->shape, p->shape, sizeof(p->shape));
-        return 0;
-    }
-}
-
-static void engine_tp(void *user, uint32_t *rank, uint32_t *size)
-{
-    *rank = ((plan_engine_t *)user)->rank;
-    *size = ((plan_engine_t *)user)->size;
-}
-
-static void engine_dims(void *user, wsync_model_dims_t *out)
-{
-    *out = ((plan_engine_t *)user)->l.dims;
-}
-
-/* EP inside the TP group (SGLang's: EP rank r / (tp / ep), experts split over tp / ep ranks), or
- * across replicas (each GPU its own share, expert TP 1). */
-static void engine_moe(void *user, uint32_t *ep_rank, uint32_t *ep_size, uint32_t *mtp_rank,
-                       uint32_t *mtp_size)
-{
-    const plan_engine_t *e = user;
-    *ep_rank = e->ep_rank;
-    *ep_size = e->ep_size;
-    *mtp_size = e->mtp_size;
-    *mtp_rank = e->rank % e->mtp_size;
-}
-
 /* The engine rank on GPU g: TP rank g mod tp; EP inside its TP group when ep <= tp, else EP rank
- * g mod ep across replicas. */
+ * g mod ep across replicas (expert TP 1). */
 static int engine_build(plan_engine_t *e, const plan_opts_t *o, const wsync_model_config_t *cfg,
                         uint32_t g, char *why, size_t len)
 {
     memset(e, 0, sizeof(*e));
-    e->rank = g % o->etp, e->size = o->etp, e->ep_size = o->eep;
+    const uint32_t rank = g % o->etp;
     const int inside = o->eep <= o->etp;
-    e->ep_rank = inside ? e->rank / (o->etp / o->eep) : g % o->eep;
-    e->mtp_size = inside ? o->etp / o->eep : 1;
-    if (wsync_ref_layout_build(&e->l, o->engine, cfg, e->rank, o->etp, why, len) != 0)
+    const uint32_t ep_rank = inside ? rank / (o->etp / o->eep) : g % o->eep;
+    const uint32_t mtp = inside ? o->etp / o->eep : 1;
+    if (wsync_ref_layout_build(&e->l, o->engine, cfg, rank, o->etp, why, len) != 0)
         return -1;
-    if (o->eep > 1 && wsync_ref_layout_ep(&e->l, e->ep_rank, o->eep, e->mtp_size) != 0)
+    if (o->eep > 1 && wsync_ref_layout_ep(&e->l, ep_rank, o->eep, mtp) != 0)
         return snprintf(why, len, "ep %u and tp %u do not fit", o->eep, o->etp), -1;
-    for (e->nslot = 16; e->nslot < 2 * e->l.n;)
-        e->nslot *= 2;
-    if ((e->slot = calloc(e->nslot, sizeof(*e->slot))) == NULL)
-        return -1;
-    for (size_t i = 0; i < e->l.n; i++) {
-        size_t k = fnv(e->l.params[i].name) & (e->nslot - 1);
-        while (e->slot[k] != 0)
-            k = (k + 1) & (e->nslot - 1);
-        e->slot[k] = i + 1;
-    }
+    e->view = (wsync_ref_view_t){.l = &e->l,
+                                 .arena = (unsigned char *)(uintptr_t)4096u,
+                                 .ep_rank = ep_rank,
+                                 .ep_size = o->eep,
+                                 .mtp_size = mtp};
     return 0;
 }
 
 static void engine_free(plan_engine_t *e)
 {
-    free(e->slot);
     wsync_ref_layout_free(&e->l);
 }
 
@@ -366,12 +310,7 @@ int wsync_cmd_plan(int argc, char **argv)
             fprintf(stderr, "wsync plan: engine rank on GPU %u: %s\n", g, why);
             goto out;
         }
-        const wsync_engine_ops_t ops = {.struct_size = sizeof(ops),
-                                        .user = &eng[i],
-                                        .param = engine_param,
-                                        .tp = engine_tp,
-                                        .dims = engine_dims,
-                                        .moe = engine_moe};
+        const wsync_engine_ops_t ops = wsync_ref_view_ops(&eng[i].view);
         wsync_reshard_op_t *ops_out = NULL;
         size_t n = 0;
         wsync_result_t prc =

@@ -207,6 +207,18 @@ int wsync_ref_layout_build(wsync_ref_layout_t *l, const char *engine,
         return wsync_ref_why(why, len, "out of memory");
     }
     wsync_ref_place(l);
+    for (l->nslots = 16; l->nslots < 2 * l->n;)
+        l->nslots *= 2;
+    if ((l->slots = calloc(l->nslots, sizeof(*l->slots))) == NULL) {
+        wsync_ref_layout_free(l);
+        return wsync_ref_why(why, len, "out of memory");
+    }
+    for (size_t i = 0; i < l->n; i++) {
+        size_t k = wsync_model_hash(l->params[i].name) & (l->nslots - 1);
+        while (l->slots[k] != 0)
+            k = (k + 1) & (l->nslots - 1);
+        l->slots[k] = i + 1;
+    }
     return 0;
 }
 
@@ -236,15 +248,19 @@ int wsync_ref_layout_ep(wsync_ref_layout_t *l, uint32_t ep_rank, uint32_t ep_siz
 void wsync_ref_layout_free(wsync_ref_layout_t *l)
 {
     free(l->params);
+    free(l->slots);
     wsync_model_free(&l->model);
     memset(l, 0, sizeof(*l));
 }
 
 long wsync_ref_layout_find(const wsync_ref_layout_t *l, const char *name)
 {
-    for (size_t i = 0; i < l->n; i++)
-        if (strcmp(l->params[i].name, name) == 0)
-            return (long)i;
+    if (l->nslots == 0 || name == NULL)
+        return -1;
+    for (size_t k = wsync_model_hash(name) & (l->nslots - 1); l->slots[k] != 0;
+         k = (k + 1) & (l->nslots - 1))
+        if (strcmp(l->params[l->slots[k] - 1].name, name) == 0)
+            return (long)(l->slots[k] - 1);
     return -1;
 }
 

@@ -41,6 +41,7 @@ typedef struct wsync_ref_layout {
     wsync_ref_param_t *params;
     size_t n;
     uint64_t arena_bytes;
+    size_t *slots, nslots; /* name index (wsync_model_hash): param index + 1, 0 = empty */
 } wsync_ref_layout_t;
 
 /* Build for engine "sglang" | "vllm" | "lmdeploy", layout cfg, rank r of n. 0 or -1 with why. */
