@@ -290,40 +290,49 @@ __global__ void __launch_bounds__(WSYNC_Q_THREADS, 4)
     }
 }
 
-/* One wave: as many CTAs as the device holds at once (each takes a contiguous run of blocks). */
-template <typename K> static unsigned wsync_q_grid(K kernel, uint64_t total_blocks)
+/* Launch kernel<kQuantize> in one wave: as many CTAs as the device holds at once (each takes a
+ * contiguous run of blocks, so any grid is correct). The CTAs per SM a kernel fits are asked
+ * once; the SM count per call (its device). */
+template <int kQuantize>
+static cudaError_t wsync_q_launch(const wsync_cuda_qop_t *ops, uint32_t n, uint64_t total_blocks,
+                                  unsigned long long *first_bad, cudaStream_t s)
 {
-    int dev = 0, sms = 0, per_sm = 0;
+    /* asked once (a function-local static: initialised once, thread safe) */
+    static const int per_sm = [] {
+        int k = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k, wsync_q_kernel<kQuantize>,
+                                                          WSYNC_Q_THREADS, 0) != cudaSuccess ||
+            k <= 0) {
+            (void)cudaGetLastError();
+            k = 4;
+        }
+        return k;
+    }();
+    int dev = 0, sms = 0;
+    if (n == 0 || total_blocks == 0)
+        return cudaSuccess;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, WSYNC_Q_THREADS, 0) !=
-            cudaSuccess ||
-        sms * per_sm <= 0) {
+        sms <= 0) {
         (void)cudaGetLastError();
-        sms = 132, per_sm = 4;
+        sms = 132;
     }
     const uint64_t wave = (uint64_t)sms * (uint64_t)per_sm;
-    return (unsigned)(total_blocks < wave ? total_blocks : wave);
+    const unsigned grid = (unsigned)(total_blocks < wave ? total_blocks : wave);
+    wsync_q_kernel<kQuantize><<<grid, WSYNC_Q_THREADS, 0, s>>>(ops, n, total_blocks, first_bad);
+    return cudaGetLastError();
 }
 
 extern "C" cudaError_t wsync_cuda_quant_scan(const wsync_cuda_qop_t *ops, uint32_t n,
                                              uint64_t total_blocks, unsigned long long *first_bad,
                                              cudaStream_t s)
 {
-    if (n == 0 || total_blocks == 0)
-        return cudaSuccess;
-    wsync_q_kernel<0><<<wsync_q_grid(wsync_q_kernel<0>, total_blocks), WSYNC_Q_THREADS, 0, s>>>(
-        ops, n, total_blocks, first_bad);
-    return cudaGetLastError();
+    return wsync_q_launch<0>(ops, n, total_blocks, first_bad, s);
 }
 
 extern "C" cudaError_t wsync_cuda_quant_blocks(const wsync_cuda_qop_t *ops, uint32_t n,
                                                uint64_t total_blocks, unsigned long long *first_bad,
                                                cudaStream_t s)
 {
-    if (n == 0 || total_blocks == 0)
-        return cudaSuccess;
-    wsync_q_kernel<1><<<wsync_q_grid(wsync_q_kernel<1>, total_blocks), WSYNC_Q_THREADS, 0, s>>>(
-        ops, n, total_blocks, first_bad);
-    return cudaGetLastError();
+    return wsync_q_launch<1>(ops, n, total_blocks, first_bad, s);
 }
