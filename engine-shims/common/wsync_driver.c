@@ -39,7 +39,6 @@ struct wsync_driver {
     wsync_loader_t loader;
     const wsync_consumer_ops_t *ops; /* NULL: native fallback */
     struct wsync_consumer *consumer;
-    double t_copied; /* WSYNC_DRIVER_TIMING: when the last copy call returned (us) */
     char native_why[WSYNC_ERROR_MESSAGE_LEN + 64];
     wsync_driver_buffer_t *buffers;
     size_t n_buffers, cap_buffers;
@@ -579,10 +578,11 @@ static void wsync_driver_release_unread(wsync_driver_t *d, const wsync_manifest_
                                         size_t n);
 
 /* *wrote: the bucket failed after its copy wrote engine parameters (a digest mismatch; a NaN the
- * one-pass quantizer found, which left only its block unwritten). */
+ * one-pass quantizer found, which left only its block unwritten). *t_copied (WSYNC_DRIVER_TIMING,
+ * else untouched): when the plugin's copy call returned, in us. */
 static wsync_result_t wsync_driver_execute(wsync_driver_t *d, const wsync_manifest_t *m,
                                            const wsync_copy_op_t *ops, const wsync_quant_t *quant,
-                                           int *wrote, wsync_error_t *err)
+                                           int *wrote, double *t_copied, wsync_error_t *err)
 {
     const uint32_t plain_flags = d->cfg.copy_flags & ~WSYNC_COPY_QUANT_ONE_PASS;
     *wrote = 0;
@@ -622,7 +622,8 @@ static wsync_result_t wsync_driver_execute(wsync_driver_t *d, const wsync_manife
             rc = d->ops->copy_weights(d->consumer, e->handle, wsync_driver_stream(d), m->generation,
                                       ops, m->n_tensors, plain_flags, err);
         const int refused = rc != WSYNC_OK; /* the copy call itself: it read nothing */
-        d->t_copied = wsync_driver_timing() ? wsync_driver_us() : 0;
+        if (wsync_driver_timing())
+            *t_copied = wsync_driver_us();
         if (rc == WSYNC_OK)
             rc = d->ops->record_consumed(d->consumer, e->handle,
                                          (d->cfg.copy_flags & WSYNC_COPY_VERIFY) != 0 || quantizes,
@@ -722,11 +723,11 @@ wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifest
     for (size_t i = 0; i < n && rc == WSYNC_OK; i++) {
         int wrote = 0;
         const double t_exec = timing ? wsync_driver_us() : 0;
-        d->t_copied = 0;
-        rc = wsync_driver_execute(d, m[i], ops + k, quant + k, &wrote, err);
-        if (timing && d->t_copied > 0) {
+        double t_copied = 0;
+        rc = wsync_driver_execute(d, m[i], ops + k, quant + k, &wrote, &t_copied, err);
+        if (t_copied > 0) {
             const double t_end = wsync_driver_us();
-            t_copy += d->t_copied - t_exec, t_record += t_end - d->t_copied;
+            t_copy += t_copied - t_exec, t_record += t_end - t_copied;
         }
         if (rc == WSYNC_OK)
             wsync_txn_applied(&d->txn, m[i]->tensors, m[i]->n_tensors, live[i], m[i]->buffer.pid);
