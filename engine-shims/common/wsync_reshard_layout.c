@@ -116,7 +116,7 @@ wsync_result_t wsync_reshard_trainer_layout(const wsync_map_table_t *table,
     for (size_t i = 0; i < n; i++) {
         if (layer_of(tensors[i].name) + 1 > layers)
             layers = layer_of(tensors[i].name) + 1;
-        const int64_t x = wsync_map_expert_of(table, tensors[i].name);
+        const int64_t x = ep > 1 ? wsync_map_expert_of(table, tensors[i].name) : -1;
         experts = x + 1 > experts ? x + 1 : experts;
     }
     pieces_t v = {0};

@@ -26,7 +26,7 @@ import multiprocessing as mp
 import statistics
 
 import torch
-from bench_python import CFG, attention_shapes, event_ms, hf_shapes, plugin
+from bench_python import CFG, attention_shapes, event_ms, flat_views, hf_shapes, plugin
 
 MOE = {"L": 12, "H": 2048, "NH": 32, "KV": 4, "HD": 128, "I": 768, "E": 128, "V": 151936}
 MOE_CFG = {"hidden_size": MOE["H"], "num_attention_heads": MOE["NH"], "num_key_value_heads": MOE["KV"],
@@ -132,11 +132,7 @@ def trainer(conn, layout, n_msgs):
     hf = hf_shapes() if layout == "dense" else moe_hf_shapes()
     total = sum(torch.Size(s).numel() for s in hf.values())
     flat = torch.randn(total, dtype=torch.bfloat16, device="cuda")
-    views, at = [], 0
-    for n, s in hf.items():
-        k = torch.Size(s).numel()
-        views.append((n, flat[at: at + k].view(s)))
-        at += k
+    views = flat_views(flat, hf)
     exp = TorchExport("sglang")
     msgs = [exp.messages(views)[0] for _ in range(n_msgs)]
     from torch.multiprocessing.reductions import reduce_tensor
@@ -174,11 +170,7 @@ def run_layout(layout, iters):
     src = red[0](*red[1])
     hf, where, shapes = placement(layout)
     cfg = CFG if layout == "dense" else MOE_CFG
-    pairs, at = [], 0
-    for n, s in hf.items():
-        k = torch.Size(s).numel()
-        pairs.append((src[at: at + k].view(s), where[n]))
-        at += k
+    pairs = [(v, where[n]) for n, v in flat_views(src, hf)]
     ref = fp8_params(shapes)
     loop = torch_loop(pairs, ref)
     loop_ms = event_ms(loop, iters)

@@ -44,6 +44,16 @@ def hf_shapes():
     return s
 
 
+def flat_views(flat, shapes):
+    """(name, view) of each tensor of `shapes` packed one after another in the 1-D tensor flat."""
+    views, at = [], 0
+    for n, s in shapes.items():
+        k = torch.Size(s).numel()
+        views.append((n, flat[at: at + k].view(s)))
+        at += k
+    return views
+
+
 def engine_shapes():
     s = {}
     for n, sh in hf_shapes().items():
@@ -110,11 +120,7 @@ def trainer(conn, iters, skip_staged=False, probe=False):
     shapes = hf_shapes()
     total = sum(torch.Size(s).numel() for s in shapes.values()) * 2
     flat = torch.randn(total // 2, dtype=torch.bfloat16, device="cuda")  # one storage for the foreign path
-    views, at = [], 0
-    for n, s in shapes.items():
-        k = torch.Size(s).numel()
-        views.append((n, flat[at: at + k].view(s)))
-        at += k
+    views = flat_views(flat, shapes)
     exp = TorchExport("sglang")
     msgs = [exp.messages(views)[0] for _ in range((2 * iters + 1) * len(FOREIGN_ENV))]  # a generation per copy
     from torch.multiprocessing.reductions import reduce_tensor
@@ -313,12 +319,10 @@ def main():
                 del os.environ[k]
         wsync_ms = foreign[0][1]
         flat_ms = event_ms(lambda: flat_dst.copy_(src), iters)
-        pairs, at = [], 0
-        for n, s in hf_shapes().items():
-            k = torch.Size(s).numel()
+        pairs = []
+        for n, v in flat_views(src, hf_shapes()):
             en, off = hf_to_engine(n)
-            pairs.append((eng[en][off: off + s[0]] if off or en != n else eng[en], src[at: at + k].view(s)))
-            at += k
+            pairs.append((eng[en][off: off + v.shape[0]] if off or en != n else eng[en], v))
 
         def loop():
             for d, s in pairs:

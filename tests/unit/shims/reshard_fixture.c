@@ -68,6 +68,27 @@ int engine_expected(const eng_t *e, const wsync_ref_param_t *p, uint64_t version
     return 0;
 }
 
+int segment_fill(const wsync_model_t *m, const wsync_reshard_piece_t *p, size_t np, uint32_t rank,
+                 uint64_t version, unsigned char *seg)
+{
+    unsigned char *whole = malloc(m->max_nbytes ? m->max_nbytes : 1);
+    if (whole == NULL)
+        return -1;
+    for (size_t k = 0; k < np; k++) {
+        if (p[k].rank != rank)
+            continue;
+        const wsync_model_tensor_t *x = &m->tensors[p[k].tensor];
+        const int64_t cols = x->ndim == 1 ? x->shape[0] : x->shape[1];
+        wsync_model_fill(x, version, whole);
+        for (int64_t r = 0; r < p[k].rows; r++)
+            memcpy(seg + p[k].offset + (uint64_t)r * p[k].pitch,
+                   whole + ((uint64_t)(p[k].r0 + r) * (uint64_t)cols + (uint64_t)p[k].c0) * 2u,
+                   (uint64_t)p[k].cols * 2u);
+    }
+    free(whole);
+    return 0;
+}
+
 wsync_tensor_desc_t *model_descs(const wsync_model_t *m)
 {
     wsync_tensor_desc_t *t = calloc(m->n ? m->n : 1, sizeof(*t));

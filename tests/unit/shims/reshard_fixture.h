@@ -4,6 +4,7 @@
 #define RESHARD_FIXTURE_H
 
 #include "wsync_ref_layout.h"
+#include "wsync_reshard.h"
 
 typedef struct eng {
     wsync_ref_layout_t l;
@@ -25,6 +26,11 @@ void engine_close(eng_t *e);
  * and with EP its experts' share of the layout of its MoE TP group (rank % mtp_size of
  * mtp_size), computed from the whole tensors. */
 int engine_expected(const eng_t *e, const wsync_ref_param_t *p, uint64_t version, void *dst);
+
+/* Trainer rank `rank`'s pieces of version `version` of the model, written into its segment seg
+ * where the pieces place them: 0, or -1 out of memory. */
+int segment_fill(const wsync_model_t *m, const wsync_reshard_piece_t *p, size_t np, uint32_t rank,
+                 uint64_t version, unsigned char *seg);
 
 /* The model's tensors as descriptors (names point into m; model_descs_free them), NULL out of
  * memory. (Allocated here, outside the tests' cmocka allocator.) */

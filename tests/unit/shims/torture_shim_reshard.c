@@ -24,21 +24,11 @@ static unsigned char **fill_segments(const wsync_model_t *m, const wsync_reshard
                                      uint64_t version)
 {
     unsigned char **s = calloc(world, sizeof(*s));
-    unsigned char *whole = malloc(m->max_nbytes);
     assert_non_null(s);
-    assert_non_null(whole);
-    for (uint32_t r = 0; r < world; r++)
+    for (uint32_t r = 0; r < world; r++) {
         assert_non_null(s[r] = malloc(seg[r] ? seg[r] : 1));
-    for (size_t k = 0; k < np; k++) {
-        const wsync_model_tensor_t *x = &m->tensors[p[k].tensor];
-        const int64_t cols = x->ndim == 1 ? x->shape[0] : x->shape[1];
-        wsync_model_fill(x, version, whole);
-        for (int64_t r = 0; r < p[k].rows; r++)
-            memcpy(s[p[k].rank] + p[k].offset + (uint64_t)r * p[k].pitch,
-                   whole + ((uint64_t)(p[k].r0 + r) * (uint64_t)cols + (uint64_t)p[k].c0) * 2u,
-                   (uint64_t)p[k].cols * 2u);
+        assert_int_equal(segment_fill(m, p, np, r, version, s[r]), 0);
     }
-    free(whole);
     return s;
 }
 
@@ -230,13 +220,15 @@ static void test_pp_and_replicas(void **state)
     reshard_case("moe", &ep4, 1);
 }
 
-/* A one-layer dense model and trainer t's pieces of it (laid out with `engine`'s rules). */
+/* A one-layer dense model, trainer t's pieces of it (laid out with `engine`'s rules) and that
+ * engine's rank 0 of 1. */
 typedef struct small {
     wsync_model_config_t cfg;
     wsync_model_t m;
     wsync_tensor_desc_t *td;
     wsync_reshard_piece_t *p;
     size_t np;
+    eng_t e; /* the engine's rank 0 of 1 */
 } small_t;
 
 static void small_open(small_t *s, const char *engine, const wsync_reshard_trainer_t *t)
@@ -249,6 +241,15 @@ static void small_open(small_t *s, const char *engine, const wsync_reshard_train
     assert_int_equal(wsync_reshard_trainer_layout(wsync_shim_find(engine)->map, t, s->td, s->m.n,
                                                   &s->p, &s->np, NULL, &err),
                      WSYNC_OK);
+    assert_int_equal(engine_open(&s->e, engine, &s->cfg, 0, 1, 1, why, sizeof(why)), 0);
+}
+
+static void small_close(small_t *s)
+{
+    engine_close(&s->e);
+    wsync_reshard_free(s->p);
+    model_descs_free(s->td);
+    wsync_model_free(&s->m);
 }
 
 /* A replica on the engine's own GPU is chosen over the same bytes elsewhere. */
@@ -258,21 +259,13 @@ static void test_nearest_replica(void **state)
     const wsync_reshard_trainer_t t = {.tp = 1, .fsdp = 1, .dp = 4, .pp = 1};
     small_t sm;
     small_open(&sm, "vllm", &t);
-    const wsync_model_config_t cfg = sm.cfg;
-    wsync_model_t m = sm.m;
-    wsync_tensor_desc_t *td = sm.td;
-    wsync_reshard_piece_t *p = sm.p;
-    size_t np = sm.np;
-    char why[256];
     wsync_error_t err = {.struct_size = sizeof(err)};
     /* ranks 0, 1 on node 0; 2, 3 on node 1; the engine on GPU 3 */
     const wsync_reshard_place_t place[4] = {{0, 0}, {1, 0}, {2, 1}, {3, 1}};
-    const wsync_reshard_src_t src = {td, m.n, p, np, place, 4};
-    eng_t e;
-    assert_int_equal(engine_open(&e, "vllm", &cfg, 0, 1, 1, why, sizeof(why)), 0);
+    const wsync_reshard_src_t src = {sm.td, sm.m.n, sm.p, sm.np, place, 4};
     wsync_reshard_op_t *plan = NULL;
     size_t n = 0;
-    assert_int_equal(wsync_reshard_plan(wsync_shim_find("vllm")->map, &e.ops,
+    assert_int_equal(wsync_reshard_plan(wsync_shim_find("vllm")->map, &sm.e.ops,
                                         (wsync_reshard_place_t){3, 1}, &src, &plan, &n, &err),
                      WSYNC_OK);
     assert_true(n > 0);
@@ -282,7 +275,7 @@ static void test_nearest_replica(void **state)
     }
     wsync_reshard_free(plan);
     /* on GPU 5 of node 1 (no trainer there): one of its node's, number 5 mod 2 */
-    assert_int_equal(wsync_reshard_plan(wsync_shim_find("vllm")->map, &e.ops,
+    assert_int_equal(wsync_reshard_plan(wsync_shim_find("vllm")->map, &sm.e.ops,
                                         (wsync_reshard_place_t){5, 1}, &src, &plan, &n, &err),
                      WSYNC_OK);
     for (size_t i = 0; i < n; i++) {
@@ -291,13 +284,10 @@ static void test_nearest_replica(void **state)
     }
     wsync_reshard_bytes_t in = {0};
     wsync_reshard_count(plan, n, &in, NULL);
-    assert_int_equal(in.link[WSYNC_LINK_NVLINK], m.payload_bytes);
+    assert_int_equal(in.link[WSYNC_LINK_NVLINK], sm.m.payload_bytes);
     assert_int_equal(in.link[WSYNC_LINK_NET] + in.link[WSYNC_LINK_LOCAL], 0);
     wsync_reshard_free(plan);
-    engine_close(&e);
-    wsync_reshard_free(p);
-    model_descs_free(td);
-    wsync_model_free(&m);
+    small_close(&sm);
 }
 
 /* Bad layouts: a missing piece, and two pieces that overlap, each refused naming the tensor. */
@@ -307,56 +297,46 @@ static void test_bad_layouts(void **state)
     const wsync_reshard_trainer_t t = {.tp = 2, .fsdp = 1, .dp = 1, .pp = 1};
     small_t sm;
     small_open(&sm, "sglang", &t);
-    const wsync_model_config_t cfg = sm.cfg;
-    wsync_model_t m = sm.m;
-    wsync_tensor_desc_t *td = sm.td;
-    wsync_reshard_piece_t *p = sm.p;
-    size_t np = sm.np;
-    char why[256];
     wsync_error_t err = {.struct_size = sizeof(err)};
     const wsync_reshard_place_t place[2] = {{0, 0}, {1, 0}};
-    eng_t e;
-    assert_int_equal(engine_open(&e, "sglang", &cfg, 0, 1, 1, why, sizeof(why)), 0);
     wsync_reshard_op_t *plan = NULL;
     size_t n = 0;
     /* drop the piece of rank 1 of the first tensor: half of it is missing */
     size_t k = 0;
-    while (!(p[k].tensor == 0 && p[k].rank == 1))
+    while (!(sm.p[k].tensor == 0 && sm.p[k].rank == 1))
         k++;
-    wsync_reshard_piece_t *fewer = malloc(np * sizeof(*fewer));
-    memcpy(fewer, p, k * sizeof(*p));
-    memcpy(fewer + k, p + k + 1, (np - k - 1) * sizeof(*p));
-    wsync_reshard_src_t src = {td, m.n, fewer, np - 1, place, 2};
-    assert_int_equal(wsync_reshard_plan(wsync_shim_find("sglang")->map, &e.ops,
+    wsync_reshard_piece_t *fewer = malloc(sm.np * sizeof(*fewer));
+    memcpy(fewer, sm.p, k * sizeof(*sm.p));
+    memcpy(fewer + k, sm.p + k + 1, (sm.np - k - 1) * sizeof(*sm.p));
+    wsync_reshard_src_t src = {sm.td, sm.m.n, fewer, sm.np - 1, place, 2};
+    assert_int_equal(wsync_reshard_plan(wsync_shim_find("sglang")->map, &sm.e.ops,
                                         (wsync_reshard_place_t){0, 0}, &src, &plan, &n, &err),
                      WSYNC_ERR_INVALID_ARGUMENT);
-    assert_non_null(strstr(err.message, m.tensors[0].name));
+    assert_non_null(strstr(err.message, sm.m.tensors[0].name));
     assert_non_null(strstr(err.message, "cover"));
     /* rank 1's piece of tensor 0 grown by one row into rank 0's */
-    memcpy(fewer, p, np * sizeof(*p));
+    memcpy(fewer, sm.p, sm.np * sizeof(*sm.p));
     fewer[k].r0 -= 1, fewer[k].rows += 1;
-    src.n_pieces = np;
+    src.n_pieces = sm.np;
     err = (wsync_error_t){.struct_size = sizeof(err)};
-    assert_int_equal(wsync_reshard_plan(wsync_shim_find("sglang")->map, &e.ops,
+    assert_int_equal(wsync_reshard_plan(wsync_shim_find("sglang")->map, &sm.e.ops,
                                         (wsync_reshard_place_t){0, 0}, &src, &plan, &n, &err),
                      WSYNC_ERR_INVALID_ARGUMENT);
-    assert_non_null(strstr(err.message, m.tensors[0].name));
+    assert_non_null(strstr(err.message, sm.m.tensors[0].name));
     assert_non_null(strstr(err.message, "overlap"));
     /* a trainer tp that does not divide the kv heads (Megatron splits whole query groups) */
     const wsync_reshard_trainer_t odd = {.tp = 4, .fsdp = 1, .dp = 1, .pp = 1, .kv_heads = 2};
     wsync_reshard_piece_t *q = NULL;
+    size_t nq = 0;
     err = (wsync_error_t){.struct_size = sizeof(err)};
-    assert_int_equal(wsync_reshard_trainer_layout(wsync_shim_find("sglang")->map, &odd, td, m.n, &q,
-                                                  &np, NULL, &err),
+    assert_int_equal(wsync_reshard_trainer_layout(wsync_shim_find("sglang")->map, &odd, sm.td,
+                                                  sm.m.n, &q, &nq, NULL, &err),
                      WSYNC_ERR_INVALID_ARGUMENT);
     if (strstr(err.message, "k_proj") == NULL)
         fail_msg("%s", err.message);
     assert_non_null(strstr(err.message, "kv heads"));
     free(fewer);
-    engine_close(&e);
-    wsync_reshard_free(p);
-    model_descs_free(td);
-    wsync_model_free(&m);
+    small_close(&sm);
 }
 
 int main(void)

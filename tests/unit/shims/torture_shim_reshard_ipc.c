@@ -108,19 +108,9 @@ static int trainer_main(const world_t *w, uint32_t r, uint32_t readers)
     if (wsync_loader_open(&l, PLUGIN, NULL, &err) != WSYNC_OK)
         return 10;
     const uint64_t bytes = w->seg[r] ? w->seg[r] : 1;
-    unsigned char *seg = calloc(1, bytes), *whole = malloc(w->m.max_nbytes);
-    for (size_t k = 0; k < w->np; k++) {
-        const wsync_reshard_piece_t *p = &w->p[k];
-        if (p->rank != r)
-            continue;
-        const wsync_model_tensor_t *x = &w->m.tensors[p->tensor];
-        const int64_t cols = x->ndim == 1 ? x->shape[0] : x->shape[1];
-        wsync_model_fill(x, VERSION, whole);
-        for (int64_t i = 0; i < p->rows; i++)
-            memcpy(seg + p->offset + (uint64_t)i * p->pitch,
-                   whole + ((uint64_t)(p->r0 + i) * (uint64_t)cols + (uint64_t)p->c0) * 2u,
-                   (uint64_t)p->cols * 2u);
-    }
+    unsigned char *seg = calloc(1, bytes);
+    if (seg == NULL || segment_fill(&w->m, w->p, w->np, r, VERSION, seg) != 0)
+        return 16;
     const wsync_producer_ops_t *pops = l.plugin->producer;
     wsync_staging_config_t sc = {.struct_size = sizeof(sc), .bytes = bytes, .timeout_ms = 20000};
     wsync_staging_t *s[8] = {0};
@@ -161,7 +151,6 @@ static int trainer_main(const world_t *w, uint32_t r, uint32_t readers)
         if (s[e] != NULL && pops->retire(s[e], &err) != WSYNC_OK && rc == 0)
             rc = 14;
     free(seg);
-    free(whole);
     wsync_loader_close(&l);
     return rc;
 }
