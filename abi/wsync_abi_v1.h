@@ -53,7 +53,10 @@ extern "C" {
  *       Appended in 0.1.3: buffer kind cuda_vmm_run (6), direct mode's segments in cuMem memory;
  *         wsync_quant_v1_t and wsync_consumer_ops_v1_t.copy_quantized (optional): FP8 engine
  *         parameters quantized from bf16 / f16 / f32 sources inside the copy.
- *       Appended in 0.1.4: the copy_quantized flag WSYNC_COPY_QUANT_ONE_PASS. */
+ *       Appended in 0.1.4: the copy_quantized flag WSYNC_COPY_QUANT_ONE_PASS.
+ *       Appended in 0.1.5: wsync_stage_tensor_v1_t.src_dtype (a converting stage);
+ *         wsync_producer_ops_v1_t.register_host, unregister_host (optional: stage from host
+ *         memory, a checkpoint's mapping, on CUDA). */
 #define WSYNC_ABI_VERSION_1 1u
 
 /* ------------------------------------------------------------------ results */
@@ -489,7 +492,13 @@ typedef struct wsync_staging_config_v1 {
     uint32_t timeout_ms; /* bound on wait_consumed / retire (0 = 30000) */
 } wsync_staging_config_v1_t;
 
-/* A tensor the producer stages: `src` is plugin memory (device memory for CUDA). */
+/* A tensor the producer stages: `src` is plugin memory (device memory for CUDA), or host memory
+ * given to register_host. `dtype` and `shape` are what the staging holds and the manifest names.
+ * Appended in 0.1.5: `src_dtype`, the dtype of the elements at `src` (WSYNC_DTYPE_INVALID, or a
+ * struct_size that ends before it: `dtype`). When it differs, both must be floating point (bf16,
+ * f16, f32, f64) and the stage converts each element once, rounding to nearest even (an f32
+ * checkpoint staged for a bf16 engine); any other pair is refused naming the tensor and both
+ * dtypes, nothing staged. Digests are of the converted bytes. */
 typedef struct wsync_stage_tensor_v1 {
     size_t struct_size;
     const char *name;
@@ -497,6 +506,7 @@ typedef struct wsync_stage_tensor_v1 {
     uint32_t ndim;
     int64_t shape[WSYNC_MAX_DIMS_V1];
     const void *src;
+    wsync_dtype_t src_dtype;
 } wsync_stage_tensor_v1_t;
 
 typedef struct wsync_producer_ops_v1 {
@@ -548,6 +558,18 @@ typedef struct wsync_producer_ops_v1 {
     /* Read the bytes of the current bucket back to host memory (tests, digests). Blocking. */
     wsync_result_t (*read_back)(struct wsync_staging *s, uint64_t offset, void *dst, size_t bytes,
                                 wsync_error_v1_t *err);
+
+    /* Optional, appended in 0.1.5: let stage read `bytes` of host memory at `ptr` (a mapped
+     * checkpoint shard, read-only mappings included) until unregister_host of the same `ptr`.
+     * CUDA: the range is page-locked and mapped for the device (cudaHostRegister), so a stage
+     * reads it over PCIe in its one launch (pinned memory from cudaHostAlloc is readable
+     * without it; other host memory is not readable by the device). CPU: host memory is plugin
+     * memory; the call only checks its arguments. Ranges may not overlap. Blocking; process-wide
+     * (any staging of the plugin may read a registered range). */
+    wsync_result_t (*register_host)(struct wsync_staging *s, const void *ptr, uint64_t bytes,
+                                    wsync_error_v1_t *err);
+    wsync_result_t (*unregister_host)(struct wsync_staging *s, const void *ptr,
+                                      wsync_error_v1_t *err);
 } wsync_producer_ops_v1_t;
 
 /* ----------------------------------------------------------------- plugin */

@@ -300,6 +300,17 @@ void wsync_safetensors_close(wsync_safetensors_t *st)
     free(st);
 }
 
+void wsync_safetensors_mapping(const wsync_safetensors_t *st, const void **base, size_t *len)
+{
+    if (st->map != NULL) {
+        *base = st->map;
+        *len = st->map_len;
+    } else {
+        *base = st->data;
+        *len = (size_t)st->data_len;
+    }
+}
+
 size_t wsync_safetensors_count(const wsync_safetensors_t *st)
 {
     return st ? st->n : 0;

@@ -40,6 +40,10 @@ wsync_result_t wsync_safetensors_open_memory(const void *bytes, size_t len, cons
 /* Unmap and free. Safe with NULL. Every pointer obtained from `st` becomes invalid. */
 void wsync_safetensors_close(wsync_safetensors_t *st);
 
+/* The file's whole read-only mapping (page aligned; for an in-memory image, the image): what a
+ * producer registers to stage straight from the file (register_host). */
+void wsync_safetensors_mapping(const wsync_safetensors_t *st, const void **base, size_t *len);
+
 /* Number of tensors (the __metadata__ entry is not one). */
 size_t wsync_safetensors_count(const wsync_safetensors_t *st);
 

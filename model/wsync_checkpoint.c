@@ -208,3 +208,9 @@ size_t wsync_checkpoint_shards(const wsync_checkpoint_t *c)
 {
     return c->n_shards;
 }
+
+void wsync_checkpoint_shard_mapping(const wsync_checkpoint_t *c, size_t k, const void **base,
+                                    size_t *len)
+{
+    wsync_safetensors_mapping(c->shards[k], base, len);
+}

@@ -36,5 +36,8 @@ void wsync_checkpoint_close(wsync_checkpoint_t *c);
 const wsync_model_t *wsync_checkpoint_model(const wsync_checkpoint_t *c);
 const wsync_ckpt_tensor_t *wsync_checkpoint_tensor(const wsync_checkpoint_t *c, size_t i);
 size_t wsync_checkpoint_shards(const wsync_checkpoint_t *c);
+/* Shard k's whole read-only mapping (every tensor's data of that shard lies inside it). */
+void wsync_checkpoint_shard_mapping(const wsync_checkpoint_t *c, size_t k, const void **base,
+                                    size_t *len);
 
 #endif

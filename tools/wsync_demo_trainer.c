@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "wsync_checkpoint.h"
 #include "wsync_cli.h"
 #include "wsync_demo.h"
 #include "wsync_digest.h"
@@ -28,6 +29,7 @@ typedef struct wsync_trainer {
     size_t *bucket_first; /* bucket b = tensors [bucket_first[b], bucket_first[b+1]) */
     size_t nbuckets;
     int fd;
+    int registered; /* the checkpoint's shards are registered with the producer */
 } wsync_trainer_t;
 
 static int wsync_trainer_fail(const char *what, wsync_result_t rc, const wsync_error_t *err)
@@ -63,9 +65,42 @@ static int wsync_trainer_plan(wsync_trainer_t *t)
     return 0;
 }
 
+/* A checkpoint's tensor is staged straight from the file's mapping, converted there when the
+ * engine holds another float dtype (the stage's src_dtype); the CUDA plugin reads the mapping
+ * over PCIe once it is registered (wsync_trainer_register). */
 static int wsync_trainer_from_file(const wsync_trainer_t *t, const wsync_model_tensor_t *m)
 {
-    return m->data != NULL && m->file_dtype == m->dtype && strcmp(t->l.plugin->name, "cpu") == 0;
+    (void)t;
+    return m->data != NULL;
+}
+
+/* Register every shard's mapping with the producer (register_host): a plugin without the member
+ * (before 0.1.5) stages from plugin memory only, so the checkpoint goes through the parameters. */
+static int wsync_trainer_register(wsync_trainer_t *t, int on)
+{
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    if (t->model.checkpoint == NULL || strcmp(t->l.plugin->name, "cpu") == 0)
+        return 0;
+    if (!WSYNC_HAS_OP(wsync_producer_ops_t, t->pops, register_host)) {
+        fprintf(stderr,
+                "wsync trainer: plugin %s has no register_host (ABI 0.1.5): it cannot stage "
+                "a checkpoint from the file\n",
+                t->l.path);
+        return 1;
+    }
+    for (size_t k = 0; k < wsync_checkpoint_shards(t->model.checkpoint); k++) {
+        const void *base;
+        size_t len;
+        wsync_checkpoint_shard_mapping(t->model.checkpoint, k, &base, &len);
+        wsync_result_t rc = on ? t->pops->register_host(t->staging, base, len, &err)
+                               : t->pops->unregister_host(t->staging, base, &err);
+        if (rc != WSYNC_OK)
+            return wsync_trainer_fail(on ? "register_host of a checkpoint shard"
+                                         : "unregister_host of a checkpoint shard",
+                                      rc, &err);
+        t->registered = on;
+    }
+    return 0;
 }
 
 static int wsync_trainer_setup(wsync_trainer_t *t)
@@ -123,10 +158,13 @@ static int wsync_trainer_setup(wsync_trainer_t *t)
         /* A checkpoint on the CPU plugin stages straight from the file's mapping (plugin
          * memory is host memory); other bytes go through the trainer's parameters. */
         s->src = wsync_trainer_from_file(t, m) ? m->data : (const char *)t->params + m->offset;
+        s->src_dtype = wsync_trainer_from_file(t, m) ? m->file_dtype : m->dtype;
     }
     rc = t->pops->create(&scfg, &t->staging, &err);
     if (rc != WSYNC_OK)
         return wsync_trainer_fail("staging create", rc, &err);
+    if (wsync_trainer_register(t, 1) != 0)
+        return 1;
     if (WSYNC_HAS_OP(wsync_producer_ops_t, t->pops, stream_create)) {
         rc = t->pops->stream_create(t->staging, &t->stream, &err);
         if (rc != WSYNC_OK)
@@ -159,8 +197,12 @@ static int wsync_trainer_fill(wsync_trainer_t *t, uint64_t version)
         const wsync_model_tensor_t *m = &t->model.tensors[i];
         wsync_result_t rc;
         if (wsync_trainer_from_file(t, m)) { /* staged from the mapping itself */
-            if (t->o->verify)
+            if (t->o->verify && m->file_dtype == m->dtype)
                 t->expected[i] = wsync64(m->data, m->nbytes);
+            else if (t->o->verify) { /* the reference conversion, on the host */
+                wsync_model_fill(m, version, t->scratch);
+                t->expected[i] = wsync64(t->scratch, m->nbytes);
+            }
             continue;
         }
         wsync_model_fill(m, version, t->scratch);
@@ -290,6 +332,8 @@ static int wsync_trainer_finish(wsync_trainer_t *t)
         if (rc != WSYNC_OK)
             return wsync_trainer_fail("producer stream_destroy", rc, &err);
     }
+    if (wsync_trainer_register(t, 0) != 0)
+        return 1;
     rc = t->pops->retire(t->staging, &err);
     t->staging = NULL;
     if (rc != WSYNC_OK)
@@ -306,6 +350,8 @@ static void wsync_trainer_teardown(wsync_trainer_t *t)
         close(t->fd);
     if (t->have_stream)
         t->pops->stream_destroy(t->staging, t->stream, &err);
+    if (t->staging != NULL && t->registered)
+        wsync_trainer_register(t, 0);
     if (t->staging != NULL)
         t->pops->retire(t->staging, &err);
     if (t->params != NULL && WSYNC_HAS_OP(wsync_consumer_ops_t, t->cops, mem_free))

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 
+#include "wsync_dtype.h"
 #include "wsync_error.h"
 #include "wsync_manifest.h"
 
@@ -43,6 +44,16 @@ wsync_result_t wsync_direct_build(const wsync_stage_tensor_t *t, size_t n,
         wsync_tensor_desc_t *d = &out->layout.tensors[k];
         const wsync_stage_tensor_t *src = &t[out->layout.from[k]];
         d->offset = 0;
+        if (wsync_stage_src_dtype(src) != src->dtype) {
+            r = WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                           "tensor \"%.80s\": src_dtype %s differs from dtype %s; direct mode "
+                           "reads tensors where they are, so it converts nothing (stage it, or "
+                           "cast it into a tensor of dtype %s)",
+                           src->name, wsync_dtype_name(wsync_stage_src_dtype(src)),
+                           wsync_dtype_name(src->dtype), wsync_dtype_name(src->dtype));
+            wsync_direct_free(out);
+            return r;
+        }
         if (d->nbytes == 0)
             continue;
         wsync_buffer_desc_t seg;

@@ -22,6 +22,30 @@ static const char *wsync_shape_str(uint32_t ndim, const int64_t *shape, char *bu
     return buf;
 }
 
+wsync_result_t wsync_stage_sizes_check(const wsync_stage_tensor_t *t, size_t n, wsync_error_t *err)
+{
+    for (size_t i = 0; i < n && t != NULL; i++)
+        if (t[i].struct_size < WSYNC_STAGE_TENSOR_MIN_SIZE)
+            return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                              "tensors[%zu].struct_size %zu; set it to sizeof(wsync_stage_tensor_t)"
+                              " (%zu)",
+                              i, t[i].struct_size, sizeof(wsync_stage_tensor_t));
+    return WSYNC_OK;
+}
+
+wsync_dtype_t wsync_stage_src_dtype(const wsync_stage_tensor_t *t)
+{
+    if (WSYNC_HAS_FIELD(wsync_stage_tensor_t, t, src_dtype) && t->src_dtype != WSYNC_DTYPE_INVALID)
+        return t->src_dtype;
+    return t->dtype;
+}
+
+int wsync_stage_converts(wsync_dtype_t dt)
+{
+    return dt == WSYNC_DTYPE_BF16 || dt == WSYNC_DTYPE_F16 || dt == WSYNC_DTYPE_F32 ||
+           dt == WSYNC_DTYPE_F64;
+}
+
 static wsync_result_t wsync_layout_check(const wsync_stage_tensor_t *t, size_t i, uint64_t *nbytes,
                                          wsync_error_t *err)
 {
@@ -45,6 +69,12 @@ static wsync_result_t wsync_layout_check(const wsync_stage_tensor_t *t, size_t i
     if (wsync_dtype_size(t->dtype) == 0)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "tensor %zu (\"%.80s\"): unknown dtype %d", i, t->name, (int)t->dtype);
+    const wsync_dtype_t sdt = wsync_stage_src_dtype(t);
+    if (sdt != t->dtype && (!wsync_stage_converts(sdt) || !wsync_stage_converts(t->dtype)))
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "tensor %zu (\"%.80s\"): src_dtype %s (%d) does not convert to dtype %s; "
+                          "a stage converts only between bfloat16, float16, float32 and float64",
+                          i, t->name, wsync_dtype_name(sdt), (int)sdt, wsync_dtype_name(t->dtype));
     if (t->ndim > WSYNC_MAX_DIMS)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "tensor %zu (\"%.80s\"): ndim %u exceeds the limit %d", i, t->name,

@@ -143,5 +143,9 @@ wsync_result_t wsync_cpu_staging_stream_synchronize(struct wsync_staging *s, wsy
                                                     wsync_error_t *err);
 wsync_result_t wsync_cpu_read_back(struct wsync_staging *s, uint64_t offset, void *dst,
                                    size_t bytes, wsync_error_t *err);
+wsync_result_t wsync_cpu_register_host(struct wsync_staging *s, const void *ptr, uint64_t bytes,
+                                       wsync_error_t *err);
+wsync_result_t wsync_cpu_unregister_host(struct wsync_staging *s, const void *ptr,
+                                         wsync_error_t *err);
 
 #endif

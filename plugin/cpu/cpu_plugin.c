@@ -49,6 +49,8 @@ static const wsync_producer_ops_v1_t wsync_cpu_producer_table = {
     .stream_destroy = wsync_cpu_staging_stream_destroy,
     .stream_synchronize = wsync_cpu_staging_stream_synchronize,
     .read_back = wsync_cpu_read_back,
+    .register_host = wsync_cpu_register_host,
+    .unregister_host = wsync_cpu_unregister_host,
 };
 
 static const wsync_plugin_v1_t wsync_cpu_plugin = {

@@ -11,6 +11,7 @@
 #include "cpu_unlink.h"
 #include "wsync_direct.h"
 #include "wsync_error.h"
+#include "wsync_host_ranges.h"
 #include "wsync_layout.h"
 #include "wsync_manifest.h"
 
@@ -144,12 +145,8 @@ wsync_result_t wsync_cpu_stage(struct wsync_staging *s, wsync_stream_t stream,
 
     if (s == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "staging is NULL");
-    for (size_t i = 0; i < n && tensors != NULL; i++)
-        if (tensors[i].struct_size < sizeof(wsync_stage_tensor_t))
-            return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                              "tensors[%zu].struct_size %zu; set it to sizeof(wsync_stage_tensor_t)"
-                              " (%zu)",
-                              i, tensors[i].struct_size, sizeof(wsync_stage_tensor_t));
+    if ((r = wsync_stage_sizes_check(tensors, n, err)) != WSYNC_OK)
+        return r;
     if (s->flags & WSYNC_STAGING_DIRECT)
         return wsync_cpu_stage_direct(s, tensors, n, err);
     if ((r = wsync_layout_build(tensors, n, s->capacity, &next, err)) != WSYNC_OK)
@@ -179,6 +176,8 @@ wsync_result_t wsync_cpu_stage(struct wsync_staging *s, wsync_stream_t stream,
             .src = tensors[next.from[i]].src,
             .dst = s->data + next.tensors[i].offset,
             .nbytes = next.tensors[i].nbytes,
+            .src_dtype = wsync_stage_src_dtype(&tensors[next.from[i]]),
+            .dst_dtype = next.tensors[i].dtype,
             .digest = digests ? &s->layout.tensors[i].digest : NULL,
             .has_digest = digests ? &s->layout.tensors[i].has_digest : NULL};
     }
@@ -380,4 +379,28 @@ wsync_result_t wsync_cpu_read_back(struct wsync_staging *s, uint64_t offset, voi
         memcpy(dst, s->data + offset, bytes);
     pthread_mutex_unlock(&s->lock);
     return WSYNC_OK;
+}
+
+/* Host memory is this plugin's memory: a registered range is only remembered, so the CPU and CUDA
+ * plugins refuse the same overlapping or unknown ranges. */
+wsync_result_t wsync_cpu_register_host(struct wsync_staging *s, const void *ptr, uint64_t bytes,
+                                       wsync_error_t *err)
+{
+    if (s == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "register_host: staging is NULL");
+    wsync_result_t r = wsync_host_ranges_check(ptr, bytes, err);
+    if (r != WSYNC_OK)
+        return r;
+    const wsync_host_range_t range = {
+        .host = (uintptr_t)ptr, .device = (uintptr_t)ptr, .bytes = bytes};
+    return wsync_host_ranges_add(&range, err);
+}
+
+wsync_result_t wsync_cpu_unregister_host(struct wsync_staging *s, const void *ptr,
+                                         wsync_error_t *err)
+{
+    if (s == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "unregister_host: staging is NULL");
+    wsync_host_range_t range;
+    return wsync_host_ranges_remove(ptr, &range, err);
 }

@@ -8,6 +8,8 @@
 
 #include "cpu_direct.h"
 #include "cpu_memcpy.h"
+#include "wsync_adapter_convert.h"
+#include "wsync_dtype.h"
 #include "wsync_error.h"
 #include "wsync_fp8.h"
 
@@ -265,7 +267,10 @@ static void wsync_cpu_run_stage(wsync_cpu_task_t *t)
 {
     for (size_t i = 0; i < t->u.stage.n; i++) {
         const wsync_cpu_stage_copy_t *c = &t->u.stage.copies[i];
-        if (c->nbytes != 0)
+        if (c->src_dtype != c->dst_dtype)
+            wsync_convert_row(c->dst, c->dst_dtype, c->src, c->src_dtype,
+                              (size_t)(c->nbytes / wsync_dtype_size(c->dst_dtype)), 1.0);
+        else if (c->nbytes != 0)
             memcpy(c->dst, c->src, (size_t)c->nbytes);
         if (c->digest != NULL)
             *c->digest = wsync64(c->dst, (size_t)c->nbytes);

@@ -34,11 +34,14 @@ wsync_result_t wsync_cpu_sink_take(wsync_cpu_sink_t *k, wsync_error_t *err);
 /* Joins several streams: the stream that waits proceeds once `count` other streams arrived. */
 typedef struct wsync_cpu_join wsync_cpu_join_t;
 
-/* One producer staging copy (src -> dst, nbytes), digest written to *digest when non-NULL. */
+/* One producer staging copy (src -> dst, nbytes at dst), digest written to *digest when
+ * non-NULL. src_dtype != dst_dtype: nbytes / size(dst_dtype) elements converted (0.1.5's
+ * src_dtype, wsync_adapter_convert.h). */
 typedef struct wsync_cpu_stage_copy {
     const void *src;
     void *dst;
     uint64_t nbytes;
+    wsync_dtype_t src_dtype, dst_dtype;
     uint64_t *digest;
     int *has_digest;
 } wsync_cpu_stage_copy_t;

@@ -312,6 +312,14 @@ wsync_result_t wsync_cuda_map(void *user, const wsync_buffer_desc_t *desc, void 
                               wsync_error_t *err);
 void wsync_cuda_unmap(void *user, void *mapping);
 
+/* Host sources of a stage (wsync_cuda_host.c): the device address of [p, p + bytes), *host 1
+ * when it lies in a registered host range. */
+const void *wsync_cuda_stage_source(const void *p, uint64_t bytes, int *host);
+wsync_result_t wsync_cuda_register_host(struct wsync_staging *s, const void *ptr, uint64_t bytes,
+                                        wsync_error_t *err);
+wsync_result_t wsync_cuda_unregister_host(struct wsync_staging *s, const void *ptr,
+                                          wsync_error_t *err);
+
 extern const wsync_consumer_ops_v1_t wsync_cuda_consumer_ops;
 extern const wsync_producer_ops_v1_t wsync_cuda_producer_ops;
 

@@ -7,10 +7,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "wsync_convert_kernel.h"
 #include "wsync_cuda.h"
 #include "wsync_cuda_direct.h"
 #include "wsync_cuda_vmm.h"
 #include "wsync_digest.h"
+#include "wsync_dtype.h"
 #include "wsync_error.h"
 #include "wsync_layout.h"
 #include "wsync_log.h"
@@ -36,6 +38,10 @@ struct wsync_staging {
     unsigned char *table_host;
     unsigned char *table_dev;
     size_t cap;
+    /* converting stages (0.1.5 src_dtype): the convert kernel's table, pinned and device, and
+     * per packed tensor the sums slot holding its digest */
+    wsync_cuda_conv_op_t *conv_host, *conv_dev;
+    size_t *slot;
     cudaEvent_t staged;     /* recorded after the stage kernel and the sums read-back */
     wsync_cuda_lane_t lane; /* the copy engines' share of a stage without digests */
     int have_table_use;
@@ -68,6 +74,11 @@ static void staging_free(struct wsync_staging *s)
         cudaFreeHost(s->table_host);
     if (s->table_dev)
         cudaFree(s->table_dev);
+    if (s->conv_host)
+        cudaFreeHost(s->conv_host);
+    if (s->conv_dev)
+        cudaFree(s->conv_dev);
+    free(s->slot);
     if (s->kind == WSYNC_BUFFER_CUDA_VMM_FD)
         wsync_cuda_vmm_destroy(&s->vmm);
     else if (s->dev)
@@ -169,12 +180,25 @@ static wsync_result_t table_reserve(struct wsync_staging *s, size_t n, wsync_err
         cudaFreeHost(s->table_host);
     if (s->table_dev)
         cudaFree(s->table_dev);
+    if (s->conv_host)
+        cudaFreeHost(s->conv_host);
+    if (s->conv_dev)
+        cudaFree(s->conv_dev);
+    free(s->slot);
     s->table_host = s->table_dev = NULL;
+    s->conv_host = s->conv_dev = NULL;
+    s->slot = NULL;
     s->cap = 0;
     size_t ops = wsync_cuda_slot_ops_bytes(cap);
     WSYNC_CUDA_TRY(err, cudaHostAlloc((void **)&s->table_host, ops + 2 * cap * sizeof(uint64_t),
                                       cudaHostAllocDefault));
     WSYNC_CUDA_TRY(err, cudaMalloc((void **)&s->table_dev, ops + cap * sizeof(uint64_t)));
+    WSYNC_CUDA_TRY(err, cudaHostAlloc((void **)&s->conv_host, cap * sizeof(*s->conv_host),
+                                      cudaHostAllocDefault));
+    WSYNC_CUDA_TRY(err, cudaMalloc((void **)&s->conv_dev, cap * sizeof(*s->conv_dev)));
+    s->slot = malloc(cap * sizeof(*s->slot));
+    if (s->slot == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu stage slots", cap);
     s->cap = cap;
     return WSYNC_OK;
 }
@@ -200,34 +224,78 @@ static wsync_result_t stage_body(struct wsync_staging *s, cudaStream_t st,
     if (rc != WSYNC_OK)
         goto out;
     wsync_cuda_op_t *table = (wsync_cuda_op_t *)s->table_host;
-    uint64_t chunks = 0;
-    for (size_t i = 0; i < n; i++)
-        chunks += wsync_cuda_plan_op(&table[i], t[lay.from[i]].src, s->dev + lay.tensors[i].offset,
-                                     lay.tensors[i].nbytes, lay.tensors[i].nbytes, 1,
-                                     lay.tensors[i].nbytes, 1, chunks);
+    const int digests = (s->flags & WSYNC_STAGING_NO_DIGESTS) == 0;
+    /* Plain tensors are the copy kernel's ops [0, np); a tensor whose src_dtype differs is the
+     * convert kernel's, and (with digests) a digest op of its staged bytes at [np, n). Sources
+     * in registered host memory are read through their device alias. */
+    uint64_t chunks = 0, tiles = 0;
+    size_t np = 0, nc = 0;
+    int any_host = 0;
+    for (size_t i = 0; i < n; i++) {
+        const wsync_stage_tensor_t *x = &t[lay.from[i]];
+        const wsync_dtype_t sdt = wsync_stage_src_dtype(x);
+        const uint64_t nbytes = lay.tensors[i].nbytes;
+        const uint64_t elems = nbytes / wsync_dtype_size(x->dtype);
+        int host = 0;
+        const void *src = wsync_cuda_stage_source(x->src, elems * wsync_dtype_size(sdt), &host);
+        any_host |= host;
+        unsigned char *dst = s->dev + lay.tensors[i].offset;
+        if (sdt == x->dtype) {
+            s->slot[i] = np;
+            chunks +=
+                wsync_cuda_plan_op(&table[np++], src, dst, nbytes, nbytes, 1, nbytes, 1, chunks);
+        } else {
+            tiles += wsync_cuda_conv_plan_copy(&s->conv_host[nc++], src, sdt,
+                                               elems * wsync_dtype_size(sdt), dst, x->dtype, nbytes,
+                                               1, elems, 1.0, tiles);
+        }
+    }
+    uint64_t dchunks = 0;
+    for (size_t i = 0, k = np; i < n && digests && nc > 0; i++) {
+        const wsync_stage_tensor_t *x = &t[lay.from[i]];
+        if (wsync_stage_src_dtype(x) == x->dtype)
+            continue;
+        unsigned char *dst = s->dev + lay.tensors[i].offset;
+        const uint64_t nbytes = lay.tensors[i].nbytes;
+        s->slot[i] = k;
+        dchunks += wsync_cuda_plan_op(&table[k++], dst, dst, nbytes, nbytes, 1, nbytes, 1, dchunks);
+    }
     const size_t ops = wsync_cuda_slot_ops_bytes(n);
     memset(s->table_host + ops, 0, n * sizeof(uint64_t));
     unsigned long long *sums = (unsigned long long *)(s->table_dev + ops);
-    const int digests = (s->flags & WSYNC_STAGING_NO_DIGESTS) == 0;
     cudaError_t e = cudaSuccess;
+    if (nc > 0) {
+        e = cudaMemcpyAsync(s->conv_dev, s->conv_host, nc * sizeof(*s->conv_dev),
+                            cudaMemcpyHostToDevice, st);
+        if (e == cudaSuccess && tiles > 0)
+            e = wsync_cuda_launch_convert(s->conv_dev, (uint32_t)nc, tiles, s->sm_count, st);
+        if (e != cudaSuccess) {
+            rc = wsync_cuda_fail(err, e, "stage", "enqueueing the converting copies");
+            goto out;
+        }
+    }
     /* Without digests the copy engines take a share of the large tensors, as in copy_weights
-     * (the kernel alone sums digests): forked from st, joined back before *staged*. */
-    wsync_cuda_split_t sp = {.n_kernel = n, .chunks = chunks};
-    if (n > 0 && !digests) {
-        rc = wsync_cuda_lane_split(&s->lane, table, n, st, "stage", &sp, err);
+     * (the kernel alone sums digests): forked from st, joined back before *staged*. Sources in
+     * host memory stay with the kernel, which reads them over PCIe in the same launch. */
+    wsync_cuda_split_t sp = {.n_kernel = np, .chunks = chunks};
+    if (np > 0 && !digests && !any_host) {
+        rc = wsync_cuda_lane_split(&s->lane, table, np, st, "stage", &sp, err);
         if (rc != WSYNC_OK)
             goto out;
     }
-    if (sp.n_kernel > 0) {
+    if (sp.n_kernel > 0 || (digests && nc > 0)) {
         e = cudaMemcpyAsync(s->table_dev, s->table_host,
                             digests ? ops + n * sizeof(uint64_t)
                                     : wsync_cuda_slot_ops_bytes(sp.n_kernel),
                             cudaMemcpyHostToDevice, st);
         /* local memory: contiguous chunk ranges measured fastest (docs/PERFORMANCE.md) */
         const wsync_cuda_launch_cfg_t cfg = {.variant = WSYNC_CUDA_STAGE_VARIANT};
-        if (e == cudaSuccess)
+        if (e == cudaSuccess && sp.n_kernel > 0)
             e = wsync_cuda_launch_copy((const wsync_cuda_op_t *)s->table_dev, (uint32_t)sp.n_kernel,
                                        sp.chunks, sums, digests, s->sm_count, &cfg, st);
+        if (e == cudaSuccess && digests && nc > 0)
+            e = wsync_cuda_launch_digest((const wsync_cuda_op_t *)s->table_dev + np, (uint32_t)nc,
+                                         dchunks, sums + np, s->sm_count, 0, st);
         if (e == cudaSuccess && digests)
             e = cudaMemcpyAsync(sums_back(s), sums, n * sizeof(uint64_t), cudaMemcpyDeviceToHost,
                                 st);
@@ -273,6 +341,9 @@ static wsync_result_t staging_stage(struct wsync_staging *s, wsync_stream_t stre
 {
     if (s == NULL || (t == NULL && n > 0) || n > UINT32_MAX)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "stage needs a staging and tensors");
+    wsync_result_t sizes = wsync_stage_sizes_check(t, n, err);
+    if (sizes != WSYNC_OK)
+        return sizes;
     /* Direct mode: no storage of ours is reused, so several buckets of one sync may be in flight
      * (the caller waits for consumed before it writes its tensors). */
     if (s->flags & WSYNC_STAGING_DIRECT) {
@@ -358,7 +429,8 @@ static wsync_result_t publish_body(struct wsync_staging *s, cudaStream_t st, int
     if (s->have_current) {
         const uint64_t *sums = sums_back(s);
         for (size_t i = 0; i < s->current.n && digests; i++) {
-            s->current.tensors[i].digest = wsync_mix64(sums[i] ^ s->current.tensors[i].nbytes);
+            s->current.tensors[i].digest =
+                wsync_mix64(sums[s->slot[i]] ^ s->current.tensors[i].nbytes);
             s->current.tensors[i].has_digest = 1;
         }
         m.n_tensors = s->current.n;
@@ -492,4 +564,6 @@ const wsync_producer_ops_v1_t wsync_cuda_producer_ops = {
     .stream_destroy = staging_stream_destroy,
     .stream_synchronize = staging_stream_synchronize,
     .read_back = staging_read_back,
+    .register_host = wsync_cuda_register_host,
+    .unregister_host = wsync_cuda_unregister_host,
 };

@@ -84,6 +84,7 @@ class StageTensor(C.Structure):
         ("ndim", C.c_uint32),
         ("shape", C.c_int64 * MAX_DIMS),
         ("src", C.c_void_p),
+        ("src_dtype", C.c_int),  # 0.1.5: the dtype at src, converted by the stage (0: dtype)
     ]
 
 
@@ -108,6 +109,8 @@ class ProducerOps(C.Structure):
         ("stream_destroy", C.CFUNCTYPE(_R, _P, _P, _E)),
         ("stream_synchronize", C.CFUNCTYPE(_R, _P, _P, _E)),
         ("read_back", C.CFUNCTYPE(_R, _P, C.c_uint64, _P, C.c_size_t, _E)),
+        ("register_host", C.CFUNCTYPE(_R, _P, _P, C.c_uint64, _E)),  # 0.1.5
+        ("unregister_host", C.CFUNCTYPE(_R, _P, _P, _E)),  # 0.1.5
     ]
 
 

@@ -58,11 +58,15 @@ def encode_bucket(engine: str, manifests: Sequence[str], *, first: bool, finishe
     return [json.dumps(m, separators=(",", ":")) for m in json.loads(text)]
 
 
-def begin_message(version: int, pairs: Sequence[tuple]) -> str:
+def begin_message(version: int, pairs: Sequence[tuple], cast_to: Optional[torch.dtype] = None) -> str:
     """The request that opens update transaction `version` on every engine rank, declaring the
-    tensors (HF names) and bytes the sync will send."""
+    tensors (HF names) and bytes the sync will send (floats as ``cast_to`` where given)."""
     names = [n for n, _ in pairs]
-    nbytes = sum(t.numel() * t.element_size() for _, t in pairs)
+
+    def size(t: torch.Tensor) -> int:
+        cast = cast_to is not None and t.dtype.is_floating_point
+        return t.numel() * (cast_to.itemsize if cast else t.element_size())
+    nbytes = sum(size(t) for _, t in pairs)
     return json.dumps({"method": "wsync_begin", "version": int(version), "pid": os.getpid(),
                        "expect": {"tensors": len(names), "bytes": nbytes, "names": names}},
                       separators=(",", ":"))
@@ -121,12 +125,15 @@ class Producer:
         # model's expert count (None: the largest expert index the first sync names, plus one)
         self.ep_size, self.experts = int(ep_size), experts
         self._owner_cache: dict = {}  # bucket names -> each tensor's owning EP rank
-        if cast_to is not None and not direct:
-            raise InvalidArgument(1, "Producer", "cast_to is for direct mode (direct=True)")
+        if cast_to is not None and (not cast_to.is_floating_point or cast_to.itemsize > 8):
+            raise InvalidArgument(1, "Producer", f"cast_to={cast_to}: a floating-point dtype")
         self.direct = direct
-        # direct mode: tensors of another floating dtype are cast into retained buffers of this
-        # one (the trainer's fp32 master weights for a bf16 engine), which the engine then reads
+        # tensors of another floating dtype are sent as this one (the trainer's fp32 master
+        # weights, an f32 checkpoint, for a bf16 engine): staged, the stage converts each element
+        # in its copy (src_dtype); direct, they are cast into retained buffers the engine reads
         self.cast_to = cast_to
+        self._host: dict = {}  # registered CPU storages: data_ptr -> (nbytes, the tensor)
+        self._cast_code = _abi.DTYPES.get(_torch.dtype_name(cast_to)) if cast_to is not None else None
         self._cast: dict = {}
         self._inflight: list = []  # sync(wait=False): replies not yet checked
         if direct:
@@ -257,12 +264,15 @@ class Producer:
         arr = (_abi.StageTensor * len(pairs))()
         keep = []
         for i, (name, t) in enumerate(pairs):
-            if (t.device.type == "cuda") != (self.plugin.name == "cuda"):
+            host = t.device.type == "cpu" and self.plugin.name == "cuda" and not self.direct
+            if host:
+                self._check_host(name, t)
+            elif (t.device.type == "cuda") != (self.plugin.name == "cuda"):
                 raise InvalidArgument(
                     1, "stage_bucket", f"tensor {name} is on {t.device}, the {self.plugin.name} plugin "
                     f"({self.plugin.path}) stages {'CUDA' if self.plugin.name == 'cuda' else 'CPU'} memory"
                 )
-            if t.device != self.devices[0] and len(set(self.devices)) == 1:
+            if not host and t.device != self.devices[0] and len(set(self.devices)) == 1:
                 raise InvalidArgument(1, "stage_bucket", f"tensor {name} is on {t.device}, the staging on {self.devices[0]}")
             src = t.detach()
             if self.direct:
@@ -271,17 +281,63 @@ class Producer:
                 src = src.contiguous()
             keep.append(src)
             ndim, shape = _torch.shape_of(name, src)
+            code = _torch.dtype_code(name, src)
+            cast = (not self.direct and self.cast_to is not None and src.dtype.is_floating_point
+                    and src.dtype != self.cast_to)
             arr[i] = _abi.StageTensor(
                 struct_size=C.sizeof(_abi.StageTensor),
                 name=name.encode(),
-                dtype=_torch.dtype_code(name, src),
+                dtype=self._cast_code if cast else code,
                 ndim=ndim,
                 shape=shape,
                 src=src.data_ptr() or None,
+                src_dtype=code,
             )
         if all(x[4] for x in sig):  # .contiguous() copies are new storage every time
             self._stage_cache[names] = (sig, arr, None if self.direct else keep)
         return arr, keep
+
+    def _check_host(self, name: str, t: torch.Tensor) -> None:
+        """A CPU tensor staged by the CUDA plugin: its storage must be pinned or registered
+        (register_host), else the GPU cannot read it."""
+        if not t.is_contiguous():
+            raise InvalidArgument(1, "stage_bucket", f"tensor {name} is a non-contiguous CPU tensor: the stage "
+                                  "reads host tensors in place; pass it contiguous")
+        st = t.untyped_storage()
+        if st.data_ptr() in self._host or t.is_pinned():
+            return
+        raise InvalidArgument(
+            1, "stage_bucket", f"tensor {name} is in pageable CPU memory ({t.device}), which the GPU cannot "
+            "read: pin it (tensor.pin_memory()) or register its storage once (Producer.register_host)")
+
+    def register_host(self, t: torch.Tensor) -> None:
+        """Let the stages read CPU tensor ``t``'s whole storage in place (a checkpoint loaded or
+        mapped on the host): the CUDA plugin page-locks it and maps it for the GPU, so each
+        stage reads it over PCIe in its one launch, converted on the way where ``cast_to`` asks
+        (docs/PYTHON.md). Kept until :meth:`unregister_host` or close; the CPU plugin needs no
+        registration, but takes it."""
+        ops = self._ops
+        if not (ops.struct_size >= _abi.ProducerOps.unregister_host.offset + C.sizeof(C.c_void_p)
+                and ops.register_host):
+            raise InvalidArgument(1, "register_host", f"plugin {self.plugin.path} has no register_host (ABI 0.1.5)")
+        if t.device.type != "cpu":
+            raise InvalidArgument(1, "register_host", f"a CPU tensor, not one on {t.device}")
+        st = t.untyped_storage()
+        if st.data_ptr() in self._host:
+            return
+        err = _abi.Error.new()
+        _native.check(ops.register_host(self._sets[0].staging[0], st.data_ptr(), st.nbytes(), C.byref(err)), err)
+        self._host[st.data_ptr()] = (st.nbytes(), t)
+
+    def unregister_host(self, t: torch.Tensor) -> None:
+        """Undo :meth:`register_host` of ``t``'s storage (after the syncs that read it)."""
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in self._host:
+            raise InvalidArgument(1, "unregister_host", f"the storage at {ptr:#x} is not registered")
+        self.wait()
+        err = _abi.Error.new()
+        _native.check(self._ops.unregister_host(self._sets[0].staging[0], ptr, C.byref(err)), err)
+        del self._host[ptr]
 
     def _direct_keep(self, pairs: list) -> list:
         return [t for _, t in pairs] + [self._cast[n] for n, _ in pairs if n in self._cast]
@@ -432,7 +488,7 @@ class Producer:
             self._ep_owners([n for n, _ in pairs])  # learns the expert count from the names
         plan = self.plan(pairs)
         if version is not None:
-            check_replies(_resolve(send(begin_message(version, pairs))))
+            check_replies(_resolve(send(begin_message(version, pairs, self.cast_to))))
         pending: deque = deque()  # (buffer set, replies to check), oldest first
         if not wait and not self.direct:
             raise InvalidArgument(1, "sync", "wait=False is for direct mode: staged buffers are reused within a sync")
@@ -471,6 +527,11 @@ class Producer:
     def close(self) -> None:
         """Retire every staging buffer (the engines must have released their mappings first:
         EngineWorker.release). Raises Busy while an engine still maps one."""
+        for ptr in list(getattr(self, "_host", {})):
+            if self._sets and self._sets[0].staging:
+                err = _abi.Error.new()
+                _native.check(self._ops.unregister_host(self._sets[0].staging[0], ptr, C.byref(err)), err)
+            del self._host[ptr]
         for b in self._sets:
             while b.staging:
                 err = _abi.Error.new()
