@@ -3,8 +3,10 @@
 # test on this code (and, with $OLD_PATCH, on the code before the stream fix, where it must
 # fail), the pytest suite (gpu tests included), the Python benchmark. Logs under $OUT.
 #   usage: tests/gpu/python_on_device.sh   env: OLD_PATCH (a patch that restores the old plugin),
-#   STEPS ("build test digest bench fp8 probe", default all but probe: run them in separate calls
-#   on a warm machine; fp8: tools/bench_python/bench_fp8.py; probe: bench_python.py --staged-probe)
+#   STEPS ("build test digest bench fp8 probe ckpt", default all but probe and ckpt: run them in
+#   separate calls on a warm machine; fp8: tools/bench_python/bench_fp8.py; probe:
+#   bench_python.py --staged-probe; ckpt: the converting stage from host memory, wsync demo
+#   --model of an f32 checkpoint on the CUDA plugin, tools/bench_python/bench_checkpoint.py)
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$ROOT/device-out}
@@ -23,6 +25,7 @@ if [[ " $STEPS " == *" build "* ]]; then
 cmake -S "$ROOT" -B "$B" -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 &&
   cmake --build "$B" -j16 --target wsync_cuda wsync_cuda_broken wsync_cpu wsync_shim wsync-bench-cuda \
     torture_gpu_stream0 torture_gpu_torn torture_gpu_sync torture_gpu_cache torture_cuda_init torture_gpu_digest \
+    conformance_stage_cuda wsync wsync-engine \
     >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 echo "built: $SECONDS s"
 fi
@@ -38,7 +41,7 @@ fi
 for t in ${PYTESTS:-test_gpu_stream0 test_gpu_torch_handles test_gpu_busy_stream_1000_buckets test_gpu_sync test_gpu_direct test_gpu_fp8}; do
   (cd "$ROOT" && timeout -s INT ${PYT:-70} python3 -m pytest -q -rs -x --tb=short -o faulthandler_timeout=${FHT:-60} \
     tests/python/test_gpu.py tests/python/test_gpu_direct.py tests/python/test_gpu_checker.py \
-    tests/python/test_gpu_transactions.py tests/python/test_gpu_fp8.py -k $t 2>&1) >"$OUT/pytest-$t.log"; echo "$t: rc $?"; tail -3 "$OUT/pytest-$t.log"
+    tests/python/test_gpu_transactions.py tests/python/test_gpu_fp8.py tests/python/test_checkpoint_stage.py -k $t 2>&1) >"$OUT/pytest-$t.log"; echo "$t: rc $?"; tail -3 "$OUT/pytest-$t.log"
 done
 bash "$ROOT/tests/gpu/check_no_device_skips.sh" "$OUT"/ctest.log "$OUT"/pytest-*.log "$B/Testing/Temporary/LastTest.log" || status=1
 [ "${HOST_TESTS:-1}" = 1 ] && { (cd "$ROOT" && timeout 150 python3 -m pytest -q -rfEs --tb=line -m "not gpu" tests/python 2>&1) | tee "$OUT/pytest.log" | tail -8 || status=1; }
@@ -56,6 +59,26 @@ fi
 if [[ " $STEPS " == *" fp8 "* ]]; then  # the quantizing copy vs the bandwidth limit and torch's loop
   (cd "$ROOT/tools/bench_python" && timeout ${BENCH_T:-560} python3 bench_fp8.py --iters ${ITERS:-5} ${FP8_ARGS:-} 2>&1) |
     tee "$OUT/bench-fp8.log" | tail -30
+fi
+if [[ " $STEPS " == *" ckpt "* ]]; then  # checkpoints from host memory, converted in the stage
+  (cd "$B" && ctest -R conformance_stage_cuda --output-on-failure) 2>&1 | tee "$OUT/ckpt.log" | tail -6
+  (cd "$ROOT/tests/python" && python3 -c '
+import sys, torch, models
+for layout in ("dense", "moe"):
+    cfg = models.tiny_config(layout)
+    if layout == "moe":
+        cfg.mlp_only_layers = []
+    from transformers import AutoModelForCausalLM
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(f"/tmp/ckpt-{layout}")
+') >>"$OUT/ckpt.log" 2>&1
+  for m in dense moe; do
+    for e in "" "--engine sglang --tp 2"; do
+      echo "=== wsync demo --model /tmp/ckpt-$m --dtype bfloat16 $e (CUDA plugin)"
+      timeout 120 "$B/bin/wsync" demo --plugin "$B/lib/libwsync_cuda.so" --model /tmp/ckpt-$m --dtype bfloat16 --syncs 3 $e 2>&1 | tail -5
+    done
+  done | tee -a "$OUT/ckpt.log"
+  (cd "$ROOT/tools/bench_python" && timeout ${BENCH_T:-300} python3 bench_checkpoint.py --gb ${CKPT_GB:-4} --iters ${ITERS:-5} 2>&1) |
+    tee "$OUT/bench-checkpoint.log" | tail -12
 fi
 if [[ " $STEPS " == *" probe "* ]]; then  # where the staged Python sync loses to the C path
   export WSYNC_BENCH_CUDA=${WSYNC_BENCH_CUDA-$B/bin/wsync-bench-cuda}
