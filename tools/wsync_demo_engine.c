@@ -20,8 +20,12 @@ typedef struct wsync_engine {
     wsync_consumer_t *c;
     wsync_stream_t stream;
     int have_stream;
-    wsync_handle_t *h;          /* cached mapping of the trainer's staging buffer */
-    wsync_buffer_desc_t h_desc; /* what h maps */
+    /* cached mappings of the trainer's staging buffers (it alternates between two), the one
+     * the current bucket uses, and the slot used last */
+    wsync_handle_t *hs[2];
+    wsync_buffer_desc_t h_desc[2];
+    wsync_handle_t *h;
+    int h_last;
     wsync_model_t model;
     void *params; /* engine parameters, plugin memory, allocated once */
     wsync_copy_op_t *ops;
@@ -98,27 +102,53 @@ static int wsync_engine_refuse(wsync_engine_t *e, const char *what, wsync_result
     return wsync_engine_fail(what, rc, err);
 }
 
-/* Open the manifest's buffer, or reuse the cached mapping when it names the same one. */
+/* Open the manifest's buffer, or reuse the cached mapping when it names the same one (two are
+ * kept: the trainer alternates between two staging buffers); the one used less recently goes. */
 static wsync_result_t wsync_engine_handle(wsync_engine_t *e, const wsync_buffer_desc_t *b,
                                           wsync_error_t *err)
 {
     wsync_result_t rc;
 
-    if (e->h != NULL && e->h_desc.kind == b->kind && e->h_desc.pid == b->pid &&
-        e->h_desc.handle_len == b->handle_len &&
-        memcmp(e->h_desc.handle, b->handle, b->handle_len) == 0 &&
-        strcmp(e->h_desc.device, b->device) == 0)
-        return WSYNC_OK;
-    if (e->h != NULL) {
-        rc = e->cops->close_handle(e->c, e->h, err);
-        e->h = NULL;
+    for (int k = 0; k < 2; k++) {
+        const wsync_buffer_desc_t *d = &e->h_desc[k];
+        if (e->hs[k] != NULL && d->kind == b->kind && d->pid == b->pid &&
+            d->handle_len == b->handle_len && memcmp(d->handle, b->handle, b->handle_len) == 0 &&
+            strcmp(d->device, b->device) == 0) {
+            e->h = e->hs[k];
+            e->h_last = k;
+            return WSYNC_OK;
+        }
+    }
+    const int k = e->hs[0] == NULL ? 0 : e->hs[1] == NULL ? 1 : 1 - e->h_last;
+    if (e->hs[k] != NULL) {
+        rc = e->cops->close_handle(e->c, e->hs[k], err);
+        e->hs[k] = NULL;
         if (rc != WSYNC_OK)
             return rc;
     }
-    rc = e->cops->open_handle(e->c, b, &e->h, err);
-    if (rc == WSYNC_OK)
-        e->h_desc = *b;
+    e->h = NULL;
+    rc = e->cops->open_handle(e->c, b, &e->hs[k], err);
+    if (rc == WSYNC_OK) {
+        e->h_desc[k] = *b;
+        e->h = e->hs[k];
+        e->h_last = k;
+    }
     return rc;
+}
+
+/* Close every cached mapping (the first failure is returned). */
+static wsync_result_t wsync_engine_close_all(wsync_engine_t *e, wsync_error_t *err)
+{
+    wsync_result_t first = WSYNC_OK;
+    for (int k = 0; k < 2; k++)
+        if (e->hs[k] != NULL) {
+            wsync_result_t rc = e->cops->close_handle(e->c, e->hs[k], err);
+            e->hs[k] = NULL;
+            if (first == WSYNC_OK)
+                first = rc;
+        }
+    e->h = NULL;
+    return first;
 }
 
 /* Map every tensor of the manifest onto an engine parameter; refuses unknown names and any
@@ -267,12 +297,9 @@ static int wsync_engine_close(wsync_engine_t *e)
 {
     wsync_error_t err = {.struct_size = sizeof(err)};
 
-    if (e->h != NULL) {
-        wsync_result_t rc = e->cops->close_handle(e->c, e->h, &err);
-        e->h = NULL;
-        if (rc != WSYNC_OK)
-            return wsync_engine_fail("close_handle", rc, &err);
-    }
+    wsync_result_t rc = wsync_engine_close_all(e, &err);
+    if (rc != WSYNC_OK)
+        return wsync_engine_fail("close_handle", rc, &err);
     return wsync_cli_send_json(e->fd, json_pack("{s:s}", "type", "closed"), "engine");
 }
 
@@ -318,8 +345,7 @@ static void wsync_engine_teardown(wsync_engine_t *e)
         close(e->listen_fd);
         unlink(e->o->socket_path);
     }
-    if (e->h != NULL)
-        e->cops->close_handle(e->c, e->h, &err);
+    wsync_engine_close_all(e, &err);
     if (e->have_stream)
         e->cops->stream_destroy(e->c, e->stream, &err);
     if (e->params != NULL && WSYNC_HAS_OP(wsync_consumer_ops_t, e->cops, mem_free))

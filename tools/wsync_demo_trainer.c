@@ -1,5 +1,6 @@
-/* The demo's trainer process: one retained staging buffer, reused bucket by bucket, with the
- * consumed handshake before every reuse and the retire handshake at the end. */
+/* The demo's trainer process: two retained staging buffers used in turn, so bucket b + 1 is
+ * staged (a checkpoint's crosses PCIe) while the engine copies bucket b; the consumed handshake
+ * before every reuse and the retire handshake at the end. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,8 +18,9 @@ typedef struct wsync_trainer {
     wsync_host_t host;
     const wsync_consumer_ops_t *cops;
     const wsync_producer_ops_t *pops;
-    wsync_consumer_t *mem; /* a consumer used only for its memory helpers */
-    wsync_staging_t *staging;
+    wsync_consumer_t *mem;       /* a consumer used only for its memory helpers */
+    wsync_staging_t *staging[2]; /* bucket b goes through staging[b % 2] */
+    uint64_t pending[2];         /* the generation each published and not yet seen acked */
     wsync_stream_t stream;
     int have_stream;
     wsync_model_t model;
@@ -92,8 +94,8 @@ static int wsync_trainer_register(wsync_trainer_t *t, int on)
         const void *base;
         size_t len;
         wsync_checkpoint_shard_mapping(t->model.checkpoint, k, &base, &len);
-        wsync_result_t rc = on ? t->pops->register_host(t->staging, base, len, &err)
-                               : t->pops->unregister_host(t->staging, base, &err);
+        wsync_result_t rc = on ? t->pops->register_host(t->staging[0], base, len, &err)
+                               : t->pops->unregister_host(t->staging[0], base, &err);
         if (rc != WSYNC_OK)
             return wsync_trainer_fail(on ? "register_host of a checkpoint shard"
                                          : "unregister_host of a checkpoint shard",
@@ -160,13 +162,15 @@ static int wsync_trainer_setup(wsync_trainer_t *t)
         s->src = wsync_trainer_from_file(t, m) ? m->data : (const char *)t->params + m->offset;
         s->src_dtype = wsync_trainer_from_file(t, m) ? m->file_dtype : m->dtype;
     }
-    rc = t->pops->create(&scfg, &t->staging, &err);
-    if (rc != WSYNC_OK)
-        return wsync_trainer_fail("staging create", rc, &err);
+    for (int k = 0; k < 2; k++) {
+        rc = t->pops->create(&scfg, &t->staging[k], &err);
+        if (rc != WSYNC_OK)
+            return wsync_trainer_fail("staging create", rc, &err);
+    }
     if (wsync_trainer_register(t, 1) != 0)
         return 1;
     if (WSYNC_HAS_OP(wsync_producer_ops_t, t->pops, stream_create)) {
-        rc = t->pops->stream_create(t->staging, &t->stream, &err);
+        rc = t->pops->stream_create(t->staging[0], &t->stream, &err);
         if (rc != WSYNC_OK)
             return wsync_trainer_fail("producer stream_create", rc, &err);
         t->have_stream = 1;
@@ -189,7 +193,7 @@ static int wsync_trainer_fill(wsync_trainer_t *t, uint64_t version)
     wsync_error_t err = {.struct_size = sizeof(err)};
 
     if (t->have_stream && WSYNC_HAS_OP(wsync_producer_ops_t, t->pops, stream_synchronize)) {
-        wsync_result_t rc = t->pops->stream_synchronize(t->staging, t->stream, &err);
+        wsync_result_t rc = t->pops->stream_synchronize(t->staging[0], t->stream, &err);
         if (rc != WSYNC_OK)
             return wsync_trainer_fail("producer stream_synchronize", rc, &err);
     }
@@ -238,19 +242,39 @@ static int wsync_trainer_check_manifest(wsync_trainer_t *t, const char *json)
     return bad;
 }
 
+/* The ack of the bucket staging[k] carried last (acks come in bucket order), then *consumed*:
+ * only after both may that buffer be overwritten. */
+static int wsync_trainer_ack(wsync_trainer_t *t, int k)
+{
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    if (t->pending[k] == 0)
+        return 0;
+    json_t *ack = wsync_cli_recv_json(t->fd, "ack", t->o->timeout_ms, "trainer");
+    if (ack == NULL)
+        return 1;
+    json_decref(ack);
+    wsync_result_t rc = t->pops->wait_consumed(t->staging[k], t->stream, t->pending[k], &err);
+    t->pending[k] = 0;
+    if (rc != WSYNC_OK)
+        return wsync_trainer_fail("wait_consumed", rc, &err);
+    return 0;
+}
+
 static int wsync_trainer_bucket(wsync_trainer_t *t, size_t b)
 {
     wsync_error_t err = {.struct_size = sizeof(err)};
     size_t first = t->bucket_first[b], n = t->bucket_first[b + 1] - first;
+    const int k = (int)(b % 2);
     const char *json = NULL;
     uint64_t gen = 0;
     wsync_result_t rc;
-    json_t *ack;
 
-    rc = t->pops->stage(t->staging, t->stream, &t->stage[first], n, &err);
+    if (wsync_trainer_ack(t, k) != 0) /* bucket b - 2's */
+        return 1;
+    rc = t->pops->stage(t->staging[k], t->stream, &t->stage[first], n, &err);
     if (rc != WSYNC_OK)
         return wsync_trainer_fail("stage", rc, &err);
-    rc = t->pops->publish(t->staging, t->stream, b + 1 == t->nbuckets, &json, &gen, &err);
+    rc = t->pops->publish(t->staging[k], t->stream, b + 1 == t->nbuckets, &json, &gen, &err);
     if (rc != WSYNC_OK)
         return wsync_trainer_fail("publish", rc, &err);
     if (t->o->verify && wsync_trainer_check_manifest(t, json) != 0)
@@ -258,14 +282,7 @@ static int wsync_trainer_bucket(wsync_trainer_t *t, size_t b)
     rc = wsync_wire_send(t->fd, json, strlen(json), &err);
     if (rc != WSYNC_OK)
         return wsync_trainer_fail("send manifest", rc, &err);
-    ack = wsync_cli_recv_json(t->fd, "ack", t->o->timeout_ms, "trainer");
-    if (ack == NULL)
-        return 1;
-    json_decref(ack);
-    /* Only after the ack: the staging buffer may be overwritten once *consumed* has fired. */
-    rc = t->pops->wait_consumed(t->staging, t->stream, gen, &err);
-    if (rc != WSYNC_OK)
-        return wsync_trainer_fail("wait_consumed", rc, &err);
+    t->pending[k] = gen;
     return 0;
 }
 
@@ -295,6 +312,10 @@ static int wsync_trainer_sync(wsync_trainer_t *t, unsigned k)
             shown = now;
         }
     }
+    /* the last two buckets' acks, in the order they were sent */
+    if (wsync_trainer_ack(t, (int)(t->nbuckets % 2)) != 0 ||
+        wsync_trainer_ack(t, (int)((t->nbuckets + 1) % 2)) != 0)
+        return 1;
     dt = wsync_cli_now() - t0;
     rep = wsync_cli_recv_json(t->fd, "verified", t->o->timeout_ms * 4, "trainer");
     if (rep == NULL)
@@ -327,18 +348,20 @@ static int wsync_trainer_finish(wsync_trainer_t *t)
         return 1;
     json_decref(closed);
     if (t->have_stream) {
-        rc = t->pops->stream_destroy(t->staging, t->stream, &err);
+        rc = t->pops->stream_destroy(t->staging[0], t->stream, &err);
         t->have_stream = 0;
         if (rc != WSYNC_OK)
             return wsync_trainer_fail("producer stream_destroy", rc, &err);
     }
     if (wsync_trainer_register(t, 0) != 0)
         return 1;
-    rc = t->pops->retire(t->staging, &err);
-    t->staging = NULL;
-    if (rc != WSYNC_OK)
-        return wsync_trainer_fail("retire", rc, &err);
-    printf("trainer: engine closed its mapping; staging retired\n");
+    for (int k = 0; k < 2; k++) {
+        rc = t->pops->retire(t->staging[k], &err);
+        t->staging[k] = NULL;
+        if (rc != WSYNC_OK)
+            return wsync_trainer_fail("retire", rc, &err);
+    }
+    printf("trainer: engine closed its mappings; staging retired\n");
     return 0;
 }
 
@@ -349,11 +372,12 @@ static void wsync_trainer_teardown(wsync_trainer_t *t)
     if (t->fd >= 0)
         close(t->fd);
     if (t->have_stream)
-        t->pops->stream_destroy(t->staging, t->stream, &err);
-    if (t->staging != NULL && t->registered)
+        t->pops->stream_destroy(t->staging[0], t->stream, &err);
+    if (t->staging[0] != NULL && t->registered)
         wsync_trainer_register(t, 0);
-    if (t->staging != NULL)
-        t->pops->retire(t->staging, &err);
+    for (int k = 0; k < 2; k++)
+        if (t->staging[k] != NULL)
+            t->pops->retire(t->staging[k], &err);
     if (t->params != NULL && WSYNC_HAS_OP(wsync_consumer_ops_t, t->cops, mem_free))
         t->cops->mem_free(t->mem, t->params, &err);
     if (t->mem != NULL)

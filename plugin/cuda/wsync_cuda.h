@@ -317,6 +317,31 @@ void wsync_cuda_unmap(void *user, void *mapping);
 const void *wsync_cuda_stage_source(const void *p, uint64_t bytes, int *host);
 wsync_result_t wsync_cuda_register_host(struct wsync_staging *s, const void *ptr, uint64_t bytes,
                                         wsync_error_t *err);
+/* One host-sourced tensor of a stage: `elems` elements of src_dtype at the host address `src`
+ * (registered or pinned), written as dst_dtype at the device address `dst`. */
+typedef struct wsync_cuda_host_op {
+    const void *src;
+    void *dst;
+    uint64_t elems;
+    wsync_dtype_t src_dtype, dst_dtype;
+} wsync_cuda_host_op_t;
+/* A staging's host-to-device machinery (made at its first host-sourced stage): a copy stream,
+ * two device bounce buffers and their events, the chunks' convert table. */
+typedef struct wsync_cuda_bounce {
+    int made;
+    cudaStream_t cs;
+    cudaEvent_t fork, join, h2d[2], conv[2];
+    void *buf[2];
+    struct wsync_cuda_conv_op *tab_host, *tab_dev;
+    uint64_t *tiles;
+    size_t tab_cap;
+} wsync_cuda_bounce_t;
+/* Enqueue ops on the copy engines (after everything on st so far), their conversions on st;
+ * st waits for all of it. The caller must not reuse the tables before st passed this point. */
+wsync_result_t wsync_cuda_bounce_stage(wsync_cuda_bounce_t *b, cudaStream_t st,
+                                       const wsync_cuda_host_op_t *ops, size_t n, int sm_count,
+                                       wsync_error_t *err);
+void wsync_cuda_bounce_free(wsync_cuda_bounce_t *b);
 wsync_result_t wsync_cuda_unregister_host(struct wsync_staging *s, const void *ptr,
                                           wsync_error_t *err);
 

@@ -42,8 +42,10 @@ struct wsync_staging {
      * per packed tensor the sums slot holding its digest */
     wsync_cuda_conv_op_t *conv_host, *conv_dev;
     size_t *slot;
-    cudaEvent_t staged;     /* recorded after the stage kernel and the sums read-back */
-    wsync_cuda_lane_t lane; /* the copy engines' share of a stage without digests */
+    wsync_cuda_host_op_t *hops; /* the bucket's tensors in registered host memory */
+    wsync_cuda_bounce_t bounce; /* their copy-engine path */
+    cudaEvent_t staged;         /* recorded after the stage kernel and the sums read-back */
+    wsync_cuda_lane_t lane;     /* the copy engines' share of a stage without digests */
     int have_table_use;
     wsync_layout_t retained; /* the fixed layout (WSYNC_STAGING_FIXED_LAYOUT) */
     int have_retained;
@@ -79,6 +81,8 @@ static void staging_free(struct wsync_staging *s)
     if (s->conv_dev)
         cudaFree(s->conv_dev);
     free(s->slot);
+    free(s->hops);
+    wsync_cuda_bounce_free(&s->bounce);
     if (s->kind == WSYNC_BUFFER_CUDA_VMM_FD)
         wsync_cuda_vmm_destroy(&s->vmm);
     else if (s->dev)
@@ -185,9 +189,11 @@ static wsync_result_t table_reserve(struct wsync_staging *s, size_t n, wsync_err
     if (s->conv_dev)
         cudaFree(s->conv_dev);
     free(s->slot);
+    free(s->hops);
     s->table_host = s->table_dev = NULL;
     s->conv_host = s->conv_dev = NULL;
     s->slot = NULL;
+    s->hops = NULL;
     s->cap = 0;
     size_t ops = wsync_cuda_slot_ops_bytes(cap);
     WSYNC_CUDA_TRY(err, cudaHostAlloc((void **)&s->table_host, ops + 2 * cap * sizeof(uint64_t),
@@ -197,7 +203,8 @@ static wsync_result_t table_reserve(struct wsync_staging *s, size_t n, wsync_err
                                       cudaHostAllocDefault));
     WSYNC_CUDA_TRY(err, cudaMalloc((void **)&s->conv_dev, cap * sizeof(*s->conv_dev)));
     s->slot = malloc(cap * sizeof(*s->slot));
-    if (s->slot == NULL)
+    s->hops = malloc(cap * sizeof(*s->hops));
+    if (s->slot == NULL || s->hops == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu stage slots", cap);
     s->cap = cap;
     return WSYNC_OK;
@@ -225,12 +232,13 @@ static wsync_result_t stage_body(struct wsync_staging *s, cudaStream_t st,
         goto out;
     wsync_cuda_op_t *table = (wsync_cuda_op_t *)s->table_host;
     const int digests = (s->flags & WSYNC_STAGING_NO_DIGESTS) == 0;
-    /* Plain tensors are the copy kernel's ops [0, np); a tensor whose src_dtype differs is the
-     * convert kernel's, and (with digests) a digest op of its staged bytes at [np, n). Sources
-     * in registered host memory are read through their device alias. */
+    /* The copy kernel takes the plain tensors in plugin memory, ops [0, np); a tensor in plugin
+     * memory whose src_dtype differs is the convert kernel's (one launch); a tensor in
+     * registered host memory crosses PCIe on the copy engines (wsync_cuda_bounce_stage),
+     * converted behind them when its dtype differs. With digests, every tensor the copy kernel
+     * does not write gets a digest op of its staged bytes at [np, n), summed once all landed. */
     uint64_t chunks = 0, tiles = 0;
-    size_t np = 0, nc = 0;
-    int any_host = 0;
+    size_t np = 0, nc = 0, nh = 0;
     for (size_t i = 0; i < n; i++) {
         const wsync_stage_tensor_t *x = &t[lay.from[i]];
         const wsync_dtype_t sdt = wsync_stage_src_dtype(x);
@@ -238,9 +246,12 @@ static wsync_result_t stage_body(struct wsync_staging *s, cudaStream_t st,
         const uint64_t elems = nbytes / wsync_dtype_size(x->dtype);
         int host = 0;
         const void *src = wsync_cuda_stage_source(x->src, elems * wsync_dtype_size(sdt), &host);
-        any_host |= host;
         unsigned char *dst = s->dev + lay.tensors[i].offset;
-        if (sdt == x->dtype) {
+        s->slot[i] = SIZE_MAX;
+        if (host && nbytes > 0)
+            s->hops[nh++] = (wsync_cuda_host_op_t){
+                .src = x->src, .dst = dst, .elems = elems, .src_dtype = sdt, .dst_dtype = x->dtype};
+        else if (sdt == x->dtype) {
             s->slot[i] = np;
             chunks +=
                 wsync_cuda_plan_op(&table[np++], src, dst, nbytes, nbytes, 1, nbytes, 1, chunks);
@@ -251,19 +262,25 @@ static wsync_result_t stage_body(struct wsync_staging *s, cudaStream_t st,
         }
     }
     uint64_t dchunks = 0;
-    for (size_t i = 0, k = np; i < n && digests && nc > 0; i++) {
-        const wsync_stage_tensor_t *x = &t[lay.from[i]];
-        if (wsync_stage_src_dtype(x) == x->dtype)
+    size_t nd = 0;
+    for (size_t i = 0; i < n && digests && np < n; i++) {
+        if (s->slot[i] != SIZE_MAX)
             continue;
         unsigned char *dst = s->dev + lay.tensors[i].offset;
         const uint64_t nbytes = lay.tensors[i].nbytes;
-        s->slot[i] = k;
-        dchunks += wsync_cuda_plan_op(&table[k++], dst, dst, nbytes, nbytes, 1, nbytes, 1, dchunks);
+        s->slot[i] = np + nd;
+        dchunks +=
+            wsync_cuda_plan_op(&table[np + nd++], dst, dst, nbytes, nbytes, 1, nbytes, 1, dchunks);
     }
     const size_t ops = wsync_cuda_slot_ops_bytes(n);
     memset(s->table_host + ops, 0, n * sizeof(uint64_t));
     unsigned long long *sums = (unsigned long long *)(s->table_dev + ops);
     cudaError_t e = cudaSuccess;
+    if (nh > 0) {
+        rc = wsync_cuda_bounce_stage(&s->bounce, st, s->hops, nh, s->sm_count, err);
+        if (rc != WSYNC_OK)
+            goto out;
+    }
     if (nc > 0) {
         e = cudaMemcpyAsync(s->conv_dev, s->conv_host, nc * sizeof(*s->conv_dev),
                             cudaMemcpyHostToDevice, st);
@@ -275,15 +292,14 @@ static wsync_result_t stage_body(struct wsync_staging *s, cudaStream_t st,
         }
     }
     /* Without digests the copy engines take a share of the large tensors, as in copy_weights
-     * (the kernel alone sums digests): forked from st, joined back before *staged*. Sources in
-     * host memory stay with the kernel, which reads them over PCIe in the same launch. */
+     * (the kernel alone sums digests): forked from st, joined back before *staged*. */
     wsync_cuda_split_t sp = {.n_kernel = np, .chunks = chunks};
-    if (np > 0 && !digests && !any_host) {
+    if (np > 0 && !digests) {
         rc = wsync_cuda_lane_split(&s->lane, table, np, st, "stage", &sp, err);
         if (rc != WSYNC_OK)
             goto out;
     }
-    if (sp.n_kernel > 0 || (digests && nc > 0)) {
+    if (sp.n_kernel > 0 || nd > 0) {
         e = cudaMemcpyAsync(s->table_dev, s->table_host,
                             digests ? ops + n * sizeof(uint64_t)
                                     : wsync_cuda_slot_ops_bytes(sp.n_kernel),
@@ -293,8 +309,8 @@ static wsync_result_t stage_body(struct wsync_staging *s, cudaStream_t st,
         if (e == cudaSuccess && sp.n_kernel > 0)
             e = wsync_cuda_launch_copy((const wsync_cuda_op_t *)s->table_dev, (uint32_t)sp.n_kernel,
                                        sp.chunks, sums, digests, s->sm_count, &cfg, st);
-        if (e == cudaSuccess && digests && nc > 0)
-            e = wsync_cuda_launch_digest((const wsync_cuda_op_t *)s->table_dev + np, (uint32_t)nc,
+        if (e == cudaSuccess && nd > 0)
+            e = wsync_cuda_launch_digest((const wsync_cuda_op_t *)s->table_dev + np, (uint32_t)nd,
                                          dchunks, sums + np, s->sm_count, 0, st);
         if (e == cudaSuccess && digests)
             e = cudaMemcpyAsync(sums_back(s), sums, n * sizeof(uint64_t), cudaMemcpyDeviceToHost,

@@ -6,7 +6,8 @@
 #   STEPS ("build test digest bench fp8 probe ckpt", default all but probe and ckpt: run them in
 #   separate calls on a warm machine; fp8: tools/bench_python/bench_fp8.py; probe:
 #   bench_python.py --staged-probe; ckpt: the converting stage from host memory, wsync demo
-#   --model of an f32 checkpoint on the CUDA plugin, tools/bench_python/bench_checkpoint.py)
+#   --model of an f32 checkpoint on the CUDA plugin, tools/bench_python/bench_checkpoint.py;
+#   stage: tools/bench_python/bench_stage.py and the C benchmark's stage lines)
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$ROOT/device-out}
@@ -79,6 +80,12 @@ for layout in ("dense", "moe"):
   done | tee -a "$OUT/ckpt.log"
   (cd "$ROOT/tools/bench_python" && timeout ${BENCH_T:-300} python3 bench_checkpoint.py --gb ${CKPT_GB:-4} --iters ${ITERS:-5} 2>&1) |
     tee "$OUT/bench-checkpoint.log" | tail -12
+fi
+if [[ " $STEPS " == *" stage "* ]]; then  # the stage's GPU time per bucket, Python-planned and C
+  (cd "$ROOT/tools/bench_python" && timeout ${BENCH_T:-300} python3 bench_stage.py --iters ${ITERS:-5} 2>&1) |
+    tee "$OUT/bench-stage.log" | tail -12
+  timeout 300 "$B/bin/wsync-bench-cuda" --layout dense --iters ${ITERS:-5} --bucket-mib 2048 2>&1 |
+    grep -E "stage alone|producer host ms|\(c\) full sync" | tee -a "$OUT/bench-stage.log"
 fi
 if [[ " $STEPS " == *" probe "* ]]; then  # where the staged Python sync loses to the C path
   export WSYNC_BENCH_CUDA=${WSYNC_BENCH_CUDA-$B/bin/wsync-bench-cuda}
