@@ -561,9 +561,10 @@ typedef struct wsync_producer_ops_v1 {
 
     /* Optional, appended in 0.1.5: let stage read `bytes` of host memory at `ptr` (a mapped
      * checkpoint shard, read-only mappings included) until unregister_host of the same `ptr`.
-     * CUDA: the range is page-locked and mapped for the device (cudaHostRegister), so a stage
-     * reads it over PCIe in its one launch (pinned memory from cudaHostAlloc is readable
-     * without it; other host memory is not readable by the device). CPU: host memory is plugin
+     * CUDA: the range is page-locked and mapped for the device (cudaHostRegister), and a stage
+     * moves it over PCIe on the copy engines, converting behind them (pinned memory from
+     * cudaHostAlloc is read by the stage kernel without it; other host memory is not readable
+     * by the device). CPU: host memory is plugin
      * memory; the call only checks its arguments. Ranges may not overlap. Blocking; process-wide
      * (any staging of the plugin may read a registered range). */
     wsync_result_t (*register_host)(struct wsync_staging *s, const void *ptr, uint64_t bytes,

@@ -313,7 +313,7 @@ class Producer:
     def register_host(self, t: torch.Tensor) -> None:
         """Let the stages read CPU tensor ``t``'s whole storage in place (a checkpoint loaded or
         mapped on the host): the CUDA plugin page-locks it and maps it for the GPU, so each
-        stage reads it over PCIe in its one launch, converted on the way where ``cast_to`` asks
+        stage moves it over PCIe on the copy engines, converted behind them where ``cast_to`` asks
         (docs/PYTHON.md). Kept until :meth:`unregister_host` or close; the CPU plugin needs no
         registration, but takes it."""
         ops = self._ops

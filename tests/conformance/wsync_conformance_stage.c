@@ -194,7 +194,7 @@ static void converts_from_plugin_memory(void **state)
 }
 
 /* Host sources: malloc'd memory and a read-only file mapping (a checkpoint shard), each
- * registered; the stage reads them in its one launch. */
+ * registered (CUDA: they cross on the copy engines, converted through the bounce buffers). */
 static void converts_from_registered_host_memory(void **state)
 {
     (void)state;

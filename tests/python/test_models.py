@@ -177,14 +177,20 @@ def _cli():
     pytest.skip("no wsync CLI beside the package or in the build tree (the package alone is installed)")
 
 
-@pytest.mark.parametrize("family,tied,engine,f32", [("qwen3", False, None, False), ("qwen3_moe", False, "vllm", False),
-                                                    ("qwen3", True, "sglang", False), ("qwen3", False, "lmdeploy", False),
-                                                    ("qwen3", False, None, True), ("qwen3", False, "sglang", True)],
+@pytest.mark.parametrize("family,tied,engine,f32,tp",
+                         [("qwen3", False, None, False, 1), ("qwen3_moe", False, "vllm", False, 2),
+                          ("qwen3", True, "sglang", False, 2), ("qwen3", False, "lmdeploy", False, 2),
+                          ("qwen3", False, None, True, 1), ("qwen3", False, "sglang", True, 2),
+                          ("qwen3", False, "sglang", True, 1), ("qwen3_moe", False, "vllm", True, 1),
+                          ("qwen3", True, "lmdeploy", True, 1), ("qwen3", False, "vllm", True, 2),
+                          ("qwen3_moe", False, "lmdeploy", True, 2)],
                          ids=["dense-cpu-demo", "moe-vllm-tp2", "tied-sglang-tp2", "dense-lmdeploy-tp2",
-                              "f32-into-bf16-cpu-demo", "f32-into-bf16-sglang-tp2"])
-def test_demo_pushes_a_checkpoint(tmp_path, family, tied, engine, f32):
+                              "f32-into-bf16-cpu-demo", "f32-into-bf16-sglang-tp2", "f32-into-bf16-sglang-tp1",
+                              "f32-moe-into-bf16-vllm-tp1", "f32-tied-into-bf16-lmdeploy-tp1",
+                              "f32-into-bf16-vllm-tp2", "f32-moe-into-bf16-lmdeploy-tp2"])
+def test_demo_pushes_a_checkpoint(tmp_path, family, tied, engine, f32, tp):
     """wsync demo --model DIR: the checkpoint transformers wrote goes through the plugin (and the
-    engine's shim, at TP 2) into the reference engine, which allocates its parameters from the
+    engine's shim, at TP 1 and 2) into the reference engine, which allocates its parameters from the
     same config.json and checks every one against the file's bytes."""
     import os
     import subprocess
@@ -197,7 +203,7 @@ def test_demo_pushes_a_checkpoint(tmp_path, family, tied, engine, f32):
     if f32:  # an f32 checkpoint into a model that holds bf16: converted on the way
         args += ["--dtype", "bfloat16"]
     if engine:
-        args += ["--engine", engine, "--tp", "2"]
+        args += ["--engine", engine, "--tp", str(tp)]
     env = dict(os.environ, WSYNC_PLUGIN_DIR=str(wsync._native.lib_dir()))
     out = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
