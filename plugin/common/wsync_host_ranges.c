@@ -84,7 +84,11 @@ wsync_result_t wsync_host_ranges_remove(const void *ptr, wsync_host_range_t *out
     if (found) {
         *out = wsync_hr[i];
         memmove(&wsync_hr[i], &wsync_hr[i + 1], (wsync_hr_n - i - 1) * sizeof(*wsync_hr));
-        wsync_hr_n--;
+        if (--wsync_hr_n == 0) { /* nothing registered: nothing held (a plugin may be unloaded) */
+            free(wsync_hr);
+            wsync_hr = NULL;
+            wsync_hr_cap = 0;
+        }
     }
     pthread_mutex_unlock(&wsync_hr_lock);
     if (!found)

@@ -63,15 +63,9 @@ struct wsync_staging {
  * is refused (out of bounds), never fed other bytes. */
 #define WSYNC_CUDA_DIRECT_BYTES 256u
 
-static void staging_free(struct wsync_staging *s)
+/* The stage's tables (ops and sums, conversions, slots, host ops), pinned and device. */
+static void tables_free(struct wsync_staging *s)
 {
-    if (s->have_table_use)
-        cudaEventSynchronize(s->staged);
-    if (s->staged)
-        cudaEventDestroy(s->staged);
-    if (s->ready)
-        cudaEventDestroy(s->ready);
-    wsync_cuda_lane_destroy(&s->lane);
     if (s->table_host)
         cudaFreeHost(s->table_host);
     if (s->table_dev)
@@ -82,6 +76,23 @@ static void staging_free(struct wsync_staging *s)
         cudaFree(s->conv_dev);
     free(s->slot);
     free(s->hops);
+    s->table_host = s->table_dev = NULL;
+    s->conv_host = s->conv_dev = NULL;
+    s->slot = NULL;
+    s->hops = NULL;
+    s->cap = 0;
+}
+
+static void staging_free(struct wsync_staging *s)
+{
+    if (s->have_table_use)
+        cudaEventSynchronize(s->staged);
+    if (s->staged)
+        cudaEventDestroy(s->staged);
+    if (s->ready)
+        cudaEventDestroy(s->ready);
+    wsync_cuda_lane_destroy(&s->lane);
+    tables_free(s);
     wsync_cuda_bounce_free(&s->bounce);
     if (s->kind == WSYNC_BUFFER_CUDA_VMM_FD)
         wsync_cuda_vmm_destroy(&s->vmm);
@@ -180,21 +191,7 @@ static wsync_result_t table_reserve(struct wsync_staging *s, size_t n, wsync_err
     if (n <= s->cap)
         return WSYNC_OK;
     size_t cap = n < 256 ? 256 : n * 2;
-    if (s->table_host)
-        cudaFreeHost(s->table_host);
-    if (s->table_dev)
-        cudaFree(s->table_dev);
-    if (s->conv_host)
-        cudaFreeHost(s->conv_host);
-    if (s->conv_dev)
-        cudaFree(s->conv_dev);
-    free(s->slot);
-    free(s->hops);
-    s->table_host = s->table_dev = NULL;
-    s->conv_host = s->conv_dev = NULL;
-    s->slot = NULL;
-    s->hops = NULL;
-    s->cap = 0;
+    tables_free(s);
     size_t ops = wsync_cuda_slot_ops_bytes(cap);
     WSYNC_CUDA_TRY(err, cudaHostAlloc((void **)&s->table_host, ops + 2 * cap * sizeof(uint64_t),
                                       cudaHostAllocDefault));

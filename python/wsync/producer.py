@@ -378,7 +378,8 @@ class Producer:
     ) -> List[str]:
         """Stage one bucket into every rank's buffer of the next set, publish, and return the
         request messages (JSON text, in send order) that carry it to the engine. Waits first for
-        *consumed* of the bucket that set carried before (its acks must have come back)."""
+        *consumed* of the bucket that set carried before (its acks must have come back). Every
+        rank's stage is enqueued before any is published, so the ranks' GPUs stage at once."""
         pairs = _torch.items(tensors)
         if not pairs:
             raise InvalidArgument(1, "stage_bucket", "an empty bucket")
@@ -395,11 +396,14 @@ class Producer:
         if self.direct:
             self._run_casts(pairs, stream)
         manifests = []
-        for r, st in enumerate(b.staging):
+        for r, st in enumerate(b.staging):  # every rank's stage first: the GPUs work at once
             sh = _torch.stream_handle(self.devices[r], stream)
             err = _abi.Error.new()
             rp = per_rank[r]
             _native.check(self._ops.stage(st, sh, arrays[id(rp)], len(rp), C.byref(err)), err)
+        for r, st in enumerate(b.staging):
+            sh = _torch.stream_handle(self.devices[r], stream)
+            err = _abi.Error.new()
             text = C.c_char_p()
             gen = C.c_uint64()
             _native.check(self._ops.publish(st, sh, int(finished), C.byref(text), C.byref(gen), C.byref(err)), err)

@@ -17,22 +17,9 @@ from __future__ import annotations
 
 import argparse
 import ctypes as C
-import statistics
 
 import torch
-from bench_python import flat_views, hf_shapes
-
-
-def event_ms(fn, iters):
-    out = []
-    for _ in range(iters + 1):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out[1:])
+from bench_python import event_ms, flat_views, hf_shapes
 
 
 def shapes_of(gb):

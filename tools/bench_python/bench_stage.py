@@ -15,8 +15,8 @@ import argparse
 import os
 
 import torch
-from bench_checkpoint import event_ms, stager
-from bench_python import flat_views, hf_shapes
+from bench_checkpoint import stager
+from bench_python import event_ms, flat_views, hf_shapes
 
 
 def aligned_views(shapes):
