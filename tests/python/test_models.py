@@ -199,7 +199,7 @@ def test_demo_pushes_a_checkpoint(tmp_path, family, tied, engine, f32, tp):
     # the reference engine holds every layer of a MoE model sparse
     _save(tmp_path / "m", family, tied, dtype=torch.float32 if f32 else torch.bfloat16,
           **({"mlp_only_layers": []} if family == "qwen3_moe" else {}))
-    args = [exe, "demo", "--model", str(tmp_path / "m"), "--syncs", "2"]
+    args = [exe, "demo", "--model", str(tmp_path / "m"), "--syncs", "3"]
     if f32:  # an f32 checkpoint into a model that holds bf16: converted on the way
         args += ["--dtype", "bfloat16"]
     if engine:
