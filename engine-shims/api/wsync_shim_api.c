@@ -370,10 +370,9 @@ static char *dump_stolen(json_t *msgs, wsync_error_t *err)
     return out;
 }
 
-WSYNC_SHIM_API char *wsync_shim_encode_bucket(const char *engine, const char *const *manifests,
-                                              size_t n_ranks, int first, int finished,
-                                              const char *weight_version, int packed,
-                                              int with_buffer, wsync_error_t *err)
+static json_t *encode_bucket(const char *engine, const char *const *manifests, size_t n_ranks,
+                             int first, int finished, const char *weight_version, int packed,
+                             int with_buffer, wsync_error_t *err)
 {
     const wsync_shim_t *s = find_shim(engine, err);
     if (s == NULL)
@@ -392,7 +391,56 @@ WSYNC_SHIM_API char *wsync_shim_encode_bucket(const char *engine, const char *co
     json_t *msgs = NULL;
     if (s->encode(&in, &msgs, err) != WSYNC_OK)
         return NULL;
-    return dump_stolen(msgs, err);
+    return msgs;
+}
+
+WSYNC_SHIM_API char *wsync_shim_encode_bucket(const char *engine, const char *const *manifests,
+                                              size_t n_ranks, int first, int finished,
+                                              const char *weight_version, int packed,
+                                              int with_buffer, wsync_error_t *err)
+{
+    json_t *msgs = encode_bucket(engine, manifests, n_ranks, first, finished, weight_version,
+                                 packed, with_buffer, err);
+    return msgs != NULL ? dump_stolen(msgs, err) : NULL;
+}
+
+WSYNC_SHIM_API char *wsync_shim_encode_bucket_lines(const char *engine,
+                                                    const char *const *manifests, size_t n_ranks,
+                                                    int first, int finished,
+                                                    const char *weight_version, int packed,
+                                                    int with_buffer, wsync_error_t *err)
+{
+    json_t *msgs = encode_bucket(engine, manifests, n_ranks, first, finished, weight_version,
+                                 packed, with_buffer, err);
+    if (msgs == NULL)
+        return NULL;
+    size_t n = json_array_size(msgs), len = 0;
+    char **each = calloc(n ? n : 1, sizeof(*each));
+    char *out = NULL;
+    int ok = each != NULL;
+    for (size_t k = 0; ok && k < n; k++) {
+        each[k] = json_dumps(json_array_get(msgs, k), JSON_COMPACT | JSON_ENCODE_ANY);
+        ok = each[k] != NULL;
+        len += ok ? strlen(each[k]) + 1 : 0;
+    }
+    if (ok && (out = malloc(len ? len : 1)) != NULL) {
+        size_t at = 0;
+        for (size_t k = 0; k < n; k++) {
+            const size_t m = strlen(each[k]);
+            memcpy(out + at, each[k], m);
+            at += m;
+            out[at++] = k + 1 < n ? '\n' : '\0';
+        }
+        if (n == 0)
+            out[0] = '\0';
+    }
+    for (size_t k = 0; each != NULL && k < n; k++)
+        free(each[k]);
+    free(each);
+    json_decref(msgs);
+    if (out == NULL)
+        WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for the message texts");
+    return out;
 }
 
 WSYNC_SHIM_API char *wsync_shim_encode_lora(const char *engine, const char *name, uint32_t int_id,

@@ -104,6 +104,12 @@ wsync_result_t wsync_shim_worker_release(wsync_shim_worker_t *w, wsync_error_t *
 char *wsync_shim_encode_bucket(const char *engine, const char *const *manifests, size_t n_ranks,
                                int first, int finished, const char *weight_version, int packed,
                                int with_buffer, wsync_error_t *err);
+/* The same messages, each as compact JSON text, joined by '\n' (compact JSON holds no raw
+ * newline), so a caller takes each message's text as is instead of parsing the array. */
+char *wsync_shim_encode_bucket_lines(const char *engine, const char *const *manifests,
+                                     size_t n_ranks, int first, int finished,
+                                     const char *weight_version, int packed, int with_buffer,
+                                     wsync_error_t *err);
 
 /* Trainer side, LoRA: the one message that hot-loads adapter `name` into `engine` from the
  * tensors of a published buffer (manifests, one per rank or one for all, naming tensors as PEFT

@@ -42,6 +42,12 @@ _FUNCTIONS = [
          C.c_int, _E],
     ),
     (
+        "wsync_shim_encode_bucket_lines",
+        _P,
+        [C.c_char_p, C.POINTER(C.c_char_p), C.c_size_t, C.c_int, C.c_int, C.c_char_p, C.c_int,
+         C.c_int, _E],
+    ),
+    (
         "wsync_shim_encode_lora",
         _P,
         [C.c_char_p, C.c_char_p, C.c_uint32, C.c_char_p, C.POINTER(C.c_char_p), C.c_size_t,

@@ -49,13 +49,13 @@ def encode_bucket(engine: str, manifests: Sequence[str], *, first: bool, finishe
     shim = _native.shim()
     err = _abi.Error.new()
     arr = _native.c_strings(list(manifests))
-    p = shim.encode_bucket(engine.encode(), arr, len(manifests), int(first), int(finished),
-                           weight_version.encode() if weight_version else None, int(packed),
-                           int(with_buffer), C.byref(err))
+    p = shim.encode_bucket_lines(engine.encode(), arr, len(manifests), int(first), int(finished),
+                                 weight_version.encode() if weight_version else None, int(packed),
+                                 int(with_buffer), C.byref(err))
     text = shim.take_string(p)
     if text is None:
         _native.check(err.code or 16, err)
-    return [json.dumps(m, separators=(",", ":")) for m in json.loads(text)]
+    return text.split("\n")  # each message's compact JSON text as the shim wrote it
 
 
 def begin_message(version: int, pairs: Sequence[tuple], cast_to: Optional[torch.dtype] = None) -> str:
