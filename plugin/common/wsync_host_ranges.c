@@ -75,14 +75,12 @@ wsync_result_t wsync_host_ranges_add(const wsync_host_range_t *r, wsync_error_t 
     return rc;
 }
 
-wsync_result_t wsync_host_ranges_remove(const void *ptr, wsync_host_range_t *out,
-                                        wsync_error_t *err)
+wsync_result_t wsync_host_ranges_remove(const void *ptr, wsync_error_t *err)
 {
     pthread_mutex_lock(&wsync_hr_lock);
     size_t i = wsync_hr_lower((uintptr_t)ptr);
     const int found = i < wsync_hr_n && wsync_hr[i].host == (uintptr_t)ptr;
     if (found) {
-        *out = wsync_hr[i];
         memmove(&wsync_hr[i], &wsync_hr[i + 1], (wsync_hr_n - i - 1) * sizeof(*wsync_hr));
         if (--wsync_hr_n == 0) { /* nothing registered: nothing held (a plugin may be unloaded) */
             free(wsync_hr);
@@ -97,15 +95,13 @@ wsync_result_t wsync_host_ranges_remove(const void *ptr, wsync_host_range_t *out
     return WSYNC_OK;
 }
 
-int wsync_host_ranges_find(const void *p, uint64_t bytes, wsync_host_range_t *out)
+int wsync_host_ranges_hold(const void *p, uint64_t bytes)
 {
     const uintptr_t a = (uintptr_t)p;
     pthread_mutex_lock(&wsync_hr_lock);
     size_t i = wsync_hr_lower(a);
     const int hit = i < wsync_hr_n && wsync_hr[i].host <= a &&
                     a + bytes <= wsync_hr[i].host + wsync_hr[i].bytes;
-    if (hit)
-        *out = wsync_hr[i];
     pthread_mutex_unlock(&wsync_hr_lock);
     return hit;
 }

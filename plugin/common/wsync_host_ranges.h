@@ -1,6 +1,5 @@
 /* The host ranges a producer may stage from (register_host, ABI 0.1.5): one process-wide table per
- * plugin, so every staging of the plugin reads what any registered. Each range keeps the address
- * a device reads it at (CUDA: cudaHostGetDevicePointer; CPU: the host address). Thread safe. */
+ * plugin, so every staging of the plugin reads what any registered. Thread safe. */
 #ifndef WSYNC_COMMON_HOST_RANGES_H
 #define WSYNC_COMMON_HOST_RANGES_H
 
@@ -10,7 +9,6 @@
 
 typedef struct wsync_host_range {
     uintptr_t host;
-    uintptr_t device;
     uint64_t bytes;
 } wsync_host_range_t;
 
@@ -19,10 +17,9 @@ typedef struct wsync_host_range {
 wsync_result_t wsync_host_ranges_check(const void *ptr, uint64_t bytes, wsync_error_t *err);
 /* Add a checked range (OUT_OF_MEMORY, or the check's errors: it is repeated under the lock). */
 wsync_result_t wsync_host_ranges_add(const wsync_host_range_t *r, wsync_error_t *err);
-/* Remove the range that starts at ptr into *out; INVALID_ARGUMENT when none does. */
-wsync_result_t wsync_host_ranges_remove(const void *ptr, wsync_host_range_t *out,
-                                        wsync_error_t *err);
-/* The range holding [p, p + bytes) into *out: 1, or 0 when no range holds all of it. */
-int wsync_host_ranges_find(const void *p, uint64_t bytes, wsync_host_range_t *out);
+/* Remove the range that starts at ptr; INVALID_ARGUMENT when none does. */
+wsync_result_t wsync_host_ranges_remove(const void *ptr, wsync_error_t *err);
+/* 1 when one registered range holds all of [p, p + bytes), else 0. */
+int wsync_host_ranges_hold(const void *p, uint64_t bytes);
 
 #endif

@@ -391,8 +391,7 @@ wsync_result_t wsync_cpu_register_host(struct wsync_staging *s, const void *ptr,
     wsync_result_t r = wsync_host_ranges_check(ptr, bytes, err);
     if (r != WSYNC_OK)
         return r;
-    const wsync_host_range_t range = {
-        .host = (uintptr_t)ptr, .device = (uintptr_t)ptr, .bytes = bytes};
+    const wsync_host_range_t range = {.host = (uintptr_t)ptr, .bytes = bytes};
     return wsync_host_ranges_add(&range, err);
 }
 
@@ -401,6 +400,5 @@ wsync_result_t wsync_cpu_unregister_host(struct wsync_staging *s, const void *pt
 {
     if (s == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "unregister_host: staging is NULL");
-    wsync_host_range_t range;
-    return wsync_host_ranges_remove(ptr, &range, err);
+    return wsync_host_ranges_remove(ptr, err);
 }

@@ -312,9 +312,9 @@ wsync_result_t wsync_cuda_map(void *user, const wsync_buffer_desc_t *desc, void 
                               wsync_error_t *err);
 void wsync_cuda_unmap(void *user, void *mapping);
 
-/* Host sources of a stage (wsync_cuda_host.c): the device address of [p, p + bytes), *host 1
- * when it lies in a registered host range. */
-const void *wsync_cuda_stage_source(const void *p, uint64_t bytes, int *host);
+/* Host sources of a stage (wsync_cuda_host.c): registered ranges (wsync_host_ranges_hold) cross
+ * on the copy engines; other sources are device memory, or pinned host memory that UVA maps at
+ * its host address, which the stage kernel reads in place. */
 wsync_result_t wsync_cuda_register_host(struct wsync_staging *s, const void *ptr, uint64_t bytes,
                                         wsync_error_t *err);
 /* One host-sourced tensor of a stage: `elems` elements of src_dtype at the host address `src`

@@ -2,7 +2,7 @@
  * checkpoint shard most often, and the stage's copy-engine path for it (wsync_cuda_bounce_stage).
  * Page-locked and mapped for the device with cudaHostRegister (read-only where the device supports
  * it, so a read-only file mapping registers too), kept in the process-wide table of
- * plugin/common/wsync_host_ranges.h with its device address. */
+ * plugin/common/wsync_host_ranges.h. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,18 +11,6 @@
 #include "wsync_dtype.h"
 #include "wsync_error.h"
 #include "wsync_host_ranges.h"
-
-/* The device address of the source [p, p + bytes) for a stage: a registered range's alias, or p
- * itself (device memory, or pinned host memory that UVA maps at its host address). */
-const void *wsync_cuda_stage_source(const void *p, uint64_t bytes, int *host)
-{
-    wsync_host_range_t r;
-    *host = 0;
-    if (p == NULL || !wsync_host_ranges_find(p, bytes, &r))
-        return p;
-    *host = 1;
-    return (const void *)(r.device + ((uintptr_t)p - r.host));
-}
 
 wsync_result_t wsync_cuda_register_host(struct wsync_staging *s, const void *ptr, uint64_t bytes,
                                         wsync_error_t *err)
@@ -45,14 +33,8 @@ wsync_result_t wsync_cuda_register_host(struct wsync_staging *s, const void *ptr
                           "register_host(%p, %llu): cudaHostRegister(flags 0x%x) failed: %s (%d)",
                           ptr, (unsigned long long)bytes, flags, cudaGetErrorString(e), (int)e);
     }
-    void *device = NULL;
-    e = cudaHostGetDevicePointer(&device, (void *)(uintptr_t)ptr, 0);
-    const wsync_host_range_t r = {
-        .host = (uintptr_t)ptr, .device = (uintptr_t)device, .bytes = bytes};
-    if (e == cudaSuccess)
-        rc = wsync_host_ranges_add(&r, err);
-    else
-        rc = wsync_cuda_fail(err, e, "register_host", "cudaHostGetDevicePointer");
+    const wsync_host_range_t r = {.host = (uintptr_t)ptr, .bytes = bytes};
+    rc = wsync_host_ranges_add(&r, err);
     if (rc != WSYNC_OK)
         cudaHostUnregister((void *)(uintptr_t)ptr);
     return rc;
@@ -63,8 +45,7 @@ wsync_result_t wsync_cuda_unregister_host(struct wsync_staging *s, const void *p
 {
     if (s == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "unregister_host: staging is NULL");
-    wsync_host_range_t r;
-    wsync_result_t rc = wsync_host_ranges_remove(ptr, &r, err);
+    wsync_result_t rc = wsync_host_ranges_remove(ptr, err);
     if (rc != WSYNC_OK)
         return rc;
     /* a stage still reading it finishes first: the caller's stream work is not ours to know */

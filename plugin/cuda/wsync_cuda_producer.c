@@ -14,6 +14,7 @@
 #include "wsync_digest.h"
 #include "wsync_dtype.h"
 #include "wsync_error.h"
+#include "wsync_host_ranges.h"
 #include "wsync_layout.h"
 #include "wsync_log.h"
 #include "wsync_manifest.h"
@@ -241,8 +242,9 @@ static wsync_result_t stage_body(struct wsync_staging *s, cudaStream_t st,
         const wsync_dtype_t sdt = wsync_stage_src_dtype(x);
         const uint64_t nbytes = lay.tensors[i].nbytes;
         const uint64_t elems = nbytes / wsync_dtype_size(x->dtype);
-        int host = 0;
-        const void *src = wsync_cuda_stage_source(x->src, elems * wsync_dtype_size(sdt), &host);
+        const int host =
+            x->src != NULL && wsync_host_ranges_hold(x->src, elems * wsync_dtype_size(sdt));
+        const void *src = x->src;
         unsigned char *dst = s->dev + lay.tensors[i].offset;
         s->slot[i] = SIZE_MAX;
         if (host && nbytes > 0)

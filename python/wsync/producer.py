@@ -132,7 +132,7 @@ class Producer:
         # weights, an f32 checkpoint, for a bf16 engine): staged, the stage converts each element
         # in its copy (src_dtype); direct, they are cast into retained buffers the engine reads
         self.cast_to = cast_to
-        self._host: dict = {}  # registered CPU storages: data_ptr -> (nbytes, the tensor)
+        self._host: dict = {}  # registered CPU storages: data_ptr -> a tensor on it (kept alive)
         self._cast_code = _abi.DTYPES.get(_torch.dtype_name(cast_to)) if cast_to is not None else None
         self._cast: dict = {}
         self._inflight: list = []  # sync(wait=False): replies not yet checked
@@ -327,7 +327,7 @@ class Producer:
             return
         err = _abi.Error.new()
         _native.check(ops.register_host(self._sets[0].staging[0], st.data_ptr(), st.nbytes(), C.byref(err)), err)
-        self._host[st.data_ptr()] = (st.nbytes(), t)
+        self._host[st.data_ptr()] = t
 
     def unregister_host(self, t: torch.Tensor) -> None:
         """Undo :meth:`register_host` of ``t``'s storage (after the syncs that read it)."""
