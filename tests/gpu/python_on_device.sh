@@ -7,7 +7,9 @@
 #   separate calls on a warm machine; fp8: tools/bench_python/bench_fp8.py; probe:
 #   bench_python.py --staged-probe; ckpt: the converting stage from host memory, wsync demo
 #   --model of an f32 checkpoint on the CUDA plugin, tools/bench_python/bench_checkpoint.py;
-#   stage: tools/bench_python/bench_stage.py and the C benchmark's stage lines)
+#   stage: tools/bench_python/bench_stage.py and the C benchmark's stage lines; direct: the C
+#   direct sync, wsync-bench-cuda's (e) rows, for DIRECT_PARAMS; nsys: an Nsight Systems kernel
+#   and copy trace of the staged probe, as CSV)
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$ROOT/device-out}
@@ -91,5 +93,22 @@ if [[ " $STEPS " == *" probe "* ]]; then  # where the staged Python sync loses t
   export WSYNC_BENCH_CUDA=${WSYNC_BENCH_CUDA-$B/bin/wsync-bench-cuda}
   (cd "$ROOT" && timeout ${BENCH_T:-560} python3 tools/bench_python/bench_python.py --staged-probe --iters ${ITERS:-5} 2>&1) |
     tee "$OUT/bench-probe.log" | tail -40
+fi
+if [[ " $STEPS " == *" direct "* ]]; then  # the C direct sync (wsync-bench-cuda (e)) beside its staged sync
+  for prm in ${DIRECT_PARAMS:-fused separate}; do
+    echo "=== wsync-bench-cuda --layout ${DIRECT_LAYOUT:-both} --params $prm --bucket-mib ${DIRECT_MIB:-2048}"
+    timeout ${BENCH_T:-560} "$B/bin/wsync-bench-cuda" --layout ${DIRECT_LAYOUT:-both} --params $prm --iters ${ITERS:-5} \
+      --bucket-mib ${DIRECT_MIB:-2048} 2>&1 | grep -E "wsync-bench-cuda|\(a\) |copy_weights  |\(c\) full sync, [0-9]+ buckets through 2|\(e\)|      |summary|error|FAIL"
+  done | tee "$OUT/bench-direct.log"
+fi
+if [[ " $STEPS " == *" nsys "* ]]; then  # a timeline of the staged Python sync (kernels and copies of both processes)
+  NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+  if [ -z "$NSYS" ]; then echo "nsys: not found" | tee "$OUT/nsys.log"; else
+    (cd "$ROOT" && WSYNC_BENCH_CUDA= timeout ${BENCH_T:-400} "$NSYS" profile -o /tmp/probe --force-overwrite true \
+      --trace=cuda,nvtx --sample=none --cpuctxsw=none python3 tools/bench_python/bench_python.py --staged-probe \
+      --iters ${ITERS:-2}) >"$OUT/nsys.log" 2>&1
+    "$NSYS" stats --report cuda_gpu_trace --format csv --output "$OUT/probe" /tmp/probe.nsys-rep >>"$OUT/nsys.log" 2>&1
+    tail -5 "$OUT/nsys.log"; ls -la "$OUT"/probe* 2>/dev/null
+  fi
 fi
 exit $status

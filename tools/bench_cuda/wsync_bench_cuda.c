@@ -19,7 +19,9 @@
  *   the bare kernel at each launch variant,
  *   (c) a full colocated sync, trainer params -> 1 GiB staging (reused) -> engine params,
  *   through the plugin in two processes (ms per sync, wall clock until the engine stream is
- *   done), and (d) IPC opens per sync in steady state (the plugin's stats line).
+ *   done), (d) IPC opens per sync in steady state (the plugin's stats line), and (e) direct
+ *   syncs (wsync_bench_direct.h): the engine copies straight from the trainer's allocations,
+ *   one cudaMalloc per tensor or one for all, end to end and on the GPU alone.
  * The producer is this program re-executed with --role producer. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -39,6 +41,8 @@
 #include "wsync_abi.h"
 #include "wsync_client.h"
 #include "wsync_bench_digest.h"
+#include "wsync_bench_direct.h"
+#include "wsync_bench_engine.h"
 #include "wsync_bench_lanes.h"
 #include "wsync_bench_layout.h"
 #include "wsync_bench_lora.h"
@@ -46,7 +50,6 @@
 #include "wsync_copy_kernel.h"
 #include "wsync_cuda_harness.h"
 
-#define WB_SEED 0x5eedu
 #define WB_WARMUP 3
 #define WB_MAX_BUF 4 /* (c) is measured with 1, 2 and 4 staging buffers */
 
@@ -68,55 +71,7 @@ typedef struct wb_opts {
 
 static char wb_self[PATH_MAX];
 
-#define WB_CK(call) WH_CK("wsync-bench-cuda", call)
-
-#define WB_OK(call)                                                                                \
-    do {                                                                                           \
-        wsync_error_t err_ = {.struct_size = sizeof(err_)};                                        \
-        wsync_error_t *err = &err_;                                                                \
-        wsync_result_t r_ = (call);                                                                \
-        if (r_ != WSYNC_OK) {                                                                      \
-            fprintf(stderr, "wsync-bench-cuda: %s:%d %s: %s: %s\n", __FILE__, __LINE__, #call,     \
-                    wsync_strerror(r_), err_.message);                                             \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-
-static void wb_recv_expect(int fd, const char *what, char **out)
-{
-    char *m = NULL;
-    if (wh_recv(fd, &m, NULL) != 0) {
-        fprintf(stderr, "wsync-bench-cuda: peer closed while waiting for %s\n", what);
-        exit(1);
-    }
-    *out = m;
-}
-
 /* ------------------------------------------------------------------ producer */
-
-static void wb_stage_pieces(const wsync_plugin_t *p, wsync_staging_t *s, cudaStream_t st,
-                            const wb_layout_t *l, const wb_plan_t *plan, size_t b,
-                            unsigned char *trainer)
-{
-    const wb_bucket_t *bk = &plan->b[b];
-    wsync_stage_tensor_t *t = calloc(bk->count, sizeof(*t));
-    char(*names)[128] = calloc(bk->count, sizeof(*names));
-    for (size_t k = 0; k < bk->count; k++) {
-        const wb_piece_t *pc = &plan->p[bk->first + k];
-        const wb_tensor_t *x = &l->t[pc->tensor];
-        wb_piece_name(l, pc, names[k], sizeof(names[k]));
-        t[k].struct_size = sizeof(t[k]);
-        t[k].name = names[k];
-        t[k].dtype = WSYNC_DTYPE_BF16;
-        t[k].ndim = 2;
-        t[k].shape[0] = pc->rows;
-        t[k].shape[1] = x->cols;
-        t[k].src = trainer + x->offset + (uint64_t)pc->r0 * (uint64_t)x->cols * 2u;
-    }
-    WB_OK(p->producer->stage(s, st, t, bk->count, err));
-    free(t);
-    free(names);
-}
 
 typedef struct wb_stage_arg {
     const wsync_plugin_t *p;
@@ -133,7 +88,7 @@ static void wb_stage_all(void *a, cudaStream_t st)
     wb_stage_arg_t *x = a;
     double t0 = wh_now_ms();
     for (size_t b = 0; b < x->plan->nb; b++)
-        wb_stage_pieces(x->p, x->s, st, x->l, x->plan, b, x->trainer);
+        wb_stage_pieces(x->p, x->s, st, x->l, x->plan, b, x->trainer, NULL);
     x->host_ms += wh_now_ms() - t0;
     x->calls++;
 }
@@ -174,7 +129,7 @@ static int wb_producer_main(const wb_opts_t *o)
     /* the engine asks once its own copies are timed: the two never share the GPU's time */
     wb_recv_expect(o->fd, "stage", &m);
     free(m);
-    wb_stage_pieces(p, whole, st, &l, &one, 0, trainer);
+    wb_stage_pieces(p, whole, st, &l, &one, 0, trainer, NULL);
     const char *json;
     uint64_t gen;
     WB_OK(p->producer->publish(whole, st, 1, &json, &gen, err));
@@ -204,6 +159,11 @@ static int wb_producer_main(const wb_opts_t *o)
     for (;;) {
         /* "syncN": N staging buffers used in turn (N = 1: one reused for every bucket) */
         wb_recv_expect(o->fd, "sync", &m);
+        if (strncmp(m, "direct-", 7) == 0) { /* (e): direct syncs from this trainer's memory */
+            wb_direct_serve(p, o->fd, st, &l, o->bucket, trainer, m);
+            free(m);
+            continue;
+        }
         int quit = strcmp(m, "quit") == 0;
         /* "fastkN": the no-digest set staged by the kernel alone (no copy-engine share) */
         int kernel_only = strncmp(m, "fastk", 5) == 0;
@@ -227,7 +187,7 @@ static int wb_producer_main(const wb_opts_t *o)
             if (*lg > 0) /* the consumer acked that generation: order the reuse after it */
                 WB_OK(p->producer->wait_consumed(s, st, *lg, err));
             double t1 = wh_now_ms();
-            wb_stage_pieces(p, s, st, &l, &plan, b, trainer);
+            wb_stage_pieces(p, s, st, &l, &plan, b, trainer, NULL);
             double t2 = wh_now_ms();
             WB_OK(p->producer->publish(s, st, b + 1 == plan.nb, &json, lg, err));
             double t3 = wh_now_ms();
@@ -291,16 +251,6 @@ static int wb_producer_main(const wb_opts_t *o)
 }
 
 /* ------------------------------------------------------------------ consumer */
-
-typedef struct wb_engine {
-    const wsync_plugin_t *p;
-    wsync_consumer_t *c;
-    cudaStream_t st;
-    cudaEvent_t e0, e1;
-    wb_layout_t l;
-    void **dst;    /* per tensor: where the engine holds it (a group base + goff) */
-    void **groups; /* per engine parameter allocation (l.n_groups) */
-} wb_engine_t;
 
 static double wb_time_events(wb_engine_t *E, unsigned iters, wh_timed_fn fn, void *arg)
 {
@@ -367,62 +317,6 @@ static void wb_row(const char *what, double ms, uint64_t bytes, double limit_ms,
 {
     printf("  %-34s %9.3f %9.1f %10.3f %12.3f\n", what, ms, bytes / ms / 1e6, limit_ms / ms,
            each_ms / ms);
-}
-
-static unsigned long long wb_count_bad(wb_engine_t *E, unsigned long long *bad_dev)
-{
-    WB_CK(cudaMemsetAsync(bad_dev, 0, sizeof(*bad_dev), E->st));
-    for (size_t i = 0; i < E->l.n; i++)
-        WB_CK(wh_count_bad(E->dst[i], E->l.t[i].bytes, WB_SEED + E->l.t[i].offset / 8, bad_dev,
-                           E->st));
-    unsigned long long bad = 0;
-    WB_CK(cudaMemcpyAsync(&bad, bad_dev, sizeof(bad), cudaMemcpyDeviceToHost, E->st));
-    WB_CK(cudaStreamSynchronize(E->st));
-    return bad;
-}
-
-/* ops of bucket b of `plan` against the parsed manifest m: the producer packs in its own order
- * (the engine's fused parameters side by side), so pieces are found by name on a bucket's first
- * sight and checked after */
-static wsync_copy_op_t *wb_bucket_ops(wb_engine_t *E, wb_plan_t *plan, size_t b,
-                                      const wsync_manifest_t *m)
-{
-    const wb_bucket_t *bk = &plan->b[b];
-    char why[256];
-    if (m->n_tensors != bk->count || plan->at == NULL ||
-        (bk->count > 0 && plan->at[bk->first] == SIZE_MAX)) {
-        const char **names = calloc(m->n_tensors ? m->n_tensors : 1, sizeof(*names));
-        for (size_t k = 0; names != NULL && k < m->n_tensors; k++)
-            names[k] = m->tensors[k].name;
-        int rc = names != NULL
-                     ? wb_plan_learn(&E->l, plan, b, names, m->n_tensors, why, sizeof(why))
-                     : (snprintf(why, sizeof(why), "no memory"), -1);
-        free(names);
-        if (rc != 0) {
-            fprintf(stderr, "wsync-bench-cuda: %s\n", why);
-            exit(1);
-        }
-    }
-    wsync_copy_op_t *ops = calloc(bk->count, sizeof(*ops));
-    for (size_t k = 0; k < bk->count; k++) {
-        const wb_piece_t *pc = &plan->p[plan->at[bk->first + k]];
-        const wb_tensor_t *x = &E->l.t[pc->tensor];
-        if (strncmp(m->tensors[k].name, x->name, strlen(x->name)) != 0) {
-            fprintf(stderr, "wsync-bench-cuda: manifest tensor %s is not %s\n", m->tensors[k].name,
-                    x->name);
-            exit(1);
-        }
-        uint64_t skip = (uint64_t)pc->r0 * (uint64_t)x->cols * 2u;
-        ops[k].src_offset = m->tensors[k].offset;
-        ops[k].rows = 1;
-        ops[k].row_bytes = m->tensors[k].nbytes;
-        ops[k].src_pitch = ops[k].dst_pitch = ops[k].row_bytes;
-        ops[k].dst = (unsigned char *)E->dst[pc->tensor] + skip;
-        ops[k].dst_extent = x->bytes - skip;
-        ops[k].digest = m->tensors[k].digest;
-        ops[k].has_digest = m->tensors[k].has_digest;
-    }
-    return ops;
 }
 
 /* One full sync: ask the producer, copy every bucket as it arrives. Returns wall ms until the
@@ -493,43 +387,6 @@ static int wb_spawn_producer(const wb_opts_t *o, int fd, pid_t *pid)
         _exit(127);
     }
     return *pid > 0 ? 0 : -1;
-}
-
-/* One cudaMalloc per engine parameter (fused or not, as wb_layout_group grouped E->l); every
- * tensor's destination inside it. */
-static int wb_params_alloc(wb_engine_t *E, int fused)
-{
-    if (wb_layout_group(&E->l, fused) != 0)
-        return -1;
-    E->groups = calloc(E->l.n_groups, sizeof(*E->groups));
-    E->dst = calloc(E->l.n, sizeof(*E->dst));
-    if (E->groups == NULL || E->dst == NULL)
-        return -1;
-    for (size_t g = 0; g < E->l.n_groups; g++)
-        WB_CK(cudaMalloc(&E->groups[g], E->l.group_bytes[g] ? E->l.group_bytes[g] : 1));
-    for (size_t i = 0; i < E->l.n; i++)
-        E->dst[i] = (unsigned char *)E->groups[E->l.t[i].group] + E->l.t[i].goff;
-    return 0;
-}
-
-static void wb_params_free(wb_engine_t *E)
-{
-    for (size_t g = 0; g < E->l.n_groups; g++)
-        WB_CK(cudaFree(E->groups[g]));
-    free(E->groups);
-    free(E->dst);
-    E->groups = NULL;
-    E->dst = NULL;
-}
-
-static void wb_params_print(const wb_engine_t *E, int fused)
-{
-    if (fused)
-        printf("  engine parameters: fused (qkv, gate_up, experts w13/w2 per layer): %zu "
-               "allocations for %zu tensors\n",
-               E->l.n_groups, E->l.n);
-    else
-        printf("  engine parameters: separate: one cudaMalloc per tensor (%zu)\n", E->l.n_groups);
 }
 
 static int wb_consumer_main(const wb_opts_t *o)
@@ -875,7 +732,9 @@ static int wb_consumer_main(const wb_opts_t *o)
     for (int k = 0; k < WB_MAX_BUF; k++)
         if (keep[k])
             WB_OK(E.p->consumer->close_handle(E.c, keep[k], err));
-    WB_CK(cudaIpcCloseMemHandle(ipc_src));
+    WB_CK(cudaIpcCloseMemHandle(ipc_src)); /* (e) maps the same allocation as a segment */
+    const unsigned long long bad_direct =
+        wb_direct_run(&E, fd, o->bucket, o->iters, ms_whole, ms_fast, bad_dev);
     wh_send_str(fd, "quit");
     int st = 0;
     waitpid(prod, &st, 0);
@@ -884,8 +743,10 @@ static int wb_consumer_main(const wb_opts_t *o)
     free(t);
     wb_plan_free(&plan);
     wb_layout_free(&E.l);
-    return WIFEXITED(st) && WEXITSTATUS(st) == 0 && failures == 0 && bad == 0 && bad_fast == 0 ? 0
-                                                                                               : 1;
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0 && failures == 0 && bad == 0 && bad_fast == 0 &&
+                   bad_direct == 0
+               ? 0
+               : 1;
 }
 
 static void wb_usage(FILE *f)

@@ -1,0 +1,296 @@
+/* See wsync_bench_direct.h. Messages: consumer -> producer "direct-separate" | "direct-one"
+ * (answered "ready"), then "dsync" (a sync not timed by the trainer) or "dsync-t" (timed), each
+ * answered by the bucket manifests and closed by the consumer's "ack", then "dend" (answered
+ * "dended <trainer ms> <stage ms> <publish ms> <syncs>"). */
+#include "wsync_bench_direct.h"
+
+#include <string.h>
+#include <unistd.h>
+
+#define WB_WARMUP_DIRECT 3
+
+/* ------------------------------------------------------------------ producer */
+
+static unsigned char **wb_separate_alloc(const wb_layout_t *l, cudaStream_t st)
+{
+    unsigned char **bases = calloc(l->n, sizeof(*bases));
+    if (bases == NULL)
+        return NULL;
+    for (size_t i = 0; i < l->n; i++) {
+        WB_CK(cudaMalloc((void **)&bases[i], l->t[i].bytes ? l->t[i].bytes : 1));
+        /* the pattern the packed trainer holds at this tensor's offset */
+        WB_CK(wh_fill(bases[i], l->t[i].bytes, WB_SEED + l->t[i].offset / 8, st));
+    }
+    WB_CK(cudaStreamSynchronize(st));
+    return bases;
+}
+
+int wb_direct_serve(const wsync_plugin_t *p, int fd, cudaStream_t st, const wb_layout_t *l,
+                    uint64_t bucket, unsigned char *packed, const char *m)
+{
+    unsigned char **bases = NULL;
+    if (strcmp(m, "direct-separate") == 0 && (bases = wb_separate_alloc(l, st)) == NULL) {
+        fprintf(stderr, "wsync-bench-cuda producer: no host memory for %zu tensors\n", l->n);
+        exit(1);
+    }
+    wb_plan_t plan;
+    if (wb_plan_build(l, bucket, &plan) != 0)
+        exit(1);
+    wsync_staging_config_t cfg = {
+        .struct_size = sizeof(cfg), .flags = WSYNC_STAGING_DIRECT, .timeout_ms = 30000};
+    wsync_staging_t *s;
+    WB_OK(p->producer->create(&cfg, &s, err));
+    wh_send_str(fd, "ready");
+    double *t = NULL, stage_ms = 0, publish_ms = 0;
+    unsigned nt = 0, cap = 0;
+    for (;;) {
+        char *req;
+        wb_recv_expect(fd, "dsync", &req);
+        const int end = strcmp(req, "dend") == 0, timed = strcmp(req, "dsync-t") == 0;
+        free(req);
+        if (end)
+            break;
+        const double t0 = wh_now_ms();
+        double st_ms = 0, pub_ms = 0;
+        uint64_t gen = 0;
+        for (size_t b = 0; b < plan.nb; b++) {
+            const double a = wh_now_ms();
+            wb_stage_pieces(p, s, st, l, &plan, b, packed, bases);
+            const double c = wh_now_ms();
+            const char *json;
+            WB_OK(p->producer->publish(s, st, b + 1 == plan.nb, &json, &gen, err));
+            wh_send_str(fd, json);
+            st_ms += c - a;
+            pub_ms += wh_now_ms() - c;
+        }
+        char *ack;
+        wb_recv_expect(fd, "ack", &ack);
+        free(ack);
+        /* the trainer may write its parameters again once this returns */
+        WB_OK(p->producer->wait_consumed(s, st, gen, err));
+        if (timed) {
+            if (nt == cap) {
+                cap = cap ? 2 * cap : 64;
+                if ((t = realloc(t, cap * sizeof(*t))) == NULL)
+                    exit(1);
+            }
+            t[nt++] = wh_now_ms() - t0;
+            stage_ms += st_ms;
+            publish_ms += pub_ms;
+        }
+    }
+    wsync_error_t e = {.struct_size = sizeof(e)};
+    wsync_result_t r;
+    while ((r = p->producer->retire(s, &e)) == WSYNC_ERR_BUSY) { /* the consumer closes first */
+        e.code = WSYNC_OK;
+        usleep(1000);
+    }
+    if (r != WSYNC_OK) {
+        fprintf(stderr, "wsync-bench-cuda producer: retire (direct): %s\n", e.message);
+        exit(1);
+    }
+    char msg[128];
+    snprintf(msg, sizeof(msg), "dended %.3f %.3f %.3f %u", nt ? wh_median(t, nt) : 0.0,
+             nt ? stage_ms / nt : 0.0, nt ? publish_ms / nt : 0.0, nt);
+    for (size_t i = 0; bases != NULL && i < l->n; i++)
+        WB_CK(cudaFree(bases[i]));
+    free(bases);
+    free(t);
+    wb_plan_free(&plan);
+    wh_send_str(fd, msg);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ consumer */
+
+/* The segments of one bucket held open across syncs (0 opens in the steady state), as an
+ * engine's driver holds them; reopened when the manifest names other memory. */
+typedef struct wb_held {
+    wsync_buffer_desc_t *desc;
+    wsync_handle_t **h;
+    size_t n;
+    wsync_handle_t *buffer; /* a reference to the manifest's buffer: its mapping stays cached */
+} wb_held_t;
+
+typedef struct wb_direct {
+    wb_engine_t *E;
+    int fd;
+    uint64_t bucket;
+    wb_plan_t plan;
+    wb_held_t *held; /* per bucket */
+    double host[4];  /* consumer host ms summed: recv wait, parse + segments, copy_segments,
+                      * record_consumed + close */
+} wb_direct_t;
+
+static int wb_same_segment(const wsync_buffer_desc_t *a, const wsync_buffer_desc_t *b)
+{
+    return a->kind == b->kind && a->handle_len == b->handle_len && a->bytes == b->bytes &&
+           a->base_offset == b->base_offset && memcmp(a->handle, b->handle, a->handle_len) == 0;
+}
+
+static void wb_held_close(wb_engine_t *E, wb_held_t *hd)
+{
+    for (size_t k = 0; k < hd->n; k++)
+        WB_OK(E->p->consumer->close_handle(E->c, hd->h[k], err));
+    free(hd->h);
+    free(hd->desc);
+    hd->h = NULL;
+    hd->desc = NULL;
+    hd->n = 0;
+}
+
+static void wb_held_update(wb_engine_t *E, wb_held_t *hd, const wsync_manifest_t *m)
+{
+    int same = hd->n == m->n_segments;
+    for (size_t k = 0; same && k < hd->n; k++)
+        same = wb_same_segment(&hd->desc[k], &m->segments[k]);
+    if (same)
+        return;
+    wb_held_close(E, hd);
+    hd->h = calloc(m->n_segments ? m->n_segments : 1, sizeof(*hd->h));
+    hd->desc = calloc(m->n_segments ? m->n_segments : 1, sizeof(*hd->desc));
+    if (hd->h == NULL || hd->desc == NULL)
+        exit(1);
+    for (size_t k = 0; k < m->n_segments; k++) {
+        WB_OK(E->p->consumer->open_handle(E->c, &m->segments[k], &hd->h[k], err));
+        hd->desc[k] = m->segments[k];
+    }
+    hd->n = m->n_segments;
+}
+
+/* One direct sync; returns wall ms from the request to the engine stream's last copy, and with
+ * gpu_only the copies' GPU time alone in *gpu_ms (every bucket queued behind a ~50 ms spin). */
+static double wb_direct_sync(wb_direct_t *D, const char *req, int gpu_only, double *gpu_ms)
+{
+    wb_engine_t *E = D->E;
+    if (gpu_only) {
+        WB_CK(wh_spin(50000000ull, E->st));
+        WB_CK(cudaEventRecord(E->e0, E->st));
+    }
+    const double t0 = wh_now_ms();
+    wh_send_str(D->fd, req);
+    for (size_t b = 0; b < D->plan.nb; b++) {
+        char *json;
+        size_t len;
+        const double q0 = wh_now_ms();
+        if (wh_recv(D->fd, &json, &len) != 0)
+            exit(1);
+        const double q1 = wh_now_ms();
+        const wsync_manifest_t *m;
+        WB_OK(E->p->consumer->parse_manifest(E->c, json, len, &m, err));
+        wb_held_t *hd = &D->held[b];
+        wsync_handle_t *h;
+        WB_OK(E->p->consumer->open_handle(E->c, &m->buffer, &h, err));
+        if (hd->buffer == NULL)
+            WB_OK(E->p->consumer->open_handle(E->c, &m->buffer, &hd->buffer, err));
+        wb_held_update(E, hd, m);
+        wsync_copy_op_t *ops = wb_bucket_ops(E, &D->plan, b, m);
+        const double q2 = wh_now_ms();
+        WB_OK(E->p->consumer->copy_segments(E->c, h, hd->h, hd->n, E->st, m->generation, ops,
+                                            m->tensor_segment, m->n_tensors, 0, err));
+        const double q3 = wh_now_ms();
+        WB_OK(E->p->consumer->record_consumed(E->c, h, 0, err));
+        WB_OK(E->p->consumer->close_handle(E->c, h, err));
+        E->p->consumer->manifest_free(E->c, m);
+        free(ops);
+        free(json);
+        D->host[0] += q1 - q0, D->host[1] += q2 - q1, D->host[2] += q3 - q2;
+        D->host[3] += wh_now_ms() - q3;
+    }
+    wh_send_str(D->fd, "ack");
+    if (gpu_only)
+        WB_CK(cudaEventRecord(E->e1, E->st));
+    WB_CK(cudaStreamSynchronize(E->st));
+    const double ms = wh_now_ms() - t0;
+    if (gpu_only) {
+        float g = 0;
+        WB_CK(cudaEventElapsedTime(&g, E->e0, E->e1));
+        *gpu_ms = g;
+    }
+    return ms;
+}
+
+static unsigned long long wb_direct_trainer(wb_direct_t *D, const char *trainer, unsigned iters,
+                                            double ms_flat, double ms_staged,
+                                            unsigned long long *bad_dev)
+{
+    wb_engine_t *E = D->E;
+    char open[32], *ans;
+    snprintf(open, sizeof(open), "direct-%s", trainer);
+    wh_send_str(D->fd, open);
+    wb_recv_expect(D->fd, "ready", &ans);
+    free(ans);
+    for (size_t i = 0; i < E->l.n; i++) /* poison: the first sync must write every byte */
+        WB_CK(cudaMemsetAsync(E->dst[i], 0xA5, E->l.t[i].bytes, E->st));
+    double gpu = 0;
+    const double cold = wb_direct_sync(D, "dsync", 0, &gpu);
+    const unsigned long long bad = wb_count_bad(E, bad_dev);
+    double *t = calloc(iters, sizeof(*t)), *g = calloc(iters, sizeof(*g));
+    if (t == NULL || g == NULL)
+        exit(1);
+    for (unsigned i = 0; i < WB_WARMUP_DIRECT; i++)
+        wb_direct_sync(D, "dsync", 0, &gpu);
+    memset(D->host, 0, sizeof(D->host));
+    const unsigned long long opens0 = wh_stats.ipc_mem_opens;
+    for (unsigned i = 0; i < iters; i++)
+        t[i] = wb_direct_sync(D, "dsync-t", 0, &gpu);
+    const unsigned long long opens = wh_stats.ipc_mem_opens - opens0;
+    double host[4];
+    for (int k = 0; k < 4; k++)
+        host[k] = D->host[k] / iters;
+    for (unsigned i = 0; i < iters; i++)
+        wb_direct_sync(D, "dsync", 1, &g[i]);
+    for (size_t b = 0; b < D->plan.nb; b++) { /* the producer retires once these are closed */
+        wb_held_close(E, &D->held[b]);
+        if (D->held[b].buffer != NULL)
+            WB_OK(E->p->consumer->close_handle(E->c, D->held[b].buffer, err));
+        D->held[b].buffer = NULL;
+    }
+    wh_send_str(D->fd, "dend");
+    wb_recv_expect(D->fd, "dended", &ans);
+    double tr = 0, tr_stage = 0, tr_pub = 0;
+    unsigned tn = 0;
+    if (sscanf(ans, "dended %lf %lf %lf %u", &tr, &tr_stage, &tr_pub, &tn) != 4) {
+        fprintf(stderr, "wsync-bench-cuda: producer answered \"%s\"\n", ans);
+        exit(1);
+    }
+    free(ans);
+    const double ms = wh_median(t, iters), gms = wh_median(g, iters);
+    printf("  (e) direct sync, trainer %s (%s), %zu bucket%s of <= %llu MiB, 0 staging bytes: "
+           "median %.2f ms engine (request to its stream's last copy), %.2f ms trainer (first "
+           "stage to *consumed*), first sync %.2f ms; GPU alone %.2f ms\n",
+           trainer,
+           strcmp(trainer, "separate") == 0 ? "one cudaMalloc per tensor"
+                                            : "every tensor in one allocation",
+           D->plan.nb, D->plan.nb > 1 ? "s" : "", (unsigned long long)(D->bucket >> 20), ms, tr,
+           cold, gms);
+    printf("      vs one flat cudaMemcpyAsync (%.2f ms): %.3f end to end (trainer), %.3f GPU "
+           "alone; vs the staged sync (%.2f ms): %.2fx faster; IPC opens per sync %.3f (%s); "
+           "%llu wrong words after the first sync\n",
+           ms_flat, ms_flat / tr, ms_flat / gms, ms_staged, ms_staged / tr, (double)opens / iters,
+           wh_stats.seen ? "plugin stats" : "NO stats line seen", bad);
+    printf("      host ms per sync: trainer stage (locate + export lookups) %.2f, publish %.2f; "
+           "engine recv wait %.2f, parse + segments + ops %.2f, copy_segments %.2f, "
+           "record_consumed + close %.2f\n",
+           tr_stage, tr_pub, host[0], host[1], host[2], host[3]);
+    fflush(stdout);
+    free(t);
+    free(g);
+    return bad;
+}
+
+unsigned long long wb_direct_run(wb_engine_t *E, int fd, uint64_t bucket, unsigned iters,
+                                 double ms_flat, double ms_staged, unsigned long long *bad_dev)
+{
+    wb_direct_t D = {.E = E, .fd = fd, .bucket = bucket};
+    if (wb_plan_build(&E->l, bucket, &D.plan) != 0 ||
+        (D.held = calloc(D.plan.nb, sizeof(*D.held))) == NULL)
+        exit(1);
+    unsigned long long bad = 0;
+    static const char *const trainers[] = {"separate", "one"};
+    for (size_t k = 0; k < 2; k++)
+        bad += wb_direct_trainer(&D, trainers[k], iters, ms_flat, ms_staged, bad_dev);
+    free(D.held);
+    wb_plan_free(&D.plan);
+    return bad;
+}
