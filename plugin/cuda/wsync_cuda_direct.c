@@ -22,12 +22,59 @@ typedef struct locate_ctx locate_ctx_t;
 static wsync_result_t describe(const locate_ctx_t *ctx, const wsync_cuda_export_t *e, uintptr_t at,
                                wsync_buffer_desc_t *seg, uint64_t *offset);
 
-static wsync_cuda_export_t *export_find(wsync_cuda_exports_t *x, uintptr_t base, uint64_t id)
+/* Where base goes in x->order: the first entry whose base is not below it. */
+static size_t export_lower(const wsync_cuda_exports_t *x, uintptr_t base)
 {
-    for (size_t i = 0; i < x->n; i++)
-        if (x->at[i].base == base && x->at[i].id == id)
-            return &x->at[i];
-    return NULL;
+    size_t lo = 0, hi = x->n;
+    while (lo < hi) {
+        const size_t mid = lo + (hi - lo) / 2;
+        if (x->at[x->order[mid]].base < base)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* The entry of the segment at `base` (the memory there now, or what was there before). */
+static wsync_cuda_export_t *export_at_base(const wsync_cuda_exports_t *x, uintptr_t base)
+{
+    const size_t k = export_lower(x, base);
+    return k < x->n && x->at[x->order[k]].base == base ? &x->at[x->order[k]] : NULL;
+}
+
+/* A new entry for `base`, its place in the order kept; NULL when out of memory. */
+static wsync_cuda_export_t *export_add(wsync_cuda_exports_t *x, uintptr_t base)
+{
+    if (x->n == x->cap) {
+        const size_t cap = x->cap ? 2 * x->cap : 64;
+        void *p = realloc(x->at, cap * sizeof(*x->at));
+        if (p == NULL)
+            return NULL;
+        x->at = p;
+        if ((p = realloc(x->order, cap * sizeof(*x->order))) == NULL)
+            return NULL;
+        x->order = p;
+        x->cap = cap;
+    }
+    const size_t k = export_lower(x, base);
+    memmove(&x->order[k + 1], &x->order[k], (x->n - k) * sizeof(*x->order));
+    x->order[k] = x->n;
+    wsync_cuda_export_t *e = &x->at[x->n++];
+    memset(e, 0, sizeof(*e));
+    e->base = base;
+    return e;
+}
+
+/* Undo the export_add just made (its export failed). */
+static void export_drop_last(wsync_cuda_exports_t *x)
+{
+    const size_t last = --x->n;
+    for (size_t k = 0; k <= x->n; k++)
+        if (x->order[k] == last) {
+            memmove(&x->order[k], &x->order[k + 1], (x->n - k) * sizeof(*x->order));
+            return;
+        }
 }
 
 struct locate_ctx {
@@ -132,35 +179,21 @@ static wsync_result_t locate(void *user, const char *name, const void *src, uint
                           name, (unsigned long long)nbytes, size, (void *)(uintptr_t)base);
     if (!legacy)
         return locate_run(ctx, name, at, nbytes, seg, offset, err);
-    wsync_cuda_export_t *e = export_find(ctx->exports, base, id);
-    if (e == NULL) /* memory re-made at a known address: its entry takes the new export */
-        for (size_t k = 0; k < ctx->exports->n && e == NULL; k++)
-            if (ctx->exports->at[k].base == base)
-                e = &ctx->exports->at[k];
-    if (e != NULL && e->id != id) {
+    /* one entry per address: memory re-made at a known address takes its entry's new export */
+    wsync_cuda_export_t *e = export_at_base(ctx->exports, base);
+    const int fresh = e == NULL;
+    if (fresh && (e = export_add(ctx->exports, base)) == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu exports",
+                          ctx->exports->n + 1);
+    if (fresh || e->id != id) {
         cudaError_t ce = cudaIpcGetMemHandle(&e->handle, (void *)base);
-        if (ce != cudaSuccess)
+        if (ce != cudaSuccess) {
+            if (fresh) /* the entry was the last one added: drop it */
+                export_drop_last(ctx->exports);
             return wsync_cuda_fail(err, ce, "stage", "cudaIpcGetMemHandle(direct segment)");
-        e->size = size;
-        e->id = id;
-    } else if (e == NULL) {
-        if (ctx->exports->n == ctx->exports->cap) {
-            size_t cap = ctx->exports->cap ? 2 * ctx->exports->cap : 64;
-            void *p = realloc(ctx->exports->at, cap * sizeof(*ctx->exports->at));
-            if (p == NULL)
-                return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu exports", cap);
-            ctx->exports->at = p;
-            ctx->exports->cap = cap;
         }
-        e = &ctx->exports->at[ctx->exports->n];
-        memset(e, 0, sizeof(*e));
-        cudaError_t ce = cudaIpcGetMemHandle(&e->handle, (void *)base);
-        if (ce != cudaSuccess)
-            return wsync_cuda_fail(err, ce, "stage", "cudaIpcGetMemHandle(direct segment)");
-        e->base = base;
         e->size = size;
         e->id = id;
-        ctx->exports->n++;
     }
     ctx->found[ctx->n_found++] = (size_t)(e - ctx->exports->at);
     return describe(ctx, e, at, seg, offset);
@@ -201,6 +234,7 @@ wsync_result_t wsync_cuda_direct_build(wsync_cuda_exports_t *x, int device, cons
 
 void wsync_cuda_exports_free(wsync_cuda_exports_t *x)
 {
+    free(x->order);
     for (size_t k = 0; k < x->n_runs; k++)
         wsync_cuda_vmm_run_free(&x->runs[k]);
     free(x->runs);

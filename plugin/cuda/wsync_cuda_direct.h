@@ -21,6 +21,7 @@ typedef struct wsync_cuda_export {
  * its address holds other memory). */
 typedef struct wsync_cuda_exports {
     wsync_cuda_export_t *at;
+    size_t *order; /* indices into at, by base address (one entry per base: a binary search) */
     size_t n, cap;
     wsync_cuda_vmm_run_t *runs;
     size_t n_runs, cap_runs;
