@@ -66,17 +66,6 @@ static wsync_cuda_export_t *export_add(wsync_cuda_exports_t *x, uintptr_t base)
     return e;
 }
 
-/* Undo the export_add just made (its export failed). */
-static void export_drop_last(wsync_cuda_exports_t *x)
-{
-    const size_t last = --x->n;
-    for (size_t k = 0; k <= x->n; k++)
-        if (x->order[k] == last) {
-            memmove(&x->order[k], &x->order[k + 1], (x->n - k) * sizeof(*x->order));
-            return;
-        }
-}
-
 struct locate_ctx {
     wsync_cuda_exports_t *exports;
     int device;
@@ -181,17 +170,15 @@ static wsync_result_t locate(void *user, const char *name, const void *src, uint
         return locate_run(ctx, name, at, nbytes, seg, offset, err);
     /* one entry per address: memory re-made at a known address takes its entry's new export */
     wsync_cuda_export_t *e = export_at_base(ctx->exports, base);
-    const int fresh = e == NULL;
-    if (fresh && (e = export_add(ctx->exports, base)) == NULL)
-        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu exports",
-                          ctx->exports->n + 1);
-    if (fresh || e->id != id) {
-        cudaError_t ce = cudaIpcGetMemHandle(&e->handle, (void *)base);
-        if (ce != cudaSuccess) {
-            if (fresh) /* the entry was the last one added: drop it */
-                export_drop_last(ctx->exports);
+    if (e == NULL || e->id != id) {
+        cudaIpcMemHandle_t h;
+        cudaError_t ce = cudaIpcGetMemHandle(&h, (void *)base);
+        if (ce != cudaSuccess)
             return wsync_cuda_fail(err, ce, "stage", "cudaIpcGetMemHandle(direct segment)");
-        }
+        if (e == NULL && (e = export_add(ctx->exports, base)) == NULL)
+            return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu exports",
+                              ctx->exports->n + 1);
+        e->handle = h;
         e->size = size;
         e->id = id;
     }
