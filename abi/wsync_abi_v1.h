@@ -56,7 +56,9 @@ extern "C" {
  *       Appended in 0.1.4: the copy_quantized flag WSYNC_COPY_QUANT_ONE_PASS.
  *       Appended in 0.1.5: wsync_stage_tensor_v1_t.src_dtype (a converting stage);
  *         wsync_producer_ops_v1_t.register_host, unregister_host (optional: stage from host
- *         memory, a checkpoint's mapping, on CUDA). */
+ *         memory, a checkpoint's mapping, on CUDA).
+ *       Appended in 0.1.6: the copy_quantized kinds WSYNC_QUANT_FP8_CHANNEL (one scale per row)
+ *         and WSYNC_QUANT_FP8_TENSOR (one scale for every op naming the same scale_dst). */
 #define WSYNC_ABI_VERSION_1 1u
 
 /* ------------------------------------------------------------------ results */
@@ -243,7 +245,8 @@ typedef struct wsync_copy_op_v1 {
 /* Appended in 0.1.4, copy_quantized only (copy_weights and copy_segments refuse it): check each
  * quantized block for NaN and infinity as it is quantized, in the one pass over the sources,
  * instead of a check of the whole call before anything is written. A block holding such a value
- * is left as it was, every other op and block of the call is written, and the error
+ * (a row for WSYNC_QUANT_FP8_CHANNEL; for WSYNC_QUANT_FP8_TENSOR every op sharing its scale) is
+ * left as it was, every other op and block of the call is written, and the error
  * (INVALID_ARGUMENT naming the op, row and column) is reported by record_consumed. */
 #define WSYNC_COPY_QUANT_ONE_PASS 0x2u
 
@@ -258,9 +261,22 @@ typedef struct wsync_copy_op_v1 {
  * scale_pitch + (column block) x 4, inside scale_extent bytes from scale_dst (DeepGEMM's
  * per_block_cast_to_fp8, the layout of weight / weight_scale_inv in DeepSeek-V3 and Qwen3-FP8
  * checkpoints). A NaN or infinite source value refuses the whole call, before anything is written.
+ * Appended in 0.1.6, vLLM's `weight_scale` layouts (its CUDA kernels' arithmetic, in float, with
+ * IEEE division; the clamp is fmaxf(-448, fminf(y, 448)) before the cast):
+ * WSYNC_QUANT_FP8_CHANNEL: one scale per row, the float at scale_dst + row x scale_pitch (inside
+ * scale_extent): scale = max(amax_row / 448, 1 / (448 x 512)), each value x / scale, clamped and
+ * cast (vLLM's dynamic per-token quantization, applied to the rows of the destination).
+ * WSYNC_QUANT_FP8_TENSOR: one scale for every op of the call with this kind and the same scale_dst
+ * (the parts of one engine parameter: q, k and v of qkv_proj): amax over all of their sources,
+ * scale = amax / 448 at scale_dst, each value x x (1 / scale), clamped and cast (vLLM's dynamic
+ * per-tensor scaled_fp8_quant: an all-zero tensor gets scale 0 and every byte 0x7e, as 0 x inf is
+ * NaN, which fminf takes to 448); scale_pitch is ignored, scale_extent bounds the 4 bytes. Those
+ * ops must all be in the one call: a plugin cannot see a part that another call carries.
  * No struct_size: an array element whose size is fixed in v1, like wsync_copy_op_v1_t. */
 #define WSYNC_QUANT_NONE 0u
 #define WSYNC_QUANT_FP8_BLOCK 1u
+#define WSYNC_QUANT_FP8_CHANNEL 2u
+#define WSYNC_QUANT_FP8_TENSOR 3u
 typedef struct wsync_quant_v1 {
     uint32_t kind;
     wsync_dtype_t src_dtype;

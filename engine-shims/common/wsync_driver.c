@@ -395,6 +395,58 @@ static void wsync_driver_name_op(const wsync_manifest_t *m, wsync_error_t *err)
     memcpy(err->message, text, sizeof(err->message));
 }
 
+typedef struct wsync_driver_tscale {
+    const void *scale;
+    size_t op;
+} wsync_driver_tscale_t;
+
+static int wsync_driver_tscale_cmp(const void *a, const void *b)
+{
+    const wsync_driver_tscale_t *x = a, *y = b;
+    const uintptr_t p = (uintptr_t)x->scale, q = (uintptr_t)y->scale;
+    return p != q ? (p > q) - (p < q) : (x->op > y->op) - (x->op < y->op);
+}
+
+/* A per-tensor fp8 scale (WSYNC_QUANT_FP8_TENSOR) is the amax of every part of its parameter: the
+ * bucket must bring all of them (want[t]: the rows its scale covers), or the scale would be of a
+ * part alone. */
+static wsync_result_t wsync_driver_check_tensor_scales(const wsync_manifest_t *m,
+                                                       const wsync_copy_op_t *ops,
+                                                       const wsync_quant_t *quant,
+                                                       const uint64_t *want, wsync_error_t *err)
+{
+    size_t n = 0;
+    for (size_t t = 0; t < m->n_tensors; t++)
+        n += quant[t].kind == WSYNC_QUANT_FP8_TENSOR && ops[t].rows > 0;
+    if (n == 0)
+        return WSYNC_OK;
+    wsync_driver_tscale_t *g = malloc(n * sizeof(*g));
+    if (g == NULL)
+        return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu fp8 scales", n);
+    for (size_t t = 0, k = 0; t < m->n_tensors; t++)
+        if (quant[t].kind == WSYNC_QUANT_FP8_TENSOR && ops[t].rows > 0)
+            g[k++] = (wsync_driver_tscale_t){quant[t].scale_dst, t};
+    qsort(g, n, sizeof(*g), wsync_driver_tscale_cmp);
+    wsync_result_t rc = WSYNC_OK;
+    for (size_t i = 0; i < n && rc == WSYNC_OK;) {
+        size_t j = i;
+        uint64_t rows = 0;
+        for (; j < n && g[j].scale == g[i].scale; j++)
+            rows += ops[g[j].op].rows;
+        if (rows != want[g[i].op])
+            rc = WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
+                              "tensor \"%s\" quantizes into an fp8 parameter with one per-tensor "
+                              "scale, whose %" PRIu64 " rows must all come in one bucket (the "
+                              "scale is the amax of all of them); this bucket brings %" PRIu64
+                              " of them in %zu tensor(s): send every part of the parameter (q, "
+                              "k, v; gate, up) together",
+                              m->tensors[g[i].op].name, want[g[i].op], rows, j - i);
+        i = j;
+    }
+    free(g);
+    return rc;
+}
+
 /* Step 2 of apply: everything checked, nothing written. ops[k] is the plan of tensor k in
  * manifest order. */
 static wsync_result_t wsync_driver_validate(wsync_driver_t *d, const wsync_manifest_t *const *m,
@@ -422,13 +474,22 @@ static wsync_result_t wsync_driver_validate(wsync_driver_t *d, const wsync_manif
                                 " from it; publish a newer bucket",
                                 m[i]->generation, bname, known->last_generation);
         }
+        const size_t k0 = k;
+        uint64_t *want = calloc(m[i]->n_tensors ? m[i]->n_tensors : 1, sizeof(*want));
+        int tensor_scales = 0;
+        if (want == NULL)
+            return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu tensors",
+                                m[i]->n_tensors);
         for (size_t t = 0; t < m[i]->n_tensors; t++, k++) {
             wsync_result_t rc = wsync_map_plan_quant(d->cfg.map, d->cfg.engine, &m[i]->tensors[t],
-                                                     &ops[k], &quant[k], err);
+                                                     &ops[k], &quant[k], &want[t], err);
             if (rc == WSYNC_OK && quant[k].kind != WSYNC_QUANT_NONE)
                 rc = wsync_driver_can_quantize(d, m[i], m[i]->tensors[t].name, err);
-            if (rc != WSYNC_OK)
+            if (rc != WSYNC_OK) {
+                free(want);
                 return rc;
+            }
+            tensor_scales |= quant[k].kind == WSYNC_QUANT_FP8_TENSOR;
             /* dst_extent counts from dst: the same inside the shadow */
             if (live != NULL && (d->n_shadows == 0 || wsync_driver_redirect(d, &ops[k])))
                 live[i] = 1;
@@ -437,12 +498,20 @@ static wsync_result_t wsync_driver_validate(wsync_driver_t *d, const wsync_manif
             const uint64_t cap = m[i]->n_segments > 0
                                      ? m[i]->segments[m[i]->tensor_segment[t]].bytes
                                      : m[i]->buffer.bytes;
-            if (op->row_bytes > 0 && last > cap)
+            if (op->row_bytes > 0 && last > cap) {
+                free(want);
                 return WSYNC_RECORD(
                     err, WSYNC_ERR_OUT_OF_BOUNDS,
                     "tensor \"%s\" reads up to byte %" PRIu64 " of a %" PRIu64 "-byte %s",
                     m[i]->tensors[t].name, last, cap, m[i]->n_segments > 0 ? "segment" : "buffer");
+            }
         }
+        wsync_result_t rc =
+            tensor_scales ? wsync_driver_check_tensor_scales(m[i], ops + k0, quant + k0, want, err)
+                          : WSYNC_OK;
+        free(want);
+        if (rc != WSYNC_OK)
+            return rc;
     }
     return WSYNC_OK;
 }

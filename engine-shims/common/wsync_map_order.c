@@ -61,6 +61,31 @@ wsync_result_t wsync_map_order(const wsync_map_table_t *table, const char *const
     return WSYNC_OK;
 }
 
+/* The engine parameter (and expert) name i goes into: key (WSYNC_MAP_NAME_MAX bytes), *expert;
+ * an empty key for a name no rule matches. */
+static void wsync_map_group_of(const wsync_map_table_t *table, const char *name, char *key,
+                               int64_t *expert)
+{
+    wsync_map_target_t tg;
+    wsync_error_t quiet = {.struct_size = sizeof(quiet)};
+    key[0] = '\0';
+    *expert = -1;
+    if (name != NULL && wsync_map_resolve(table, name, &tg, &quiet) == WSYNC_OK) {
+        memcpy(key, tg.engine_name, WSYNC_MAP_NAME_MAX);
+        *expert = tg.expert;
+    }
+}
+
+/* Packed bytes of order[from .. to) from a bucket's start. */
+static uint64_t wsync_map_packed(const uint64_t *nbytes, const size_t *order, size_t from,
+                                 size_t to)
+{
+    uint64_t used = 0;
+    for (size_t j = from; j < to; j++)
+        used = (used + WSYNC_MAP_ALIGN - 1) / WSYNC_MAP_ALIGN * WSYNC_MAP_ALIGN + nbytes[order[j]];
+    return used;
+}
+
 wsync_result_t wsync_map_plan_buckets(const wsync_map_table_t *table, const char *const *names,
                                       const uint64_t *nbytes, size_t n, uint64_t bucket_bytes,
                                       size_t *order, size_t *bucket_first, size_t *n_buckets,
@@ -69,11 +94,18 @@ wsync_result_t wsync_map_plan_buckets(const wsync_map_table_t *table, const char
     wsync_result_t rc = wsync_map_order(table, names, n, order, err);
     if (rc != WSYNC_OK)
         return rc;
+    char key[2][WSYNC_MAP_NAME_MAX];
+    int64_t expert[2] = {-1, -1};
     uint64_t used = 0;
-    size_t nb = 0;
+    size_t nb = 0, group = 0; /* group: where the tensors of the current parameter begin */
     for (size_t i = 0; i < n; i++) {
         uint64_t b = nbytes[order[i]];
         uint64_t at = (used + WSYNC_MAP_ALIGN - 1) / WSYNC_MAP_ALIGN * WSYNC_MAP_ALIGN;
+        char *k = key[i % 2];
+        const char *prev = key[(i + 1) % 2];
+        wsync_map_group_of(table, names[order[i]], k, &expert[i % 2]);
+        if (i == 0 || k[0] == '\0' || strcmp(k, prev) != 0 || expert[i % 2] != expert[(i + 1) % 2])
+            group = i;
         if (b > bucket_bytes)
             return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
                                 "tensor %s (%llu bytes) does not fit a %llu-byte bucket: "
@@ -81,8 +113,17 @@ wsync_result_t wsync_map_plan_buckets(const wsync_map_table_t *table, const char
                                 names[order[i]], (unsigned long long)b,
                                 (unsigned long long)bucket_bytes);
         if (i == 0 || at + b > bucket_bytes) {
-            bucket_first[nb++] = i;
-            at = 0;
+            /* a parameter (an expert's part of one) that fits a bucket is not cut: the bucket
+             * ends before its first tensor instead (an fp8 per-tensor scale needs it whole) */
+            if (nb > 0 && group > bucket_first[nb - 1] &&
+                wsync_map_packed(nbytes, order, group, i + 1) <= bucket_bytes) {
+                bucket_first[nb++] = group;
+                at = wsync_map_packed(nbytes, order, group, i);
+                at = (at + WSYNC_MAP_ALIGN - 1) / WSYNC_MAP_ALIGN * WSYNC_MAP_ALIGN;
+            } else {
+                bucket_first[nb++] = i;
+                at = 0;
+            }
         }
         used = at + b;
     }

@@ -347,16 +347,46 @@ static int wsync_map_quantizable(wsync_dtype_t src, wsync_dtype_t dst)
 
 #define WSYNC_MAP_FP8_BLOCK 128
 
-/* An fp8 parameter's copy: the quantizing op into it and its block scales (`<param>_scale_inv`,
- * [ceil(R / 128), ceil(C / 128)] floats, an expert dimension first for fused experts). Each op
- * must cover whole 128 x 128 blocks of the parameter (a part starts at a block row, and ends at one
- * or at the parameter's end), and a TP rank's slice must start at a block of the HF tensor, so no
- * block straddles two tensors or two ranks. */
+/* The scale parameter beside fp8 parameter `param` (its name ends in "weight") that `suffix`
+ * names ("_scale_inv", "_scale"): 0 and *sc filled, else -1. */
+static int wsync_map_fp8_scale(const wsync_engine_ops_t *eng, const char *param, const char *suffix,
+                               char *sname, wsync_param_info_t *sc)
+{
+    memset(sc, 0, sizeof(*sc));
+    if (snprintf(sname, WSYNC_MAP_NAME_MAX, "%s%s", param, suffix) >= WSYNC_MAP_NAME_MAX)
+        return -1;
+    return eng->param(eng->user, sname, sc) == 0 ? 0 : -1;
+}
+
+/* vLLM's weight_scale: per channel [R, 1] or [R] (R > 1), per tensor [1] or [] (one float); an
+ * expert dimension first for fused experts ([E, R, 1], [E, R]; [E], [E, 1]). The kind, else NONE.
+ */
+static uint32_t wsync_map_fp8_scale_kind(const wsync_param_info_t *sc, uint32_t base, int64_t E,
+                                         int64_t R)
+{
+    if (sc->dtype != WSYNC_DTYPE_F32 || (base == 1 && (sc->ndim < 1 || sc->shape[0] != E)))
+        return WSYNC_QUANT_NONE;
+    const uint32_t nd = sc->ndim - base; /* dims after the expert one */
+    const int64_t *sh = sc->shape + base;
+    if (R > 1 && ((nd == 2 && sh[0] == R && sh[1] == 1) || (nd == 1 && sh[0] == R)))
+        return WSYNC_QUANT_FP8_CHANNEL;
+    if (nd == 0 || (nd == 1 && sh[0] == 1))
+        return WSYNC_QUANT_FP8_TENSOR;
+    return WSYNC_QUANT_NONE;
+}
+
+/* An fp8 parameter's copy: the quantizing op into it and its scales. `<param>_scale_inv` holds
+ * 128 x 128 block scales ([ceil(R / 128), ceil(C / 128)] floats, an expert dimension first for
+ * fused experts): each op must then cover whole blocks of the parameter (a part starts at a block
+ * row, and ends at one or at the parameter's end), and a TP rank's slice must start at a block of
+ * the HF tensor, so no block straddles two tensors or two ranks. `<param>_scale` holds vLLM's
+ * per-channel or per-tensor scales (wsync_map_fp8_scale_kind), of the rows this rank holds. */
 static wsync_result_t wsync_map_plan_fp8(const wsync_engine_ops_t *eng,
                                          const wsync_tensor_desc_t *t, const wsync_map_target_t *tg,
                                          const wsync_param_info_t *p, const wsync_map_geom_t *g,
                                          uint32_t rank, uint32_t size, wsync_copy_op_t *op,
-                                         wsync_quant_t *q, wsync_error_t *err)
+                                         wsync_quant_t *q, uint64_t *tensor_rows,
+                                         wsync_error_t *err)
 {
     const int64_t B = WSYNC_MAP_FP8_BLOCK;
     const int expert = tg->rule->part >= WSYNC_PART_EXPERT_W1;
@@ -364,12 +394,49 @@ static wsync_result_t wsync_map_plan_fp8(const wsync_engine_ops_t *eng,
     if (tg->rule->split == WSYNC_TP_REPLICATED || p->ndim != base + 2)
         return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
                             "tensor \"%s\": its engine parameter %s is fp8 but not a 2-D weight; "
-                            "wsync quantizes linear weights in 128 x 128 blocks",
+                            "wsync quantizes linear weights",
                             t->name, tg->engine_name);
-    const int64_t R = p->shape[base], C = p->shape[base + 1];
+    const int64_t R = p->shape[base], C = p->shape[base + 1], E = expert ? p->shape[0] : 1;
+    const size_t n = strlen(tg->engine_name);
+    if (n < 6 || strcmp(tg->engine_name + n - 6, "weight") != 0)
+        return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
+                            "fp8 parameter %s: its name does not end in \"weight\", so it has no "
+                            "weight_scale_inv or weight_scale",
+                            tg->engine_name);
+    char sname[WSYNC_MAP_NAME_MAX];
+    wsync_param_info_t sc;
+    const int64_t SR = (R + B - 1) / B, SC = (C + B - 1) / B;
+    uint32_t kind = WSYNC_QUANT_FP8_BLOCK;
+    if (wsync_map_fp8_scale(eng, tg->engine_name, "_scale_inv", sname, &sc) == 0) {
+        if (sc.dtype != WSYNC_DTYPE_F32 || sc.ndim != base + 2 || sc.shape[base] != SR ||
+            sc.shape[base + 1] != SC || (expert && sc.shape[0] != E))
+            return WSYNC_RECORD(err, WSYNC_ERR_LAYOUT_MISMATCH,
+                                "tensor \"%s\": the fp8 parameter %s needs its block scales %s as "
+                                "float32 [%s%" PRId64 ", %" PRId64 "]; the engine has another one",
+                                t->name, tg->engine_name, sname, expert ? "experts, " : "", SR, SC);
+    } else if (wsync_map_fp8_scale(eng, tg->engine_name, "_scale", sname, &sc) == 0) {
+        kind = wsync_map_fp8_scale_kind(&sc, base, E, R);
+        if (kind == WSYNC_QUANT_NONE)
+            return WSYNC_RECORD(err, WSYNC_ERR_LAYOUT_MISMATCH,
+                                "tensor \"%s\": the fp8 parameter %s has scales %s of a shape "
+                                "wsync does not quantize to: float32 [%s%" PRId64
+                                ", 1] is one per channel, [%s1] one per tensor",
+                                t->name, tg->engine_name, sname, expert ? "experts, " : "", R,
+                                expert ? "experts, " : "");
+    } else {
+        char inv[WSYNC_MAP_NAME_MAX];
+        (void)snprintf(inv, sizeof(inv), "%s_scale_inv", tg->engine_name);
+        return WSYNC_RECORD(err, WSYNC_ERR_LAYOUT_MISMATCH,
+                            "tensor \"%s\": the fp8 parameter %s needs its block scales %s as "
+                            "float32 [%s%" PRId64 ", %" PRId64 "], or vLLM's %s (per channel "
+                            "[%s%" PRId64 ", 1], per tensor [%s1]); the engine has none",
+                            t->name, tg->engine_name, inv, expert ? "experts, " : "", SR, SC, sname,
+                            expert ? "experts, " : "", R, expert ? "experts, " : "");
+    }
     const int64_t src_start = tg->rule->split == WSYNC_TP_ROW ? g->src_col : g->src_row;
-    if (g->dst_row % B != 0 || (g->dst_row + g->rows != R && (g->dst_row + g->rows) % B != 0) ||
-        src_start % B != 0)
+    if (kind == WSYNC_QUANT_FP8_BLOCK &&
+        (g->dst_row % B != 0 || (g->dst_row + g->rows != R && (g->dst_row + g->rows) % B != 0) ||
+         src_start % B != 0))
         return WSYNC_RECORD(
             err, WSYNC_ERR_INVALID_ARGUMENT,
             "tensor \"%s\": at tp %u (rank %u) its %s [%" PRId64 ", %" PRId64
@@ -380,29 +447,13 @@ static wsync_result_t wsync_map_plan_fp8(const wsync_engine_ops_t *eng,
             tg->rule->split == WSYNC_TP_ROW ? src_start : g->dst_row,
             tg->rule->split == WSYNC_TP_ROW ? src_start + g->cols : g->dst_row + g->rows,
             tg->engine_name, src_start % B != 0 ? "two TP ranks" : "two tensors");
-    char sname[WSYNC_MAP_NAME_MAX];
-    const size_t n = strlen(tg->engine_name);
-    if (n < 6 || strcmp(tg->engine_name + n - 6, "weight") != 0 ||
-        snprintf(sname, sizeof(sname), "%s_scale_inv", tg->engine_name) >= (int)sizeof(sname))
-        return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
-                            "fp8 parameter %s: its name does not end in \"weight\", so it has no "
-                            "weight_scale_inv",
-                            tg->engine_name);
-    wsync_param_info_t sc;
-    memset(&sc, 0, sizeof(sc));
-    const int64_t SR = (R + B - 1) / B, SC = (C + B - 1) / B;
-    if (eng->param(eng->user, sname, &sc) != 0 || sc.dtype != WSYNC_DTYPE_F32 ||
-        sc.ndim != base + 2 || sc.shape[base] != SR || sc.shape[base + 1] != SC ||
-        (expert && sc.shape[0] != p->shape[0]))
-        return WSYNC_RECORD(err, WSYNC_ERR_LAYOUT_MISMATCH,
-                            "tensor \"%s\": the fp8 parameter %s needs its block scales %s as "
-                            "float32 [%s%" PRId64 ", %" PRId64 "]; the engine has %s",
-                            t->name, tg->engine_name, sname, expert ? "experts, " : "", SR, SC,
-                            sc.ptr == NULL && sc.ndim == 0 ? "none" : "another one");
     const size_t ses = wsync_dtype_size(t->dtype);
     const int64_t e = expert ? tg->expert : 0;
     const uint64_t dst_off = (uint64_t)(g->dst_base + g->dst_row * C);
-    const uint64_t s_off = 4u * (uint64_t)(e * SR * SC + g->dst_row / B * SC);
+    const uint64_t s_off = kind == WSYNC_QUANT_FP8_BLOCK
+                               ? 4u * (uint64_t)(e * SR * SC + g->dst_row / B * SC)
+                           : kind == WSYNC_QUANT_FP8_CHANNEL ? 4u * (uint64_t)(e * R + g->dst_row)
+                                                             : 4u * (uint64_t)e;
     memset(op, 0, sizeof(*op));
     op->dst = (uint8_t *)p->ptr + dst_off;
     op->dst_extent = (uint64_t)wsync_map_elems(p) - dst_off;
@@ -416,24 +467,26 @@ static wsync_result_t wsync_map_plan_fp8(const wsync_engine_ops_t *eng,
         op->src_pitch = op->row_bytes;
         op->src_offset = t->offset + (uint64_t)(g->src_row * g->cols) * ses;
     }
-    *q = (wsync_quant_t){.kind = WSYNC_QUANT_FP8_BLOCK,
+    *q = (wsync_quant_t){.kind = kind,
                          .src_dtype = t->dtype,
                          .cols = (uint64_t)g->cols,
                          .scale_dst = (uint8_t *)sc.ptr + s_off,
-                         .scale_pitch = 4u * (uint64_t)SC,
+                         .scale_pitch = kind == WSYNC_QUANT_FP8_BLOCK ? 4u * (uint64_t)SC : 4u,
                          .scale_extent = 4u * (uint64_t)wsync_map_elems(&sc) - s_off};
+    if (tensor_rows != NULL)
+        *tensor_rows = kind == WSYNC_QUANT_FP8_TENSOR ? (uint64_t)R : 0;
     return WSYNC_OK;
 }
 
 wsync_result_t wsync_map_plan(const wsync_map_table_t *table, const wsync_engine_ops_t *eng,
                               const wsync_tensor_desc_t *t, wsync_copy_op_t *op, wsync_error_t *err)
 {
-    return wsync_map_plan_quant(table, eng, t, op, NULL, err);
+    return wsync_map_plan_quant(table, eng, t, op, NULL, NULL, err);
 }
 
 wsync_result_t wsync_map_plan_quant(const wsync_map_table_t *table, const wsync_engine_ops_t *eng,
                                     const wsync_tensor_desc_t *t, wsync_copy_op_t *op,
-                                    wsync_quant_t *quant, wsync_error_t *err)
+                                    wsync_quant_t *quant, uint64_t *tensor_rows, wsync_error_t *err)
 {
     wsync_map_target_t tg;
     wsync_param_info_t p;
@@ -454,6 +507,8 @@ wsync_result_t wsync_map_plan_quant(const wsync_map_table_t *table, const wsync_
                             t->name, tg.engine_name, table->engine);
     if (quant != NULL)
         memset(quant, 0, sizeof(*quant));
+    if (tensor_rows != NULL)
+        *tensor_rows = 0;
     const int fp8 = quant != NULL && wsync_map_quantizable(t->dtype, p.dtype);
     if (t->dtype != p.dtype && !fp8)
         return WSYNC_RECORD(err, WSYNC_ERR_LAYOUT_MISMATCH,
@@ -499,7 +554,7 @@ wsync_result_t wsync_map_plan_quant(const wsync_map_table_t *table, const wsync_
                             t->name, g.dst_row, g.dst_row + g.rows, tg.engine_name, g.param_rows);
 
     if (fp8)
-        return wsync_map_plan_fp8(eng, t, &tg, &p, &g, rank, size, op, quant, err);
+        return wsync_map_plan_fp8(eng, t, &tg, &p, &g, rank, size, op, quant, tensor_rows, err);
     es = wsync_dtype_size(p.dtype);
     uint64_t param_bytes = (uint64_t)wsync_map_elems(&p) * es;
     uint64_t dst_off = (uint64_t)(g.dst_base + g.dst_row * g.dst_cols) * es;

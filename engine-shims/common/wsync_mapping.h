@@ -97,15 +97,19 @@ int wsync_map_owned(const wsync_map_table_t *table, const wsync_engine_ops_t *en
 int wsync_map_ep_active(const wsync_engine_ops_t *eng);
 
 /* wsync_map_plan, and an fp8 (e4m3fn) engine parameter fed from a bf16, f16 or f32 tensor: a
- * quantizing op (*quant, kind WSYNC_QUANT_FP8_BLOCK) that writes the parameter and its block
- * scales, the parameter's `..._scale_inv` (docs/SHIMS.md, "FP8 parameters"). Every other tensor
- * plans as wsync_map_plan does, with quant->kind WSYNC_QUANT_NONE. Refused naming the tensor: a
- * slice whose 128 x 128 blocks would straddle two tensors or two TP ranks (INVALID_ARGUMENT), a
- * missing or mis-shaped scale parameter (LAYOUT_MISMATCH), an fp8 parameter that is not a 2-D
- * weight (NOT_SUPPORTED). */
+ * quantizing op (*quant) that writes the parameter and its scales: the parameter's
+ * `..._scale_inv` (128 x 128 block scales, kind WSYNC_QUANT_FP8_BLOCK), else its `..._scale`
+ * (vLLM's per-channel [R, 1] or per-tensor [1]: kinds WSYNC_QUANT_FP8_CHANNEL, _TENSOR;
+ * docs/SHIMS.md, "FP8 parameters"). *tensor_rows (optional): for a per-tensor op, the rows of the
+ * parameter (of its expert) that its one scale covers, which one bucket must bring whole; else 0.
+ * Every other tensor plans as wsync_map_plan does, with quant->kind WSYNC_QUANT_NONE. Refused
+ * naming the tensor: a slice whose 128 x 128 blocks would straddle two tensors or two TP ranks
+ * (INVALID_ARGUMENT), a missing or mis-shaped scale parameter (LAYOUT_MISMATCH), an fp8 parameter
+ * that is not a 2-D weight (NOT_SUPPORTED). */
 wsync_result_t wsync_map_plan_quant(const wsync_map_table_t *table, const wsync_engine_ops_t *eng,
                                     const wsync_tensor_desc_t *t, wsync_copy_op_t *op,
-                                    wsync_quant_t *quant, wsync_error_t *err);
+                                    wsync_quant_t *quant, uint64_t *tensor_rows,
+                                    wsync_error_t *err);
 
 /* The order the engine holds `names` in, as indices into names (order: n entries): tensors of one
  * engine parameter next to each other, in the parameter's own order (q, k, v in qkv_proj; gate,
@@ -121,10 +125,11 @@ wsync_result_t wsync_map_order(const wsync_map_table_t *table, const char *const
 #define WSYNC_MAP_ALIGN 256u
 
 /* Plan buckets of at most bucket_bytes for n tensors (names, nbytes): the engine's order
- * (wsync_map_order into order, n entries), cut greedily with WSYNC_MAP_ALIGN alignment, so a fused
- * parameter is cut at most once per bucket boundary. Bucket b holds order[bucket_first[b] ..
- * bucket_first[b + 1]); *n_buckets buckets (bucket_first needs n + 1 entries). INVALID_ARGUMENT
- * naming the tensor when one does not fit a bucket. */
+ * (wsync_map_order into order, n entries), cut greedily with WSYNC_MAP_ALIGN alignment; the
+ * tensors of one engine parameter (of one expert in fused experts) stay in one bucket when they
+ * fit one (the bucket before then ends early), so only a parameter larger than a bucket is cut.
+ * Bucket b holds order[bucket_first[b] .. bucket_first[b + 1]); *n_buckets buckets (bucket_first
+ * needs n + 1 entries). INVALID_ARGUMENT naming the tensor when one does not fit a bucket. */
 wsync_result_t wsync_map_plan_buckets(const wsync_map_table_t *table, const char *const *names,
                                       const uint64_t *nbytes, size_t n, uint64_t bucket_bytes,
                                       size_t *order, size_t *bucket_first, size_t *n_buckets,

@@ -191,13 +191,17 @@ static wsync_result_t wsync_vllm_handle(wsync_shim_ctx_t *ctx, const char *metho
     wsync_result_t rc;
     if (strcmp(method, "update_weights") == 0) {
         rc = wsync_vllm_update(ctx, req, extra, err);
-        if (rc == WSYNC_OK)
-            json_object_set_new(ctx->state, "version",
-                                json_integer((json_int_t)wsync_driver_open_version(ctx->driver)));
+        /* a refused bucket inside an open version (which may have written, as a one-pass fp8
+         * NaN does) keeps the update open too, until finish or wsync_abort */
+        const uint64_t now = wsync_driver_open_version(ctx->driver);
+        if (rc == WSYNC_OK || now != 0)
+            json_object_set_new(ctx->state, "version", json_integer((json_int_t)now));
         return rc;
     }
     if (strcmp(method, "start_weight_update") == 0) {
-        if (updating)
+        /* an update none of whose buckets landed (the first was refused, before anything was
+         * written, outside any version) holds nothing: a new start replaces it */
+        if (updating && writes != NULL)
             return WSYNC_RECORD(err, WSYNC_ERR_BUSY,
                                 "start_weight_update while an update is open; call "
                                 "finish_weight_update first");

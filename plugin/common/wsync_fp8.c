@@ -127,3 +127,170 @@ int wsync_fp8_quantize_blocks(const void *src, wsync_dtype_t dtype, int64_t rows
     return wsync_fp8_quantize_2d(src, pitch, dtype, rows, cols, block, dst, (uint64_t)cols,
                                  (unsigned char *)scales, 4u * (uint64_t)bcols, &br, &bc);
 }
+
+/* vLLM's clamp before the cast: fmaxf(-448, fminf(y, 448)); a NaN y (0 x inf) becomes 448 */
+static float wsync_fp8_clamp(float y)
+{
+    return fmaxf(-WSYNC_FP8_E4M3_MAX, fminf(y, WSYNC_FP8_E4M3_MAX));
+}
+
+int wsync_fp8_quantize_rows(const void *src, uint64_t src_pitch, wsync_dtype_t dtype, int64_t rows,
+                            int64_t cols, uint8_t *dst, uint64_t dst_pitch, unsigned char *scales,
+                            uint64_t scale_pitch, int64_t *bad_row, int64_t *bad_col)
+{
+    int found = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const unsigned char *row = (const unsigned char *)src + (uint64_t)r * src_pitch;
+        float amax = 0.0f;
+        int64_t bad = -1;
+        for (int64_t c = 0; c < cols && bad < 0; c++) {
+            const float x = wsync_fp8_load(row, dtype, c);
+            if (!isfinite(x))
+                bad = c;
+            amax = fabsf(x) > amax ? fabsf(x) : amax;
+        }
+        if (bad >= 0) {
+            if (!found)
+                *bad_row = r, *bad_col = bad, found = 1; /* rows in order: the first is least */
+            continue;                                    /* left as it was */
+        }
+        const float scale = fmaxf(amax / WSYNC_FP8_E4M3_MAX, WSYNC_FP8_CHANNEL_MIN_SCALE);
+        for (int64_t c = 0; c < cols; c++)
+            dst[(uint64_t)r * dst_pitch + (uint64_t)c] =
+                wsync_fp8_e4m3fn(wsync_fp8_clamp(wsync_fp8_load(row, dtype, c) / scale));
+        memcpy(scales + (uint64_t)r * scale_pitch, &scale, 4);
+    }
+    return found ? -1 : 0;
+}
+
+int wsync_fp8_amax(const void *src, uint64_t src_pitch, wsync_dtype_t dtype, int64_t rows,
+                   int64_t cols, float *amax, int64_t *bad_row, int64_t *bad_col)
+{
+    float m = *amax;
+    for (int64_t r = 0; r < rows; r++) {
+        const unsigned char *row = (const unsigned char *)src + (uint64_t)r * src_pitch;
+        for (int64_t c = 0; c < cols; c++) {
+            const float x = wsync_fp8_load(row, dtype, c);
+            if (!isfinite(x)) {
+                *bad_row = r, *bad_col = c;
+                return -1;
+            }
+            m = fabsf(x) > m ? fabsf(x) : m;
+        }
+    }
+    *amax = m;
+    return 0;
+}
+
+float wsync_fp8_tensor_scale(float amax)
+{
+    return amax / WSYNC_FP8_E4M3_MAX;
+}
+
+void wsync_fp8_quantize_tensor(const void *src, uint64_t src_pitch, wsync_dtype_t dtype,
+                               int64_t rows, int64_t cols, float scale, uint8_t *dst,
+                               uint64_t dst_pitch)
+{
+    const float inv = 1.0f / scale; /* inf for scale 0: every value then clamps to 448 */
+    for (int64_t r = 0; r < rows; r++) {
+        const unsigned char *row = (const unsigned char *)src + (uint64_t)r * src_pitch;
+        for (int64_t c = 0; c < cols; c++)
+            dst[(uint64_t)r * dst_pitch + (uint64_t)c] =
+                wsync_fp8_e4m3fn(wsync_fp8_clamp(wsync_fp8_load(row, dtype, c) * inv));
+    }
+}
+
+const char *wsync_fp8_unit(uint32_t kind)
+{
+    return kind == WSYNC_QUANT_FP8_CHANNEL  ? "the row"
+           : kind == WSYNC_QUANT_FP8_TENSOR ? "the tensor (every op sharing its scale)"
+                                            : "the 128 x 128 block";
+}
+
+/* Op i's source geometry as the quantizers take it. */
+static uint64_t wsync_fp8_src_pitch(const wsync_copy_op_t *o)
+{
+    return o->rows > 1 ? o->src_pitch : o->row_bytes;
+}
+
+static uint64_t wsync_fp8_dst_pitch(const wsync_copy_op_t *o, const wsync_quant_t *q)
+{
+    return o->rows > 1 ? o->dst_pitch : q->cols;
+}
+
+/* Every op of kind TENSOR naming op i's scale: one amax over all of them, then each quantized
+ * with its scale; a non-finite value leaves them all as they were (-1, *bad set). done[j] marks
+ * each one taken. */
+static int wsync_fp8_tensor_group(const uint8_t *src_base, const wsync_copy_op_t *ops,
+                                  const wsync_quant_t *quant, size_t n, size_t i, uint8_t *done,
+                                  size_t *bad_op, int64_t *bad_row, int64_t *bad_col)
+{
+    float amax = 0.0f;
+    int ok = 1, any = 0;
+    for (size_t j = i; j < n; j++) {
+        if (quant[j].kind != WSYNC_QUANT_FP8_TENSOR || quant[j].scale_dst != quant[i].scale_dst)
+            continue;
+        done[j] = 1;
+        any |= ops[j].rows > 0;
+        if (ok && ops[j].rows > 0 &&
+            wsync_fp8_amax(src_base + ops[j].src_offset, wsync_fp8_src_pitch(&ops[j]),
+                           quant[j].src_dtype, (int64_t)ops[j].rows, (int64_t)quant[j].cols, &amax,
+                           bad_row, bad_col) != 0) {
+            *bad_op = j;
+            ok = 0;
+        }
+    }
+    if (!ok)
+        return -1;
+    if (!any)
+        return 0;
+    const float scale = wsync_fp8_tensor_scale(amax);
+    for (size_t j = i; j < n; j++)
+        if (quant[j].kind == WSYNC_QUANT_FP8_TENSOR && quant[j].scale_dst == quant[i].scale_dst &&
+            ops[j].rows > 0)
+            wsync_fp8_quantize_tensor(src_base + ops[j].src_offset, wsync_fp8_src_pitch(&ops[j]),
+                                      quant[j].src_dtype, (int64_t)ops[j].rows,
+                                      (int64_t)quant[j].cols, scale, ops[j].dst,
+                                      wsync_fp8_dst_pitch(&ops[j], &quant[j]));
+    memcpy(quant[i].scale_dst, &scale, 4);
+    return 0;
+}
+
+int wsync_fp8_quantize_ops(const uint8_t *src_base, const wsync_copy_op_t *ops,
+                           const wsync_quant_t *quant, size_t n, uint8_t *done, size_t *bad_op,
+                           int64_t *bad_row, int64_t *bad_col)
+{
+    int found = 0;
+    size_t bo = 0;
+    int64_t br = 0, bc = 0;
+    memset(done, 0, n);
+    for (size_t i = 0; i < n; i++) {
+        const wsync_copy_op_t *o = &ops[i];
+        const wsync_quant_t *q = &quant[i];
+        int rc = 0;
+        size_t op = i;
+        int64_t r = 0, c = 0;
+        if (done[i] || q->kind == WSYNC_QUANT_NONE)
+            continue;
+        if (q->kind == WSYNC_QUANT_FP8_TENSOR)
+            rc = wsync_fp8_tensor_group(src_base, ops, quant, n, i, done, &op, &r, &c);
+        else if (o->rows == 0)
+            continue;
+        else if (q->kind == WSYNC_QUANT_FP8_CHANNEL)
+            rc = wsync_fp8_quantize_rows(src_base + o->src_offset, wsync_fp8_src_pitch(o),
+                                         q->src_dtype, (int64_t)o->rows, (int64_t)q->cols, o->dst,
+                                         wsync_fp8_dst_pitch(o, q), q->scale_dst, q->scale_pitch,
+                                         &r, &c);
+        else
+            rc = wsync_fp8_quantize_2d(src_base + o->src_offset, wsync_fp8_src_pitch(o),
+                                       q->src_dtype, (int64_t)o->rows, (int64_t)q->cols,
+                                       WSYNC_FP8_BLOCK, o->dst, wsync_fp8_dst_pitch(o, q),
+                                       q->scale_dst, q->scale_pitch, &r, &c);
+        done[i] = 1;
+        if (rc != 0 && (!found || op < bo))
+            bo = op, br = r, bc = c, found = 1;
+    }
+    if (found)
+        *bad_op = bo, *bad_row = br, *bad_col = bc;
+    return found ? -1 : 0;
+}

@@ -12,6 +12,7 @@
 #ifndef WSYNC_COMMON_FP8_H
 #define WSYNC_COMMON_FP8_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "wsync_abi.h"
@@ -19,6 +20,7 @@
 #define WSYNC_FP8_E4M3_MAX 448.0f
 #define WSYNC_FP8_E4M3_INV_MAX (1.0f / 448.0f) /* rounded to float, as torch's host code does */
 #define WSYNC_FP8_BLOCK 128
+#define WSYNC_FP8_CHANNEL_MIN_SCALE (1.0f / (448.0f * 512.0f)) /* vLLM's min_scaling_factor */
 
 uint8_t wsync_fp8_e4m3fn(float f);
 
@@ -40,5 +42,35 @@ int wsync_fp8_quantize_2d(const void *src, uint64_t src_pitch, wsync_dtype_t dty
                           int64_t cols, int64_t block, uint8_t *dst, uint64_t dst_pitch,
                           unsigned char *scales, uint64_t scale_pitch, int64_t *bad_row,
                           int64_t *bad_col);
+
+/* vLLM's per-channel (dynamic per-token) quantizer over rows x cols at src into dst, one float
+ * scale per row at scales + row x scale_pitch: scale = max(amax / 448, 1 / (448 x 512)), each
+ * value fmaxf(-448, fminf(x / scale, 448)) cast. A row holding a NaN or infinite value is left as
+ * it was: -1 with the first such value's row and column, else 0. */
+int wsync_fp8_quantize_rows(const void *src, uint64_t src_pitch, wsync_dtype_t dtype, int64_t rows,
+                            int64_t cols, uint8_t *dst, uint64_t dst_pitch, unsigned char *scales,
+                            uint64_t scale_pitch, int64_t *bad_row, int64_t *bad_col);
+/* vLLM's per-tensor quantizer (dynamic scaled_fp8_quant), in its pieces, for a tensor of several
+ * regions: *amax raised to max |x| over rows x cols at src (-1 with the first non-finite value's
+ * row and column, *amax then unchanged); the scale amax / 448; each value fmaxf(-448, fminf(x x
+ * (1 / scale), 448)) cast (scale 0, an all-zero tensor: every byte 0x7e, as vLLM's kernel). */
+int wsync_fp8_amax(const void *src, uint64_t src_pitch, wsync_dtype_t dtype, int64_t rows,
+                   int64_t cols, float *amax, int64_t *bad_row, int64_t *bad_col);
+float wsync_fp8_tensor_scale(float amax);
+void wsync_fp8_quantize_tensor(const void *src, uint64_t src_pitch, wsync_dtype_t dtype,
+                               int64_t rows, int64_t cols, float scale, uint8_t *dst,
+                               uint64_t dst_pitch);
+
+/* What a NaN leaves unwritten, for messages: "the 128 x 128 block", "the row" (CHANNEL), "the
+ * tensor (every op sharing its scale)" (TENSOR). */
+const char *wsync_fp8_unit(uint32_t kind);
+
+/* Every quantized op of a copy_quantized call (wsync_quant_v1_t; plain ops skipped), sources at
+ * src_base + op.src_offset, in one pass: a 128 x 128 block, a row (CHANNEL) or a whole tensor (the
+ * TENSOR ops sharing a scale_dst) holding a NaN or infinity is left as it was. -1 with the least
+ * such op index and that op's row and column, else 0. done: n bytes of scratch. */
+int wsync_fp8_quantize_ops(const uint8_t *src_base, const wsync_copy_op_t *ops,
+                           const wsync_quant_t *quant, size_t n, uint8_t *done, size_t *bad_op,
+                           int64_t *bad_row, int64_t *bad_col);
 
 #endif

@@ -205,11 +205,12 @@ wsync_result_t wsync_validate_quant_ops(const wsync_copy_op_t *ops, const wsync_
             continue;
         }
         const size_t es = wsync_quant_src_size(q->src_dtype);
-        if (q->kind != WSYNC_QUANT_FP8_BLOCK || es == 0) {
+        if (q->kind < WSYNC_QUANT_FP8_BLOCK || q->kind > WSYNC_QUANT_FP8_TENSOR || es == 0) {
             r = WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                           "op %zu: quant kind %u from dtype %d; wsync quantizes kind %u "
-                           "(fp8 blocks) from bf16, f16 or f32",
-                           i, q->kind, (int)q->src_dtype, WSYNC_QUANT_FP8_BLOCK);
+                           "op %zu: quant kind %u from dtype %d; wsync quantizes kinds %u-%u "
+                           "(fp8 blocks, rows, tensors) from bf16, f16 or f32",
+                           i, q->kind, (int)q->src_dtype, WSYNC_QUANT_FP8_BLOCK,
+                           WSYNC_QUANT_FP8_TENSOR);
             break;
         }
         if (o->rows == 0 || o->row_bytes == 0)
@@ -231,14 +232,25 @@ wsync_result_t wsync_validate_quant_ops(const wsync_copy_op_t *ops, const wsync_
         dst[i].src_pitch = q->cols;
         if (r == WSYNC_OK)
             r = wsync_validate_op(&dst[i], i, UINT64_MAX, err);
-        const uint64_t brows = (o->rows + 127) / 128, bcols = (q->cols + 127) / 128;
+        /* the scales: a grid of blocks, a column of rows, or one float per tensor (counted once,
+         * at the first op naming it) */
+        const uint64_t brows = q->kind == WSYNC_QUANT_FP8_BLOCK     ? (o->rows + 127) / 128
+                               : q->kind == WSYNC_QUANT_FP8_CHANNEL ? o->rows
+                                                                    : 1;
+        const uint64_t bcols = q->kind == WSYNC_QUANT_FP8_BLOCK ? (q->cols + 127) / 128 : 1;
         dst[n + i] = (wsync_copy_op_t){.dst = q->scale_dst,
                                        .rows = brows,
                                        .row_bytes = 4 * bcols,
-                                       .dst_pitch = q->scale_pitch,
+                                       .dst_pitch = brows > 1 ? q->scale_pitch : 4 * bcols,
                                        .src_pitch = 4 * bcols,
                                        .dst_extent = q->scale_extent};
-        if (r == WSYNC_OK)
+        for (size_t j = 0; j < i && q->kind == WSYNC_QUANT_FP8_TENSOR; j++)
+            if (quant[j].kind == WSYNC_QUANT_FP8_TENSOR && quant[j].scale_dst == q->scale_dst &&
+                ops[j].rows > 0 && ops[j].row_bytes > 0) {
+                dst[n + i].rows = 0; /* the same tensor's scale */
+                break;
+            }
+        if (r == WSYNC_OK && dst[n + i].rows > 0)
             r = wsync_validate_op(&dst[n + i], n + i, UINT64_MAX, err);
     }
     if (r == WSYNC_OK)

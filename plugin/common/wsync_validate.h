@@ -15,9 +15,10 @@ wsync_result_t wsync_validate_copy_ops(const wsync_copy_op_t *ops, size_t n, uin
 
 /* copy_quantized's ops (wsync_quant_t): plain ops as above; a quantized op's source (rows of
  * row_bytes = cols x its dtype's size, at src_pitch) inside src_bytes, its fp8 bytes (rows of
- * cols at dst_pitch) inside dst_extent, its block scales (ceil(rows / 128) rows of ceil(cols /
- * 128) floats at scale_pitch) inside scale_extent, and no two destinations (fp8 bytes, plain
- * ops' bytes, scales) meeting; in messages the scales of op i are op n + i. */
+ * cols at dst_pitch) inside dst_extent, its scales inside scale_extent (BLOCK: ceil(rows / 128)
+ * rows of ceil(cols / 128) floats at scale_pitch; CHANNEL: rows floats at scale_pitch; TENSOR: one
+ * float, shared by every TENSOR op naming it), and no two destinations (fp8 bytes, plain ops'
+ * bytes, scales) meeting; in messages the scales of op i are op n + i. */
 wsync_result_t wsync_validate_quant_ops(const wsync_copy_op_t *ops, const wsync_quant_t *quant,
                                         size_t n, uint64_t src_bytes, wsync_error_t *err);
 

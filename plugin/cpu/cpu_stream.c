@@ -147,7 +147,7 @@ static int wsync_cpu_quant_sources_ok(wsync_cpu_task_t *t)
         const wsync_copy_op_t *op = &t->u.copy.ops[i];
         const wsync_quant_t *q = &t->u.copy.quant[i];
         int64_t r, c;
-        if (q->kind != WSYNC_QUANT_FP8_BLOCK || op->rows == 0 ||
+        if (q->kind == WSYNC_QUANT_NONE || op->rows == 0 ||
             wsync_fp8_find_bad(t->u.copy.src_base + op->src_offset,
                                op->rows > 1 ? op->src_pitch : op->row_bytes, q->src_dtype,
                                (int64_t)op->rows, (int64_t)q->cols, &r, &c) == 0)
@@ -191,6 +191,23 @@ static void wsync_cpu_run_copy(wsync_cpu_task_t *t)
         return; /* a NaN or infinity: nothing of the call is written */
     int64_t bad_row = 0, bad_col = 0;
     size_t bad_op = SIZE_MAX;
+    if (t->u.copy.quant != NULL) {
+        uint8_t *done = malloc(t->u.copy.n ? t->u.copy.n : 1);
+        if (done == NULL) {
+            if (t->sink != NULL) {
+                pthread_mutex_lock(&t->sink->lock);
+                wsync_fail(&t->sink->error, WSYNC_ERR_OUT_OF_MEMORY, "copy_quantized",
+                           "generation %llu: no memory for %zu ops; nothing was written",
+                           (unsigned long long)t->generation, t->u.copy.n);
+                pthread_mutex_unlock(&t->sink->lock);
+            }
+            return;
+        }
+        if (wsync_fp8_quantize_ops(t->u.copy.src_base, t->u.copy.ops, t->u.copy.quant, t->u.copy.n,
+                                   done, &bad_op, &bad_row, &bad_col) == 0)
+            bad_op = SIZE_MAX;
+        free(done);
+    }
     const int streaming = t->u.copy.total_bytes >= WSYNC_CPU_STREAMING_MIN_TASK;
     for (size_t i = 0; i < t->u.copy.n; i++) {
         const wsync_copy_op_t *op = &t->u.copy.ops[i];
@@ -200,17 +217,8 @@ static void wsync_cpu_run_copy(wsync_cpu_task_t *t)
 
         if (total == 0)
             continue;
-        const wsync_quant_t *q = t->u.copy.quant != NULL ? &t->u.copy.quant[i] : NULL;
-        if (q != NULL && q->kind == WSYNC_QUANT_FP8_BLOCK) {
-            int64_t r, c;
-            if (wsync_fp8_quantize_2d(src, op->rows > 1 ? op->src_pitch : op->row_bytes,
-                                      q->src_dtype, (int64_t)op->rows, (int64_t)q->cols,
-                                      WSYNC_FP8_BLOCK, dst, op->rows > 1 ? op->dst_pitch : q->cols,
-                                      q->scale_dst, q->scale_pitch, &r, &c) != 0 &&
-                bad_op == SIZE_MAX)
-                bad_op = i, bad_row = r, bad_col = c;
-            continue;
-        }
+        if (t->u.copy.quant != NULL && t->u.copy.quant[i].kind != WSYNC_QUANT_NONE)
+            continue; /* quantized above */
         if (verify && op->has_digest) {
             wsync64_state_t st;
             wsync64_init(&st);
@@ -245,10 +253,10 @@ static void wsync_cpu_run_copy(wsync_cpu_task_t *t)
         pthread_mutex_lock(&t->sink->lock);
         wsync_fail(&t->sink->error, WSYNC_ERR_INVALID_ARGUMENT, "copy_quantized",
                    "generation %llu: op %zu: a NaN or infinite value at row %lld, column %lld of "
-                   "its source cannot be quantized to fp8; the 128 x 128 block holding it was "
-                   "left as it was and the rest of the bucket written (WSYNC_COPY_QUANT_ONE_PASS)",
+                   "its source cannot be quantized to fp8; %s holding it was left as it was "
+                   "and the rest of the bucket written (WSYNC_COPY_QUANT_ONE_PASS)",
                    (unsigned long long)t->generation, bad_op, (long long)bad_row,
-                   (long long)bad_col);
+                   (long long)bad_col, wsync_fp8_unit(t->u.copy.quant[bad_op].kind));
         pthread_mutex_unlock(&t->sink->lock);
     }
     if (mismatches == 0 || t->sink == NULL)

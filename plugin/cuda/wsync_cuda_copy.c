@@ -1,5 +1,6 @@
 /* copy_weights and record_consumed: the consumer's hot path. One validated, stream-ordered launch
  * per call; *consumed* recorded on the stream(s) that carried the copies, never another. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -7,6 +8,7 @@
 #include "wsync_digest.h"
 #include "wsync_quant_kernel.h"
 #include "wsync_error.h"
+#include "wsync_fp8.h"
 #include "wsync_log.h"
 #include "wsync_validate.h"
 
@@ -451,12 +453,57 @@ typedef struct quant_launch {
     uint32_t n;
     uint64_t blocks;
     unsigned long long *flag; /* one pass: the first bad value's key (device) */
+    unsigned int *amax;       /* per per-tensor scale: its amax (device), taken by the scan */
 } quant_launch_t;
 
 static cudaError_t quant_run(void *arg, cudaStream_t s)
 {
     const quant_launch_t *q = arg;
-    return wsync_cuda_quant_blocks(q->dev, q->n, q->blocks, q->flag, s);
+    return wsync_cuda_quant_blocks(q->dev, q->n, q->blocks, q->flag, q->amax, s);
+}
+
+typedef struct quant_by_scale {
+    const void *scale;
+    size_t op;
+} quant_by_scale_t;
+
+static int quant_by_scale_cmp(const void *a, const void *b)
+{
+    const quant_by_scale_t *x = a, *y = b;
+    const uintptr_t p = (uintptr_t)x->scale, q = (uintptr_t)y->scale;
+    return p != q ? (p > q) - (p < q) : (x->op > y->op) - (x->op < y->op);
+}
+
+/* The call's quantized ops in launch order: the per-tensor ones first, each scale's ops together
+ * (so the amax pass of a one-pass call is a scan of the table's head), then the rest in call
+ * order. *n_tensor, *n_groups: how many per-tensor ops and scales. NULL when out of memory. */
+static size_t *quant_order(const wsync_copy_op_t *ops, const wsync_quant_t *quant, size_t n_ops,
+                           size_t nq, size_t *n_tensor, size_t *n_groups, uint32_t **group)
+{
+    size_t *order = calloc(nq ? nq : 1, sizeof(*order));
+    uint32_t *g = calloc(nq ? nq : 1, sizeof(*g));
+    quant_by_scale_t *by = calloc(nq ? nq : 1, sizeof(*by));
+    size_t nt = 0, k = 0, ng = 0;
+    if (order == NULL || g == NULL || by == NULL) {
+        free(order), free(g), free(by);
+        return NULL;
+    }
+    for (size_t i = 0; i < n_ops; i++)
+        if (quant[i].kind == WSYNC_QUANT_FP8_TENSOR && ops[i].rows > 0)
+            by[nt++] = (quant_by_scale_t){quant[i].scale_dst, i};
+    qsort(by, nt, sizeof(*by), quant_by_scale_cmp);
+    for (size_t j = 0; j < nt; j++) {
+        ng += j == 0 || by[j].scale != by[j - 1].scale;
+        g[k] = (uint32_t)(ng - 1);
+        order[k++] = by[j].op;
+    }
+    for (size_t i = 0; i < n_ops; i++)
+        if (quant[i].kind != WSYNC_QUANT_NONE && quant[i].kind != WSYNC_QUANT_FP8_TENSOR &&
+            ops[i].rows > 0)
+            order[k++] = i;
+    free(by);
+    *n_tensor = nt, *n_groups = ng, *group = g;
+    return order;
 }
 
 static wsync_result_t quant_bad(wsync_error_t *err, const size_t *from, unsigned long long bad,
@@ -478,23 +525,23 @@ static wsync_result_t quant_prepare(struct wsync_consumer *c, struct wsync_handl
                                     wsync_error_t *err)
 {
     wsync_cuda_mapping_t *m = h->entry->mapping;
-    size_t nq = 0;
+    size_t nq = 0, nt = 0, ng = 0;
+    uint32_t *group = NULL;
     for (size_t i = 0; i < n_ops; i++)
         nq += quant[i].kind != WSYNC_QUANT_NONE && ops[i].rows > 0;
     wsync_cuda_qop_t *t = calloc(nq ? nq : 1, sizeof(*t));
-    size_t *from = calloc(nq ? nq : 1, sizeof(*from));
+    size_t *from = quant_order(ops, quant, n_ops, nq, &nt, &ng, &group);
     if (t == NULL || from == NULL) {
         free(t);
         free(from);
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu quantizing ops", nq);
     }
-    uint64_t blocks = 0;
+    uint64_t blocks = 0, tensor_blocks = 0;
     wsync_result_t rc = WSYNC_OK;
-    for (size_t i = 0, k = 0; i < n_ops && rc == WSYNC_OK; i++) {
+    for (size_t k = 0; k < nq && rc == WSYNC_OK; k++) {
+        const size_t i = from[k];
         const wsync_copy_op_t *o = &ops[i];
         const wsync_quant_t *q = &quant[i];
-        if (q->kind == WSYNC_QUANT_NONE || o->rows == 0)
-            continue;
         if (o->rows >= WSYNC_CUDA_QUANT_MAX_DIM || q->cols >= WSYNC_CUDA_QUANT_MAX_DIM) {
             rc = WSYNC_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
                             "op %zu: %llu x %llu elements; the CUDA quantizer takes fewer than "
@@ -503,39 +550,53 @@ static wsync_result_t quant_prepare(struct wsync_consumer *c, struct wsync_handl
                             WSYNC_CUDA_QUANT_MAX_DIM);
             break;
         }
-        t[k] = (wsync_cuda_qop_t){.src = (const unsigned char *)(base + o->src_offset),
-                                  .dst = o->dst,
-                                  .scales = q->scale_dst,
-                                  .src_pitch = o->rows > 1 ? o->src_pitch : o->row_bytes,
-                                  .dst_pitch = o->rows > 1 ? o->dst_pitch : q->cols,
-                                  .scale_pitch = q->scale_pitch,
-                                  .rows = (uint32_t)o->rows,
-                                  .cols = (uint32_t)q->cols,
-                                  .src_dtype = (uint32_t)q->src_dtype,
-                                  .brows = (uint32_t)((o->rows + 127) / 128),
-                                  .bcols = (uint32_t)((q->cols + 127) / 128),
-                                  .block_begin = blocks};
+        t[k] = (wsync_cuda_qop_t){
+            .src = (const unsigned char *)(base + o->src_offset),
+            .dst = o->dst,
+            .scales = q->scale_dst,
+            .src_pitch = o->rows > 1 ? o->src_pitch : o->row_bytes,
+            .dst_pitch = o->rows > 1 ? o->dst_pitch : q->cols,
+            .scale_pitch = q->scale_pitch,
+            .rows = (uint32_t)o->rows,
+            .cols = (uint32_t)q->cols,
+            .src_dtype = (uint32_t)q->src_dtype,
+            .brows =
+                (uint32_t)(q->kind == WSYNC_QUANT_FP8_CHANNEL ? o->rows : (o->rows + 127) / 128),
+            .bcols = (uint32_t)(q->kind == WSYNC_QUANT_FP8_CHANNEL ? 1 : (q->cols + 127) / 128),
+            .kind = q->kind,
+            .group = k < nt ? group[k] : 0,
+            .first = k < nt && (k == 0 || group[k] != group[k - 1]),
+            .block_begin = blocks};
         blocks += (uint64_t)t[k].brows * t[k].bcols;
-        from[k++] = i;
+        if (k < nt)
+            tensor_blocks = blocks;
     }
+    free(group);
     void *dev = NULL;
     unsigned long long bad = WSYNC_CUDA_QUANT_NO_BAD;
     const size_t table = nq * sizeof(*t);
+    const size_t amax_bytes = ng * sizeof(unsigned int);
     if (rc == WSYNC_OK)
         rc = host_ready(c, m, generation, err);
     cudaError_t e = cudaSuccess;
     if (rc == WSYNC_OK && m->has_ready)
         e = cudaStreamWaitEvent(s, m->ready, 0);
     if (rc == WSYNC_OK && e == cudaSuccess)
-        e = cudaMallocAsync(&dev, table + sizeof(bad), s);
+        e = cudaMallocAsync(&dev, table + sizeof(bad) + amax_bytes, s);
     if (rc == WSYNC_OK && e == cudaSuccess)
         e = cudaMemcpyAsync(dev, t, table, cudaMemcpyHostToDevice, s);
     unsigned long long *flag = dev != NULL ? (unsigned long long *)((char *)dev + table) : NULL;
+    unsigned int *amax = dev != NULL ? (unsigned int *)((char *)dev + table + sizeof(bad)) : NULL;
     if (rc == WSYNC_OK && e == cudaSuccess)
         e = cudaMemsetAsync(flag, 0xff, sizeof(bad), s);
+    if (rc == WSYNC_OK && e == cudaSuccess && ng > 0)
+        e = cudaMemsetAsync(amax, 0, amax_bytes, s);
+    /* one pass: the per-tensor scales' amax first (a second read of those sources alone) */
+    if (one_pass && nt > 0 && rc == WSYNC_OK && e == cudaSuccess)
+        e = wsync_cuda_quant_scan(dev, (uint32_t)nt, tensor_blocks, flag, amax, s);
     if (!one_pass) {
         if (rc == WSYNC_OK && e == cudaSuccess)
-            e = wsync_cuda_quant_scan(dev, (uint32_t)nq, blocks, flag, s);
+            e = wsync_cuda_quant_scan(dev, (uint32_t)nq, blocks, flag, amax, s);
         if (rc == WSYNC_OK && e == cudaSuccess)
             e = cudaMemcpyAsync(&bad, flag, sizeof(bad), cudaMemcpyDeviceToHost, s);
         if (rc == WSYNC_OK && e == cudaSuccess)
@@ -552,8 +613,11 @@ static wsync_result_t quant_prepare(struct wsync_consumer *c, struct wsync_handl
             (void)cudaFreeAsync(dev, s);
         return rc;
     }
-    *out = (quant_launch_t){
-        .dev = dev, .n = (uint32_t)nq, .blocks = blocks, .flag = one_pass ? flag : NULL};
+    *out = (quant_launch_t){.dev = dev,
+                            .n = (uint32_t)nq,
+                            .blocks = blocks,
+                            .flag = one_pass ? flag : NULL,
+                            .amax = amax};
     *from_out = from;
     return WSYNC_OK;
 }
@@ -561,7 +625,8 @@ static wsync_result_t quant_prepare(struct wsync_consumer *c, struct wsync_handl
 /* One pass: the quantizer's first bad value, once the call's work is done; reported by the
  * record_consumed that follows (the mapping's deferred error), as the call wrote the rest. */
 static wsync_result_t quant_settle(wsync_cuda_mapping_t *m, const quant_launch_t *q,
-                                   const size_t *from, cudaStream_t s, wsync_error_t *err)
+                                   const size_t *from, const wsync_quant_t *quant, cudaStream_t s,
+                                   wsync_error_t *err)
 {
     unsigned long long bad = WSYNC_CUDA_QUANT_NO_BAD;
     cudaError_t e = cudaMemcpyAsync(&bad, q->flag, sizeof(bad), cudaMemcpyDeviceToHost, s);
@@ -571,9 +636,12 @@ static wsync_result_t quant_settle(wsync_cuda_mapping_t *m, const quant_launch_t
         return wsync_cuda_fail(err, e, "copy_quantized", "reading the quantizer's NaN check");
     if (bad != WSYNC_CUDA_QUANT_NO_BAD && m->deferred == WSYNC_OK) {
         wsync_error_t e2 = {.struct_size = sizeof(e2)};
-        m->deferred = quant_bad(&e2, from, bad,
-                                "the 128 x 128 block holding it was left as it was and the rest "
-                                "of the bucket written (WSYNC_COPY_QUANT_ONE_PASS)");
+        char written[160];
+        snprintf(written, sizeof(written),
+                 "%s holding it was left as it was and the rest of the bucket written "
+                 "(WSYNC_COPY_QUANT_ONE_PASS)",
+                 wsync_fp8_unit(quant[from[bad >> 44]].kind));
+        m->deferred = quant_bad(&e2, from, bad, written);
         memcpy(m->deferred_message, e2.message, sizeof(m->deferred_message));
     }
     return WSYNC_OK;
@@ -618,7 +686,7 @@ wsync_result_t wsync_cuda_copy_quantized(struct wsync_consumer *c, struct wsync_
         const copy_extra_t extra = {.fn = quant_run, .arg = &q};
         rc = copy_locked_with(c, h, s, generation, plain, np, flags, base, NULL, &extra, err);
         if (rc == WSYNC_OK && one_pass)
-            rc = quant_settle(h->entry->mapping, &q, from, s, err);
+            rc = quant_settle(h->entry->mapping, &q, from, quant, s, err);
         (void)cudaFreeAsync((void *)q.dev, s);
     }
     free(from);

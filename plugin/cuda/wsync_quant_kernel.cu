@@ -79,40 +79,65 @@ static __device__ __forceinline__ void wsync_q_scale(const wsync_cuda_qop_t &op,
     }
 }
 
-/* Any layout: one element per thread and step. kQuantize 0: the check alone (the scan). */
-template <int kQuantize>
-static __device__ void wsync_q_block_scalar(const wsync_cuda_qop_t &op, uint32_t i,
+/* vLLM's clamp before the cast: fmaxf(-448, fminf(y, 448)), a NaN y (0 x inf) becoming 448 */
+static __device__ __forceinline__ float wsync_q_clamp(float y)
+{
+    return fmaxf(-448.0f, fminf(y, 448.0f));
+}
+
+/* Any layout, one element per thread and step: the thread's largest |x| of block k, and *bad
+ * (with first_bad lowered) when one of its values is not finite. */
+static __device__ float wsync_q_scalar_amax(const wsync_cuda_qop_t &op, uint32_t i,
                                             const wsync_q_block_t &k, unsigned long long *first_bad,
-                                            float *smax, int *sbad)
+                                            int *bad)
 {
     float amax = 0.0f;
-    int bad = 0;
+    *bad = 0;
     for (uint32_t e = threadIdx.x; e < WSYNC_Q_BLOCK * WSYNC_Q_BLOCK; e += WSYNC_Q_THREADS) {
         const uint32_t r = k.r0 + e / WSYNC_Q_BLOCK, c = k.c0 + e % WSYNC_Q_BLOCK;
         if (r >= k.r1 || c >= k.c1)
             continue;
         const float x = wsync_q_load(op.src + (uint64_t)r * op.src_pitch, op.src_dtype, c);
         if (!isfinite(x)) {
-            if (!bad && first_bad != NULL)
+            if (!*bad && first_bad != NULL)
                 atomicMin(first_bad, wsync_q_key(i, r, c));
-            bad = 1;
+            *bad = 1;
         }
         amax = fmaxf(amax, fabsf(x));
     }
-    if (!kQuantize)
-        return;
-    amax = wsync_q_reduce(amax, bad, smax, sbad);
-    if (amax < 0.0f)
-        return; /* a NaN or infinity: the block is left as it was */
-    const float inv = wsync_q_inv(amax);
+    return amax;
+}
+
+/* Block k's values, one per thread and step, as kClamp ? clamp(x x inv) : x x inv, cast. */
+template <int kClamp>
+static __device__ void wsync_q_scalar_store(const wsync_cuda_qop_t &op, const wsync_q_block_t &k,
+                                            float inv)
+{
     for (uint32_t e = threadIdx.x; e < WSYNC_Q_BLOCK * WSYNC_Q_BLOCK; e += WSYNC_Q_THREADS) {
         const uint32_t r = k.r0 + e / WSYNC_Q_BLOCK, c = k.c0 + e % WSYNC_Q_BLOCK;
         if (r >= k.r1 || c >= k.c1)
             continue;
         const float x = wsync_q_load(op.src + (uint64_t)r * op.src_pitch, op.src_dtype, c);
+        const float y = kClamp ? wsync_q_clamp(__fmul_rn(x, inv)) : __fmul_rn(x, inv);
         op.dst[(uint64_t)r * op.dst_pitch + c] =
-            (unsigned char)__nv_cvt_float_to_fp8(__fmul_rn(x, inv), __NV_SATFINITE, __NV_E4M3);
+            (unsigned char)__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3);
     }
+}
+
+/* Any layout. kQuantize 0: the check alone (the scan). */
+template <int kQuantize>
+static __device__ void wsync_q_block_scalar(const wsync_cuda_qop_t &op, uint32_t i,
+                                            const wsync_q_block_t &k, unsigned long long *first_bad,
+                                            float *smax, int *sbad)
+{
+    int bad;
+    float amax = wsync_q_scalar_amax(op, i, k, first_bad, &bad);
+    if (!kQuantize)
+        return;
+    amax = wsync_q_reduce(amax, bad, smax, sbad);
+    if (amax < 0.0f)
+        return; /* a NaN or infinity: the block is left as it was */
+    wsync_q_scalar_store<0>(op, k, wsync_q_inv(amax));
     wsync_q_scale(op, k, amax);
 }
 
@@ -194,37 +219,48 @@ static __device__ __forceinline__ float wsync_q_vcheck(const wsync_cuda_qop_t &o
                                               : __half2float(__ushort_as_half((unsigned short)top));
 }
 
+/* 8 16-bit values (a 16-byte vector of src_dtype) as kClamp ? clamp(x op s) : x op s, cast to
+ * e4m3fn: 8 bytes. kDiv: x / s (CHANNEL), else x x s. */
+template <int kClamp, int kDiv>
+static __device__ __forceinline__ uint2 wsync_q_cvt8(uint4 v, uint32_t dtype, float s)
+{
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    uint32_t out[2] = {0, 0};
+#pragma unroll
+    for (int h = 0; h < 8; h += 2) {
+        float2 f;
+        if (dtype == WSYNC_Q_DTYPE_BF16) {
+            f.x = __uint_as_float((w[h / 2] & 0xffffu) << 16);
+            f.y = __uint_as_float(w[h / 2] & 0xffff0000u);
+        } else {
+            f.x = __half2float(__ushort_as_half((unsigned short)(w[h / 2] & 0xffffu)));
+            f.y = __half2float(__ushort_as_half((unsigned short)(w[h / 2] >> 16)));
+        }
+        f.x = kDiv ? __fdiv_rn(f.x, s) : __fmul_rn(f.x, s);
+        f.y = kDiv ? __fdiv_rn(f.y, s) : __fmul_rn(f.y, s);
+        if (kClamp) {
+            f.x = wsync_q_clamp(f.x);
+            f.y = wsync_q_clamp(f.y);
+        }
+        const uint32_t q = __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3);
+        out[h / 4] |= q << (16 * ((h / 2) % 2));
+    }
+    return make_uint2(out[0], out[1]);
+}
+
+template <int kClamp>
 static __device__ __forceinline__ void wsync_q_vstore(const wsync_cuda_qop_t &op,
                                                       const wsync_q_block_t &k,
-                                                      const wsync_q_vecs_t *x, float amax)
+                                                      const wsync_q_vecs_t *x, float inv)
 {
-    const float inv = wsync_q_inv(amax);
 #pragma unroll
     for (int j = 0; j < WSYNC_Q_VECS; j++) {
         uint32_t r, cv;
         if (!wsync_q_at(k, j, &r, &cv))
             continue;
-        const uint32_t w[4] = {x->v[j].x, x->v[j].y, x->v[j].z, x->v[j].w};
-        uint32_t out[2] = {0, 0};
-#pragma unroll
-        for (int h = 0; h < 8; h += 2) {
-            float2 f;
-            if (op.src_dtype == WSYNC_Q_DTYPE_BF16) {
-                f.x = __uint_as_float((w[h / 2] & 0xffffu) << 16);
-                f.y = __uint_as_float(w[h / 2] & 0xffff0000u);
-            } else {
-                f.x = __half2float(__ushort_as_half((unsigned short)(w[h / 2] & 0xffffu)));
-                f.y = __half2float(__ushort_as_half((unsigned short)(w[h / 2] >> 16)));
-            }
-            f.x = __fmul_rn(f.x, inv);
-            f.y = __fmul_rn(f.y, inv);
-            const uint32_t q = __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3);
-            out[h / 4] |= q << (16 * ((h / 2) % 2));
-        }
         __stcs(reinterpret_cast<uint2 *>(op.dst + (uint64_t)r * op.dst_pitch + k.c0 + 8u * cv),
-               make_uint2(out[0], out[1]));
+               wsync_q_cvt8<kClamp, 0>(x->v[j], op.src_dtype, inv));
     }
-    wsync_q_scale(op, k, amax);
 }
 
 /* 16-bit sources in 16-byte vectors (8 values), the whole block held in registers: the source is
@@ -242,8 +278,143 @@ static __device__ void wsync_q_block_vec(const wsync_cuda_qop_t &op, uint32_t i,
     if (!kQuantize)
         return;
     const float amax = wsync_q_reduce(mine, bad, smax, sbad);
-    if (amax >= 0.0f)
-        wsync_q_vstore(op, k, &x, amax);
+    if (amax < 0.0f)
+        return;
+    wsync_q_vstore<0>(op, k, &x, wsync_q_inv(amax));
+    wsync_q_scale(op, k, amax);
+}
+
+/* A 128 x 128 block of a TENSOR op. kQuantize 0 (the scan): its amax into the group's entry (or
+ * the group marked bad); 1: its values with the group's scale, read from that entry. */
+template <int kQuantize>
+static __device__ void wsync_q_tensor_block(const wsync_cuda_qop_t &op, uint32_t i,
+                                            const wsync_q_block_t &k, unsigned long long *first_bad,
+                                            unsigned int *amax, float *smax, int *sbad)
+{
+    const int vec = wsync_q_vectors(op);
+    wsync_q_vecs_t x;
+    if (!kQuantize) {
+        int bad;
+        float mine;
+        if (vec) {
+            wsync_q_vload(op, k, &x);
+            mine = wsync_q_vcheck(op, i, k, &x, first_bad, &bad);
+        } else {
+            mine = wsync_q_scalar_amax(op, i, k, first_bad, &bad);
+        }
+        const float a = wsync_q_reduce(mine, bad, smax, sbad);
+        if (threadIdx.x == 0)
+            atomicMax(amax + op.group, a < 0.0f ? WSYNC_CUDA_QUANT_BAD_GROUP : __float_as_uint(a));
+        return;
+    }
+    const unsigned int bits = amax[op.group];
+    if (bits == WSYNC_CUDA_QUANT_BAD_GROUP)
+        return; /* the tensor holds a NaN or infinity: left as it was */
+    /* vLLM's scaled_fp8_quant: scale = amax / 448, each value x x (1 / scale) */
+    const float scale = __fdiv_rn(__uint_as_float(bits), 448.0f);
+    const float inv = __fdiv_rn(1.0f, scale);
+    if (vec) {
+        wsync_q_vload(op, k, &x);
+        wsync_q_vstore<1>(op, k, &x, inv);
+    } else {
+        wsync_q_scalar_store<1>(op, k, inv);
+    }
+    if (op.first && k.r0 == 0 && k.c0 == 0 && threadIdx.x == 0)
+        memcpy(op.scales, &scale, 4);
+}
+
+/* CHANNEL rows up to this many columns are held in registers (8 vectors per thread). */
+#define WSYNC_Q_ROW_VECS 8
+#define WSYNC_Q_ROW_MAX (WSYNC_Q_ROW_VECS * 8 * WSYNC_Q_THREADS)
+
+/* The first non-finite value of row r among the thread's vectors (rare, out of the hot loop). */
+static __device__ __noinline__ void wsync_q_row_report(const wsync_cuda_qop_t &op, uint32_t i,
+                                                       uint32_t r, uint32_t inf,
+                                                       unsigned long long *first_bad)
+{
+    const unsigned short *x =
+        reinterpret_cast<const unsigned short *>(op.src + (uint64_t)r * op.src_pitch);
+    for (int j = 0; j < WSYNC_Q_ROW_VECS; j++) {
+        const uint32_t v = threadIdx.x + (uint32_t)j * WSYNC_Q_THREADS;
+        if (v >= op.cols / 8u)
+            return;
+        for (uint32_t h = 0; h < 8; h++)
+            if ((x[8u * v + h] & 0x7fffu) >= inf) {
+                atomicMin(first_bad, wsync_q_key(i, r, 8u * v + h));
+                return;
+            }
+    }
+}
+
+/* Row r of a CHANNEL op: vLLM's per-token quantization, scale = max(amax / 448, 1 / (448 x 512)),
+ * each value x / scale. kQuantize 0: the check alone. A row holding a NaN is left as it was. */
+template <int kQuantize>
+static __device__ void wsync_q_row(const wsync_cuda_qop_t &op, uint32_t i, uint32_t r,
+                                   unsigned long long *first_bad, float *smax, int *sbad)
+{
+    const unsigned char *row = op.src + (uint64_t)r * op.src_pitch;
+    unsigned char *out = op.dst + (uint64_t)r * op.dst_pitch;
+    float amax = 0.0f;
+    int bad = 0;
+    if (wsync_q_vectors(op) && op.cols <= WSYNC_Q_ROW_MAX) {
+        uint4 v[WSYNC_Q_ROW_VECS];
+        const uint32_t nv = op.cols / 8u,
+                       inf = op.src_dtype == WSYNC_Q_DTYPE_BF16 ? 0x7f80u : 0x7c00u;
+        uint32_t top = 0;
+#pragma unroll
+        for (int j = 0; j < WSYNC_Q_ROW_VECS; j++) {
+            const uint32_t c = threadIdx.x + (uint32_t)j * WSYNC_Q_THREADS;
+            v[j] =
+                c < nv ? __ldcs(reinterpret_cast<const uint4 *>(row) + c) : make_uint4(0, 0, 0, 0);
+            const uint32_t w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+#pragma unroll
+            for (int h = 0; h < 8; h++)
+                top = max(top, (w[h / 2] >> (16 * (h % 2))) & 0x7fffu);
+        }
+        bad = top >= inf;
+        if (bad && first_bad != NULL)
+            wsync_q_row_report(op, i, r, inf, first_bad);
+        if (!kQuantize)
+            return;
+        amax = op.src_dtype == WSYNC_Q_DTYPE_BF16
+                   ? __uint_as_float(top << 16)
+                   : __half2float(__ushort_as_half((unsigned short)top));
+        amax = wsync_q_reduce(amax, bad, smax, sbad);
+        if (amax < 0.0f)
+            return;
+        const float scale = fmaxf(__fdiv_rn(amax, 448.0f), 1.0f / (448.0f * 512.0f));
+#pragma unroll
+        for (int j = 0; j < WSYNC_Q_ROW_VECS; j++) {
+            const uint32_t c = threadIdx.x + (uint32_t)j * WSYNC_Q_THREADS;
+            if (c < nv)
+                __stcs(reinterpret_cast<uint2 *>(out) + c,
+                       wsync_q_cvt8<1, 1>(v[j], op.src_dtype, scale));
+        }
+        if (threadIdx.x == 0)
+            memcpy(op.scales + (uint64_t)r * op.scale_pitch, &scale, 4);
+        return;
+    }
+    for (uint32_t c = threadIdx.x; c < op.cols; c += WSYNC_Q_THREADS) {
+        const float x = wsync_q_load(row, op.src_dtype, c);
+        if (!isfinite(x)) {
+            if (!bad && first_bad != NULL)
+                atomicMin(first_bad, wsync_q_key(i, r, c));
+            bad = 1;
+        }
+        amax = fmaxf(amax, fabsf(x));
+    }
+    if (!kQuantize)
+        return;
+    amax = wsync_q_reduce(amax, bad, smax, sbad);
+    if (amax < 0.0f)
+        return;
+    const float scale = fmaxf(__fdiv_rn(amax, 448.0f), 1.0f / (448.0f * 512.0f));
+    for (uint32_t c = threadIdx.x; c < op.cols; c += WSYNC_Q_THREADS)
+        out[c] = (unsigned char)__nv_cvt_float_to_fp8(
+            wsync_q_clamp(__fdiv_rn(wsync_q_load(row, op.src_dtype, c), scale)), __NV_SATFINITE,
+            __NV_E4M3);
+    if (threadIdx.x == 0)
+        memcpy(op.scales + (uint64_t)r * op.scale_pitch, &scale, 4);
 }
 
 /* Block b of op (whose blocks start at op.block_begin): its rows and columns. */
@@ -265,7 +436,7 @@ static __device__ __forceinline__ wsync_q_block_t wsync_q_geom(const wsync_cuda_
 template <int kQuantize>
 __global__ void __launch_bounds__(WSYNC_Q_THREADS, 4)
     wsync_q_kernel(const wsync_cuda_qop_t *__restrict__ ops, uint32_t n, uint64_t total_blocks,
-                   unsigned long long *first_bad)
+                   unsigned long long *first_bad, unsigned int *amax)
 {
     __shared__ float smax[WSYNC_Q_THREADS / 32];
     __shared__ int sbad[WSYNC_Q_THREADS / 32];
@@ -282,8 +453,14 @@ __global__ void __launch_bounds__(WSYNC_Q_THREADS, 4)
             next = i + 1 < n ? ops[i + 1].block_begin : ~0ull;
         }
         const wsync_cuda_qop_t &op = ops[i];
+        if (op.kind == WSYNC_QUANT_FP8_CHANNEL) {
+            wsync_q_row<kQuantize>(op, i, (uint32_t)(b - op.block_begin), first_bad, smax, sbad);
+            continue;
+        }
         const wsync_q_block_t k = wsync_q_geom(op, b);
-        if (wsync_q_vectors(op))
+        if (op.kind == WSYNC_QUANT_FP8_TENSOR)
+            wsync_q_tensor_block<kQuantize>(op, i, k, first_bad, amax, smax, sbad);
+        else if (wsync_q_vectors(op))
             wsync_q_block_vec<kQuantize>(op, i, k, first_bad, smax, sbad);
         else
             wsync_q_block_scalar<kQuantize>(op, i, k, first_bad, smax, sbad);
@@ -295,7 +472,7 @@ __global__ void __launch_bounds__(WSYNC_Q_THREADS, 4)
  * once; the SM count per call (its device). */
 template <int kQuantize>
 static cudaError_t wsync_q_launch(const wsync_cuda_qop_t *ops, uint32_t n, uint64_t total_blocks,
-                                  unsigned long long *first_bad, cudaStream_t s)
+                                  unsigned long long *first_bad, unsigned int *amax, cudaStream_t s)
 {
     /* asked once (a function-local static: initialised once, thread safe) */
     static const int per_sm = [] {
@@ -319,20 +496,21 @@ static cudaError_t wsync_q_launch(const wsync_cuda_qop_t *ops, uint32_t n, uint6
     }
     const uint64_t wave = (uint64_t)sms * (uint64_t)per_sm;
     const unsigned grid = (unsigned)(total_blocks < wave ? total_blocks : wave);
-    wsync_q_kernel<kQuantize><<<grid, WSYNC_Q_THREADS, 0, s>>>(ops, n, total_blocks, first_bad);
+    wsync_q_kernel<kQuantize>
+        <<<grid, WSYNC_Q_THREADS, 0, s>>>(ops, n, total_blocks, first_bad, amax);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t wsync_cuda_quant_scan(const wsync_cuda_qop_t *ops, uint32_t n,
                                              uint64_t total_blocks, unsigned long long *first_bad,
-                                             cudaStream_t s)
+                                             unsigned int *amax, cudaStream_t s)
 {
-    return wsync_q_launch<0>(ops, n, total_blocks, first_bad, s);
+    return wsync_q_launch<0>(ops, n, total_blocks, first_bad, amax, s);
 }
 
 extern "C" cudaError_t wsync_cuda_quant_blocks(const wsync_cuda_qop_t *ops, uint32_t n,
                                                uint64_t total_blocks, unsigned long long *first_bad,
-                                               cudaStream_t s)
+                                               const unsigned int *amax, cudaStream_t s)
 {
-    return wsync_q_launch<1>(ops, n, total_blocks, first_bad, s);
+    return wsync_q_launch<1>(ops, n, total_blocks, first_bad, const_cast<unsigned int *>(amax), s);
 }

@@ -44,7 +44,8 @@ fi
 for t in ${PYTESTS:-test_gpu_stream0 test_gpu_torch_handles test_gpu_busy_stream_1000_buckets test_gpu_sync test_gpu_direct test_gpu_fp8}; do
   (cd "$ROOT" && timeout -s INT ${PYT:-70} python3 -m pytest -q -rs -x --tb=short -o faulthandler_timeout=${FHT:-60} \
     tests/python/test_gpu.py tests/python/test_gpu_direct.py tests/python/test_gpu_checker.py \
-    tests/python/test_gpu_transactions.py tests/python/test_gpu_fp8.py tests/python/test_checkpoint_stage.py -k $t 2>&1) >"$OUT/pytest-$t.log"; echo "$t: rc $?"; tail -3 "$OUT/pytest-$t.log"
+    tests/python/test_gpu_transactions.py tests/python/test_gpu_fp8.py tests/python/test_gpu_fp8_scales.py \
+    tests/python/test_checkpoint_stage.py -k $t 2>&1) >"$OUT/pytest-$t.log"; echo "$t: rc $?"; tail -3 "$OUT/pytest-$t.log"
 done
 bash "$ROOT/tests/gpu/check_no_device_skips.sh" "$OUT"/ctest.log "$OUT"/pytest-*.log "$B/Testing/Temporary/LastTest.log" || status=1
 [ "${HOST_TESTS:-1}" = 1 ] && { (cd "$ROOT" && timeout 150 python3 -m pytest -q -rfEs --tb=line -m "not gpu" tests/python 2>&1) | tee "$OUT/pytest.log" | tail -8 || status=1; }

@@ -15,7 +15,11 @@ compared byte for byte with the torch loop's. Layouts: the Qwen3-8B-shaped dense
 tensors) and a Qwen3-30B-A3B-shaped MoE (12 layers, 128 experts, 4 719 tensors); for the MoE also
 expert parallelism 8: each EP rank's bytes and time against the EP 1 sync.
 
+Scale layouts (--scales, default all three): 128 x 128 blocks (weight_scale_inv), and vLLM's
+per-channel [R, 1] and per-tensor [1] weight_scale, each against its own torch loop.
+
   usage: python tools/bench_python/bench_fp8.py [--iters N] [--layout dense|moe|both]
+                                                [--scales block,channel,tensor]
 """
 
 from __future__ import annotations
@@ -77,21 +81,29 @@ def placement(layout: str):
     return hf, where, shapes
 
 
-def fp8_params(shapes, experts=None):
-    """The engine's parameters: FP8 linear weights with block scales, the rest bf16; experts a
-    range of global expert indices (expert parallelism: only those are held, by local index)."""
+def scale_name(name: str, scheme: str) -> str:
+    """The scale parameter beside fp8 parameter `name`: weight_scale_inv (block), weight_scale."""
+    return name + ("_scale_inv" if scheme == "block" else "_scale")
+
+
+def scale_shape(s, scheme: str):
+    """Block: [ceil(R / 128), ceil(C / 128)]; channel: [R, 1]; tensor: [1] ([E, ...] for experts)."""
+    e, (r, c) = (s[:-2], s[-2:])
+    return e + ((math.ceil(r / 128), math.ceil(c / 128)) if scheme == "block" else (r, 1) if scheme == "channel"
+                else ((1,) if not e else ()))
+
+
+def fp8_params(shapes, experts=None, scheme="block"):
+    """The engine's parameters: FP8 linear weights with their scales (scheme: block, channel or
+    tensor), the rest bf16; experts a range of global expert indices (expert parallelism: only
+    those are held, by local index)."""
     out = {}
     for n, s in shapes.items():
         if n.endswith(FP8_SUFFIX):
-            if len(s) == 3:
-                e = len(experts) if experts is not None else s[0]
-                out[n] = torch.zeros((e, s[1], s[2]), dtype=torch.float8_e4m3fn, device="cuda")
-                out[n.replace("_weight", "_weight_scale_inv")] = torch.zeros(
-                    (e, math.ceil(s[1] / 128), math.ceil(s[2] / 128)), dtype=torch.float32, device="cuda")
-            else:
-                out[n] = torch.zeros(s, dtype=torch.float8_e4m3fn, device="cuda")
-                out[n[: -len("weight")] + "weight_scale_inv"] = torch.zeros(
-                    (math.ceil(s[0] / 128), math.ceil(s[1] / 128)), dtype=torch.float32, device="cuda")
+            if len(s) == 3 and experts is not None:
+                s = (len(experts), s[1], s[2])
+            out[n] = torch.zeros(s, dtype=torch.float8_e4m3fn, device="cuda")
+            out[scale_name(n, scheme)] = torch.zeros(scale_shape(s, scheme), dtype=torch.float32, device="cuda")
         else:
             out[n] = torch.zeros(s, dtype=torch.bfloat16, device="cuda")
     return out
@@ -110,19 +122,62 @@ def per_block_cast_to_fp8(x: torch.Tensor):
     return q.view_as(xp)[:m, :n], (amax / 448.0).view(xv.size(0), xv.size(2))
 
 
-def torch_loop(pairs, params):
-    """pairs: (HF view, (engine name, expert index, row offset)); into params (fp8 + scales)."""
+def vllm_casts():
+    """vLLM's per-channel (dynamic per-token) and per-tensor scaled_fp8_quant in torch on the GPU,
+    the operations its test references compute to match its kernels (true divisions: the
+    divisors are CUDA tensors, not host scalars)."""
+    f448 = torch.tensor(448.0, device="cuda")
+    one = torch.tensor(1.0, device="cuda")
+    floor = (torch.tensor(1.0) / (torch.tensor(448.0) * torch.tensor(512.0))).cuda()
+
+    def clamp_cast(y):
+        return torch.fmax(torch.fmin(y, f448), -f448).to(torch.float8_e4m3fn)
+
+    def channel(x):
+        scale = torch.maximum(x.abs().float().amax(dim=-1, keepdim=True) / f448, floor)
+        return clamp_cast(x.float() / scale), scale
+
+    def tensor(x):
+        scale = x.abs().float().max() / f448
+        return clamp_cast(x.float() * (one / scale)), scale.view(1)
+
+    return {"channel": channel, "tensor": tensor}
+
+
+def torch_loop(pairs, params, scheme="block"):
+    """pairs: (HF view, (engine name, expert index, row offset)); into params (fp8 + scales).
+    Block and channel scales quantize each tensor; a per-tensor scale is one amax over every
+    part of the parameter, so its parts are gathered into a bf16 copy of it first (as an engine
+    quantizes after loading the bf16 parameter)."""
+    cast = vllm_casts()
+
     def run():
+        gathered = {}
         for x, (name, e, off) in pairs:
             dst = params[name] if e is None else params[name][e]
             if dst.dtype != torch.float8_e4m3fn:
                 dst.copy_(x)
                 continue
-            sname = name.replace("_weight", "_weight_scale_inv") if e is not None else name[:-6] + "weight_scale_inv"
-            sc = params[sname] if e is None else params[sname][e]
-            q, s = per_block_cast_to_fp8(x)
+            sc = params[scale_name(name, scheme)]
+            sc = sc if e is None else sc[e]
+            if scheme == "tensor":
+                key = (name, e)
+                if key not in gathered:
+                    gathered[key] = torch.empty(dst.shape, dtype=x.dtype, device="cuda")
+                gathered[key][off: off + x.shape[0]].copy_(x)
+                continue
+            if scheme == "block":
+                q, s = per_block_cast_to_fp8(x)
+                sc[off // 128: off // 128 + s.shape[0]].copy_(s)
+            else:
+                q, s = cast["channel"](x)
+                sc[off: off + x.shape[0]].copy_(s)
             dst[off: off + x.shape[0]].copy_(q)
-            sc[off // 128: off // 128 + s.shape[0]].copy_(s)
+        for (name, e), w in gathered.items():
+            q, s = cast["tensor"](w)
+            (params[name] if e is None else params[name][e]).copy_(q)
+            sc = params[scale_name(name, "tensor")]
+            (sc if e is None else sc[e]).copy_(s.view(sc.shape[1:] if e is not None else sc.shape))
     return run
 
 
@@ -157,13 +212,18 @@ def differences(params, ref):
     return f"DIFFERENT from the torch loop's in {len(bad)} parameters: " + "; ".join(out)
 
 
-def run_layout(layout, iters):
+SCHEMES = {"block": "128 x 128 block scales (weight_scale_inv), DeepGEMM's per_block_cast_to_fp8",
+           "channel": "per-channel scales (weight_scale [R, 1]), vLLM's per-token quant",
+           "tensor": "per-tensor scales (weight_scale [1] per parameter), vLLM's scaled_fp8_quant"}
+
+
+def run_layout(layout, iters, schemes):
     import wsync
 
     ctx = mp.get_context("spawn")
     a, b = ctx.Pipe()
     per_mode = 2 * iters + 2
-    p = ctx.Process(target=trainer, args=(b, layout, per_mode * 3 + 4 * 8), daemon=True)
+    p = ctx.Process(target=trainer, args=(b, layout, per_mode * 2 * len(schemes) + 4 * 8), daemon=True)
     p.start()
     msgs, red = a.recv()
     it = iter(msgs)
@@ -171,22 +231,6 @@ def run_layout(layout, iters):
     hf, where, shapes = placement(layout)
     cfg = CFG if layout == "dense" else MOE_CFG
     pairs = [(v, where[n]) for n, v in flat_views(src, hf)]
-    ref = fp8_params(shapes)
-    loop = torch_loop(pairs, ref)
-    loop_ms = event_ms(loop, iters)
-    read = src.numel() * 2
-    written = sum(t.numel() * t.element_size() for t in ref.values())
-    n_copy = (read + written) // 2
-    bufs = [torch.empty(n_copy, dtype=torch.uint8, device="cuda") for _ in range(2)]
-    limit_ms = event_ms(lambda: bufs[1].copy_(bufs[0]), iters)
-    bufs.clear()
-    gb = (read + written) / 1e9
-    print(f"{layout}: {len(hf)} bf16 tensors ({read / 1e9:.2f} GB) into {len(ref)} engine parameters, "
-          f"{sum(t.dtype == torch.float8_e4m3fn for t in ref.values())} of them fp8 ({written / 1e9:.2f} GB written); "
-          f"median of {iters}")
-    print(f"  limit: one cudaMemcpyAsync of {n_copy / 1e9:.2f} GB (reads + writes {gb:.2f} GB) {limit_ms:8.2f} ms")
-    print(f"  torch per-tensor per_block_cast_to_fp8 + copy_ loop          {loop_ms:8.2f} ms  "
-          f"({limit_ms / loop_ms:.3f} of the limit)")
 
     def measure(w):
         def apply_drain():
@@ -204,36 +248,54 @@ def run_layout(layout, iters):
             g.append(e0.elapsed_time(e1))
         return ms, statistics.median(g)
 
-    results = {}
-    for one_pass in (False, True):
-        params = fp8_params(shapes)
-        w = wsync.EngineWorker(params, engine="sglang", config=cfg, plugin=plugin(), fp8_one_pass=one_pass)
-        ms, g = measure(w)
-        same = differences(params, ref)
-        what = "fp8_one_pass (check inside the one pass)" if one_pass else "NaN check before any write"
-        print(f"  wsync, {what:40s}\n    {ms:8.2f} ms  ({limit_ms / ms:.3f} of the limit; "
-              f"{loop_ms / ms:.2f}x faster than the torch loop); GPU alone {g:.2f} ms ({limit_ms / g:.3f}); {same}")
-        results.setdefault(one_pass, ms)
-        w.release()
-        w.close()
-        del params
-    if layout == "moe":
-        ep = 8
-        per = MOE["E"] // ep
-        for r in range(ep):
-            params = fp8_params(shapes, experts=range(r * per, (r + 1) * per))
-            w = wsync.EngineWorker(params, engine="sglang", config=cfg, plugin=plugin(), fp8_one_pass=True,
-                                   ep_rank=r, ep_size=ep)
-            ms = event_ms(lambda w=w: (w.apply(next(it)), w.drain()), 2)
-            moved = sum(t.numel() * t.element_size() for t in params.values())
-            mine = {n: ref[n][r * per: (r + 1) * per] if ".experts." in n else ref[n] for n in params}
-            same = differences(params, mine)
-            if r in (0, ep - 1):
-                print(f"  EP {ep} rank {r}: {moved / 1e9:.2f} GB written ({moved / written:.3f} of EP 1), "
-                      f"{ms:.2f} ms ({ms / results[True]:.3f} of the EP 1 sync); {same}")
+    read = src.numel() * 2
+    for scheme in schemes:
+        ref = fp8_params(shapes, scheme=scheme)
+        loop = torch_loop(pairs, ref, scheme)
+        loop_ms = event_ms(loop, iters)
+        written = sum(t.numel() * t.element_size() for t in ref.values())
+        n_copy = (read + written) // 2
+        bufs = [torch.empty(n_copy, dtype=torch.uint8, device="cuda") for _ in range(2)]
+        limit_ms = event_ms(lambda bufs=bufs: bufs[1].copy_(bufs[0]), iters)
+        bufs.clear()
+        gb = (read + written) / 1e9
+        print(f"{layout}, {SCHEMES[scheme]}: {len(hf)} bf16 tensors ({read / 1e9:.2f} GB) into {len(ref)} engine "
+              f"parameters, {sum(t.dtype == torch.float8_e4m3fn for t in ref.values())} of them fp8 "
+              f"({written / 1e9:.2f} GB written); median of {iters}")
+        print(f"  limit: one cudaMemcpyAsync of {n_copy / 1e9:.2f} GB (reads + writes {gb:.2f} GB) {limit_ms:8.2f} ms")
+        print(f"  torch per-tensor quantize + copy_ loop                       {loop_ms:8.2f} ms  "
+              f"({limit_ms / loop_ms:.3f} of the limit)")
+        results = {}
+        for one_pass in (False, True):
+            params = fp8_params(shapes, scheme=scheme)
+            w = wsync.EngineWorker(params, engine="sglang", config=cfg, plugin=plugin(), fp8_one_pass=one_pass)
+            ms, g = measure(w)
+            same = differences(params, ref)
+            what = "fp8_one_pass (check inside the one pass)" if one_pass else "NaN check before any write"
+            print(f"  wsync, {what:40s}\n    {ms:8.2f} ms  ({limit_ms / ms:.3f} of the limit; "
+                  f"{loop_ms / ms:.2f}x faster than the torch loop); GPU alone {g:.2f} ms ({limit_ms / g:.3f}); {same}")
+            results.setdefault(one_pass, ms)
             w.release()
             w.close()
             del params
+        if layout == "moe" and scheme == "block":
+            ep = 8
+            per = MOE["E"] // ep
+            for r in range(ep):
+                params = fp8_params(shapes, experts=range(r * per, (r + 1) * per))
+                w = wsync.EngineWorker(params, engine="sglang", config=cfg, plugin=plugin(), fp8_one_pass=True,
+                                       ep_rank=r, ep_size=ep)
+                ms = event_ms(lambda w=w: (w.apply(next(it)), w.drain()), 2)
+                moved = sum(t.numel() * t.element_size() for t in params.values())
+                mine = {n: ref[n][r * per: (r + 1) * per] if ".experts." in n else ref[n] for n in params}
+                same = differences(params, mine)
+                if r in (0, ep - 1):
+                    print(f"  EP {ep} rank {r}: {moved / 1e9:.2f} GB written ({moved / written:.3f} of EP 1), "
+                          f"{ms:.2f} ms ({ms / results[True]:.3f} of the EP 1 sync); {same}")
+                w.release()
+                w.close()
+                del params
+        del ref
     a.send("done")
     p.join(30)
 
@@ -242,10 +304,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--layout", default="both", choices=("dense", "moe", "both"))
+    ap.add_argument("--scales", default="block,channel,tensor",
+                    help="comma-separated scale layouts of the fp8 parameters: block, channel, tensor")
     args = ap.parse_args()
+    schemes = [x for x in args.scales.split(",") if x]
+    bad = [x for x in schemes if x not in SCHEMES]
+    if bad:
+        ap.error(f"--scales: unknown layout(s) {bad}; use {sorted(SCHEMES)}")
     for layout in ("dense", "moe"):
         if args.layout in (layout, "both"):
-            run_layout(layout, args.iters)
+            run_layout(layout, args.iters, schemes)
 
 
 if __name__ == "__main__":
