@@ -567,6 +567,12 @@ static wsync_result_t quant_prepare(struct wsync_consumer *c, struct wsync_handl
             .group = k < nt ? group[k] : 0,
             .first = k < nt && (k == 0 || group[k] != group[k - 1]),
             .block_begin = blocks};
+        if (q->kind == WSYNC_QUANT_FP8_CHANNEL) { /* units of 8 / row_warps rows, or rows */
+            t[k].row_warps = wsync_cuda_qop_row_warps(&t[k]);
+            t[k].brows = t[k].row_warps
+                             ? (uint32_t)((o->rows + 8 / t[k].row_warps - 1) / (8 / t[k].row_warps))
+                             : (uint32_t)o->rows;
+        }
         blocks += (uint64_t)t[k].brows * t[k].bcols;
         if (k < nt)
             tensor_blocks = blocks;

@@ -143,10 +143,7 @@ static __device__ void wsync_q_block_scalar(const wsync_cuda_qop_t &op, uint32_t
 
 static __device__ __forceinline__ int wsync_q_vectors(const wsync_cuda_qop_t &op)
 {
-    return op.src_dtype != WSYNC_Q_DTYPE_BF16 && op.src_dtype != WSYNC_Q_DTYPE_F16
-               ? 0
-               : ((((uintptr_t)op.src | op.src_pitch) & 15u) |
-                  (((uintptr_t)op.dst | op.dst_pitch) & 7u) | (op.cols & 7u)) == 0;
+    return wsync_cuda_qop_vectors(&op);
 }
 
 #define WSYNC_Q_VECS (WSYNC_Q_BLOCK * WSYNC_Q_BLOCK / 8 / WSYNC_Q_THREADS)
@@ -323,19 +320,16 @@ static __device__ void wsync_q_tensor_block(const wsync_cuda_qop_t &op, uint32_t
         memcpy(op.scales, &scale, 4);
 }
 
-/* CHANNEL rows up to this many columns are held in registers (8 vectors per thread). */
-#define WSYNC_Q_ROW_VECS 8
-#define WSYNC_Q_ROW_MAX (WSYNC_Q_ROW_VECS * 8 * WSYNC_Q_THREADS)
-
-/* The first non-finite value of row r among the thread's vectors (rare, out of the hot loop). */
+/* The first non-finite value of row r among this thread's vectors (t-th of nt threads on the
+ * row; rare, out of the hot loop). */
 static __device__ __noinline__ void wsync_q_row_report(const wsync_cuda_qop_t &op, uint32_t i,
-                                                       uint32_t r, uint32_t inf,
-                                                       unsigned long long *first_bad)
+                                                       uint32_t r, uint32_t t, uint32_t nt,
+                                                       uint32_t inf, unsigned long long *first_bad)
 {
     const unsigned short *x =
         reinterpret_cast<const unsigned short *>(op.src + (uint64_t)r * op.src_pitch);
-    for (int j = 0; j < WSYNC_Q_ROW_VECS; j++) {
-        const uint32_t v = threadIdx.x + (uint32_t)j * WSYNC_Q_THREADS;
+    for (uint32_t j = 0; j < WSYNC_CUDA_QROW_VECS; j++) {
+        const uint32_t v = t + j * nt;
         if (v >= op.cols / 8u)
             return;
         for (uint32_t h = 0; h < 8; h++)
@@ -346,54 +340,83 @@ static __device__ __noinline__ void wsync_q_row_report(const wsync_cuda_qop_t &o
     }
 }
 
-/* Row r of a CHANNEL op: vLLM's per-token quantization, scale = max(amax / 448, 1 / (448 x 512)),
- * each value x / scale. kQuantize 0: the check alone. A row holding a NaN is left as it was. */
+/* vLLM's per-token scale of a row: max(amax / 448, 1 / (448 x 512)) */
+static __device__ __forceinline__ float wsync_q_row_scale(float amax)
+{
+    return fmaxf(__fdiv_rn(amax, 448.0f), 1.0f / (448.0f * 512.0f));
+}
+
+/* Unit u of a CHANNEL op with row_warps w: rows u x (8 / w) .. +8 / w, w warps each, the row held
+ * in registers. Each value x / scale. kQuantize 0: the check alone. A row holding a NaN is left as
+ * it was. Every thread reaches both barriers. */
 template <int kQuantize>
-static __device__ void wsync_q_row(const wsync_cuda_qop_t &op, uint32_t i, uint32_t r,
-                                   unsigned long long *first_bad, float *smax, int *sbad)
+static __device__ void wsync_q_rows_vec(const wsync_cuda_qop_t &op, uint32_t i, uint32_t u,
+                                        unsigned long long *first_bad, float *smax, int *sbad)
+{
+    const uint32_t w = op.row_warps, warp = threadIdx.x / 32u, sub = warp / w;
+    const uint32_t r = u * (WSYNC_Q_THREADS / 32u / w) + sub;
+    const uint32_t t = (warp % w) * 32u + threadIdx.x % 32u, nt = 32u * w, nv = op.cols / 8u;
+    const uint32_t inf = op.src_dtype == WSYNC_Q_DTYPE_BF16 ? 0x7f80u : 0x7c00u;
+    const int live = r < op.rows;
+    const unsigned char *row = op.src + (uint64_t)r * op.src_pitch;
+    uint4 v[WSYNC_CUDA_QROW_VECS];
+    uint32_t top = 0;
+#pragma unroll
+    for (uint32_t j = 0; j < WSYNC_CUDA_QROW_VECS; j++) {
+        const uint32_t c = t + j * nt;
+        v[j] = live && c < nv ? __ldcs(reinterpret_cast<const uint4 *>(row) + c)
+                              : make_uint4(0, 0, 0, 0);
+        const uint32_t x[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+#pragma unroll
+        for (int h = 0; h < 8; h++)
+            top = max(top, (x[h / 2] >> (16 * (h % 2))) & 0x7fffu);
+    }
+    int bad = top >= inf;
+    if (bad && first_bad != NULL)
+        wsync_q_row_report(op, i, r, t, nt, inf, first_bad);
+    if (!kQuantize)
+        return; /* the whole CTA: no barrier follows */
+    float amax = op.src_dtype == WSYNC_Q_DTYPE_BF16
+                     ? __uint_as_float(top << 16)
+                     : __half2float(__ushort_as_half((unsigned short)top));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    bad = __any_sync(0xffffffffu, bad);
+    if (threadIdx.x % 32u == 0) {
+        smax[warp] = amax;
+        sbad[warp] = bad;
+    }
+    __syncthreads();
+    for (uint32_t k = sub * w; k < sub * w + w; k++) {
+        amax = fmaxf(amax, smax[k]);
+        bad |= sbad[k];
+    }
+    __syncthreads(); /* smax / sbad are reused by the next unit */
+    if (!live || bad)
+        return;
+    const float scale = wsync_q_row_scale(amax);
+    unsigned char *out = op.dst + (uint64_t)r * op.dst_pitch;
+#pragma unroll
+    for (uint32_t j = 0; j < WSYNC_CUDA_QROW_VECS; j++) {
+        const uint32_t c = t + j * nt;
+        if (c < nv)
+            __stcs(reinterpret_cast<uint2 *>(out) + c,
+                   wsync_q_cvt8<1, 1>(v[j], op.src_dtype, scale));
+    }
+    if (t == 0)
+        memcpy(op.scales + (uint64_t)r * op.scale_pitch, &scale, 4);
+}
+
+/* Row r of a CHANNEL op of another layout (row_warps 0), a row per CTA: its amax, then its values
+ * read again (from L2). */
+template <int kQuantize>
+static __device__ void wsync_q_row_scalar(const wsync_cuda_qop_t &op, uint32_t i, uint32_t r,
+                                          unsigned long long *first_bad, float *smax, int *sbad)
 {
     const unsigned char *row = op.src + (uint64_t)r * op.src_pitch;
-    unsigned char *out = op.dst + (uint64_t)r * op.dst_pitch;
     float amax = 0.0f;
     int bad = 0;
-    if (wsync_q_vectors(op) && op.cols <= WSYNC_Q_ROW_MAX) {
-        uint4 v[WSYNC_Q_ROW_VECS];
-        const uint32_t nv = op.cols / 8u,
-                       inf = op.src_dtype == WSYNC_Q_DTYPE_BF16 ? 0x7f80u : 0x7c00u;
-        uint32_t top = 0;
-#pragma unroll
-        for (int j = 0; j < WSYNC_Q_ROW_VECS; j++) {
-            const uint32_t c = threadIdx.x + (uint32_t)j * WSYNC_Q_THREADS;
-            v[j] =
-                c < nv ? __ldcs(reinterpret_cast<const uint4 *>(row) + c) : make_uint4(0, 0, 0, 0);
-            const uint32_t w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
-#pragma unroll
-            for (int h = 0; h < 8; h++)
-                top = max(top, (w[h / 2] >> (16 * (h % 2))) & 0x7fffu);
-        }
-        bad = top >= inf;
-        if (bad && first_bad != NULL)
-            wsync_q_row_report(op, i, r, inf, first_bad);
-        if (!kQuantize)
-            return;
-        amax = op.src_dtype == WSYNC_Q_DTYPE_BF16
-                   ? __uint_as_float(top << 16)
-                   : __half2float(__ushort_as_half((unsigned short)top));
-        amax = wsync_q_reduce(amax, bad, smax, sbad);
-        if (amax < 0.0f)
-            return;
-        const float scale = fmaxf(__fdiv_rn(amax, 448.0f), 1.0f / (448.0f * 512.0f));
-#pragma unroll
-        for (int j = 0; j < WSYNC_Q_ROW_VECS; j++) {
-            const uint32_t c = threadIdx.x + (uint32_t)j * WSYNC_Q_THREADS;
-            if (c < nv)
-                __stcs(reinterpret_cast<uint2 *>(out) + c,
-                       wsync_q_cvt8<1, 1>(v[j], op.src_dtype, scale));
-        }
-        if (threadIdx.x == 0)
-            memcpy(op.scales + (uint64_t)r * op.scale_pitch, &scale, 4);
-        return;
-    }
     for (uint32_t c = threadIdx.x; c < op.cols; c += WSYNC_Q_THREADS) {
         const float x = wsync_q_load(row, op.src_dtype, c);
         if (!isfinite(x)) {
@@ -408,7 +431,8 @@ static __device__ void wsync_q_row(const wsync_cuda_qop_t &op, uint32_t i, uint3
     amax = wsync_q_reduce(amax, bad, smax, sbad);
     if (amax < 0.0f)
         return;
-    const float scale = fmaxf(__fdiv_rn(amax, 448.0f), 1.0f / (448.0f * 512.0f));
+    const float scale = wsync_q_row_scale(amax);
+    unsigned char *out = op.dst + (uint64_t)r * op.dst_pitch;
     for (uint32_t c = threadIdx.x; c < op.cols; c += WSYNC_Q_THREADS)
         out[c] = (unsigned char)__nv_cvt_float_to_fp8(
             wsync_q_clamp(__fdiv_rn(wsync_q_load(row, op.src_dtype, c), scale)), __NV_SATFINITE,
@@ -454,7 +478,11 @@ __global__ void __launch_bounds__(WSYNC_Q_THREADS, 4)
         }
         const wsync_cuda_qop_t &op = ops[i];
         if (op.kind == WSYNC_QUANT_FP8_CHANNEL) {
-            wsync_q_row<kQuantize>(op, i, (uint32_t)(b - op.block_begin), first_bad, smax, sbad);
+            const uint32_t u = (uint32_t)(b - op.block_begin);
+            if (op.row_warps != 0)
+                wsync_q_rows_vec<kQuantize>(op, i, u, first_bad, smax, sbad);
+            else
+                wsync_q_row_scalar<kQuantize>(op, i, u, first_bad, smax, sbad);
             continue;
         }
         const wsync_q_block_t k = wsync_q_geom(op, b);

@@ -28,10 +28,41 @@ typedef struct wsync_cuda_qop {
     uint32_t src_dtype; /* wsync_dtype_t: bf16, f16 or f32 */
     uint32_t brows, bcols;
     uint32_t kind;        /* WSYNC_QUANT_FP8_BLOCK, _CHANNEL, _TENSOR */
+    uint32_t row_warps;   /* CHANNEL: warps per row (wsync_cuda_qop_row_warps), 0: one row a CTA */
     uint32_t group;       /* TENSOR: its scale's index in the launch's amax table */
     uint32_t first;       /* TENSOR: the first op of its group (writes the scale) */
     uint64_t block_begin; /* the op's first unit in the launch's flat unit index */
 } wsync_cuda_qop_t;
+
+#ifdef __CUDACC__
+#define WSYNC_CUDA_QHD __host__ __device__
+#else
+#define WSYNC_CUDA_QHD
+#endif
+
+/* Whether op's rows are read in 16-byte vectors: a 16-bit source with 16-byte aligned rows, and
+ * 8-byte aligned destination rows. */
+static inline WSYNC_CUDA_QHD int wsync_cuda_qop_vectors(const wsync_cuda_qop_t *op)
+{
+    return (op->src_dtype == WSYNC_DTYPE_BF16 || op->src_dtype == WSYNC_DTYPE_F16) &&
+           ((((uintptr_t)op->src | op->src_pitch) & 15u) |
+            (((uintptr_t)op->dst | op->dst_pitch) & 7u) | (op->cols & 7u)) == 0;
+}
+
+/* A CTA of 8 warps quantizes 8 / w CHANNEL rows at once, w warps a row, each lane holding up to
+ * 8 vectors of it in registers: w the least of 1, 2, 4, 8 that holds the row (up to 16 384
+ * columns). 0 (a row per CTA, read twice, from L2 the second time) for other rows. */
+#define WSYNC_CUDA_QROW_VECS 8u
+static inline WSYNC_CUDA_QHD uint32_t wsync_cuda_qop_row_warps(const wsync_cuda_qop_t *op)
+{
+    if (!wsync_cuda_qop_vectors(op))
+        return 0;
+    const uint32_t nv = op->cols / 8u;
+    for (uint32_t w = 1; w <= 8; w *= 2)
+        if (nv <= w * 32u * WSYNC_CUDA_QROW_VECS)
+            return w;
+    return 0;
+}
 
 /* an amax table entry whose tensor is not finite */
 #define WSYNC_CUDA_QUANT_BAD_GROUP 0xffffffffu
