@@ -6,9 +6,6 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
-#include <stdlib.h>
-#include <string.h>
-
 #define WSYNC_Q_BLOCK 128
 #define WSYNC_Q_THREADS 256
 #define WSYNC_Q_DTYPE_BF16 1u
@@ -498,154 +495,6 @@ __global__ void __launch_bounds__(WSYNC_Q_THREADS, 4)
     }
 }
 
-/* The quantizing pass with a prefetch ring: a BLOCK op's 16-byte vectors are fetched with
- * cp.async into shared memory WSYNC_Q_AHEAD blocks ahead of the one quantized, so a CTA always has
- * loads in flight (the plain kernel has them only between its blocks' reductions). Each thread
- * reads back only the vectors it fetched itself: its slots are private, so the ring needs no
- * barrier, only cp.async.wait_group. Other units (scalar, CHANNEL, TENSOR) run as in
- * wsync_q_kernel, their slot unused. */
-#define WSYNC_Q_AHEAD 2
-#define WSYNC_Q_RING_BYTES ((WSYNC_Q_AHEAD + 1) * WSYNC_Q_VECS * WSYNC_Q_THREADS * 16)
-
-static __device__ __forceinline__ void wsync_q_cp16(uint4 *smem, const void *gmem)
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-
-static __device__ __forceinline__ uint4 *wsync_q_slot(uint4 *ring, uint64_t b, int j)
-{
-    return ring +
-           ((uint32_t)(b % (WSYNC_Q_AHEAD + 1)) * WSYNC_Q_VECS + (uint32_t)j) * WSYNC_Q_THREADS +
-           threadIdx.x;
-}
-
-/* Issue block b's vectors (when it is a vector BLOCK unit before end), then close the group. */
-static __device__ __forceinline__ void wsync_q_fetch(const wsync_cuda_qop_t *ops, uint32_t n,
-                                                     uint64_t b, uint64_t end, uint32_t *pi,
-                                                     uint64_t *pnext, uint4 *ring)
-{
-    if (b < end) {
-        if (b >= *pnext) {
-            *pi = wsync_q_find(ops, n, b);
-            *pnext = *pi + 1 < n ? ops[*pi + 1].block_begin : ~0ull;
-        }
-        const wsync_cuda_qop_t &op = ops[*pi];
-        if (op.kind == WSYNC_QUANT_FP8_BLOCK && wsync_q_vectors(op)) {
-            const wsync_q_block_t k = wsync_q_geom(op, b);
-#pragma unroll
-            for (int j = 0; j < WSYNC_Q_VECS; j++) {
-                uint32_t r, cv;
-                if (wsync_q_at(k, j, &r, &cv))
-                    wsync_q_cp16(wsync_q_slot(ring, b, j),
-                                 op.src + (uint64_t)r * op.src_pitch + 2u * (k.c0 + 8u * cv));
-            }
-        }
-    }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-__global__ void __launch_bounds__(WSYNC_Q_THREADS, 2)
-    wsync_q_kernel_ring(const wsync_cuda_qop_t *__restrict__ ops, uint32_t n, uint64_t total_blocks,
-                        unsigned long long *first_bad, unsigned int *amax)
-{
-    extern __shared__ uint4 ring[];
-    __shared__ float smax[WSYNC_Q_THREADS / 32];
-    __shared__ int sbad[WSYNC_Q_THREADS / 32];
-    const uint64_t per = (total_blocks + gridDim.x - 1) / gridDim.x;
-    uint64_t b = (uint64_t)blockIdx.x * per;
-    const uint64_t end = min(total_blocks, b + per);
-    if (b >= end)
-        return;
-    uint32_t i = wsync_q_find(ops, n, b), fi = i;
-    uint64_t next = i + 1 < n ? ops[i + 1].block_begin : ~0ull, fnext = next;
-    for (int a = 0; a < WSYNC_Q_AHEAD; a++)
-        wsync_q_fetch(ops, n, b + (uint64_t)a, end, &fi, &fnext, ring);
-    for (; b < end; b++) {
-        wsync_q_fetch(ops, n, b + WSYNC_Q_AHEAD, end, &fi, &fnext, ring);
-        if (b >= next) {
-            i = wsync_q_find(ops, n, b);
-            next = i + 1 < n ? ops[i + 1].block_begin : ~0ull;
-        }
-        const wsync_cuda_qop_t &op = ops[i];
-        if (op.kind == WSYNC_QUANT_FP8_CHANNEL) {
-            const uint32_t u = (uint32_t)(b - op.block_begin);
-            if (op.row_warps != 0)
-                wsync_q_rows_vec<1>(op, i, u, first_bad, smax, sbad);
-            else
-                wsync_q_row_scalar<1>(op, i, u, first_bad, smax, sbad);
-            continue;
-        }
-        const wsync_q_block_t k = wsync_q_geom(op, b);
-        if (op.kind == WSYNC_QUANT_FP8_TENSOR) {
-            wsync_q_tensor_block<1>(op, i, k, first_bad, amax, smax, sbad);
-        } else if (wsync_q_vectors(op)) {
-            asm volatile("cp.async.wait_group %0;\n" ::"n"(WSYNC_Q_AHEAD) : "memory");
-            wsync_q_vecs_t x;
-#pragma unroll
-            for (int j = 0; j < WSYNC_Q_VECS; j++) {
-                uint32_t r, cv;
-                x.v[j] =
-                    wsync_q_at(k, j, &r, &cv) ? *wsync_q_slot(ring, b, j) : make_uint4(0, 0, 0, 0);
-            }
-            int bad;
-            const float mine = wsync_q_vcheck(op, i, k, &x, first_bad, &bad);
-            const float am = wsync_q_reduce(mine, bad, smax, sbad);
-            if (am >= 0.0f) {
-                wsync_q_vstore<0>(op, k, &x, wsync_q_inv(am));
-                wsync_q_scale(op, k, am);
-            }
-        } else {
-            wsync_q_block_scalar<1>(op, i, k, first_bad, smax, sbad);
-        }
-    }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
-}
-
-/* WSYNC_CUDA_QUANT_RING=0 runs the quantizing pass without the prefetch ring (read once). */
-static int wsync_q_use_ring(void)
-{
-    static const int on = [] {
-        const char *v = getenv("WSYNC_CUDA_QUANT_RING");
-        return v == NULL || strcmp(v, "0") != 0;
-    }();
-    return on;
-}
-
-static cudaError_t wsync_q_launch_ring(const wsync_cuda_qop_t *ops, uint32_t n,
-                                       uint64_t total_blocks, unsigned long long *first_bad,
-                                       unsigned int *amax, cudaStream_t s)
-{
-    static const int per_sm = [] {
-        int k = 0;
-        if (cudaFuncSetAttribute(wsync_q_kernel_ring, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 WSYNC_Q_RING_BYTES) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k, wsync_q_kernel_ring, WSYNC_Q_THREADS,
-                                                          WSYNC_Q_RING_BYTES) != cudaSuccess ||
-            k <= 0) {
-            (void)cudaGetLastError();
-            k = 0;
-        }
-        return k;
-    }();
-    int dev = 0, sms = 0;
-    if (n == 0 || total_blocks == 0)
-        return cudaSuccess;
-    if (per_sm == 0)
-        return cudaErrorNotSupported;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        sms <= 0) {
-        (void)cudaGetLastError();
-        sms = 132;
-    }
-    const uint64_t wave = (uint64_t)sms * (uint64_t)per_sm;
-    const unsigned grid = (unsigned)(total_blocks < wave ? total_blocks : wave);
-    wsync_q_kernel_ring<<<grid, WSYNC_Q_THREADS, WSYNC_Q_RING_BYTES, s>>>(ops, n, total_blocks,
-                                                                          first_bad, amax);
-    return cudaGetLastError();
-}
-
 /* Launch kernel<kQuantize> in one wave: as many CTAs as the device holds at once (each takes a
  * contiguous run of blocks, so any grid is correct). The CTAs per SM a kernel fits are asked
  * once; the SM count per call (its device). */
@@ -691,11 +540,5 @@ extern "C" cudaError_t wsync_cuda_quant_blocks(const wsync_cuda_qop_t *ops, uint
                                                uint64_t total_blocks, unsigned long long *first_bad,
                                                const unsigned int *amax, cudaStream_t s)
 {
-    unsigned int *am = const_cast<unsigned int *>(amax);
-    if (wsync_q_use_ring()) {
-        const cudaError_t e = wsync_q_launch_ring(ops, n, total_blocks, first_bad, am, s);
-        if (e != cudaErrorNotSupported)
-            return e;
-    }
-    return wsync_q_launch<1>(ops, n, total_blocks, first_bad, am, s);
+    return wsync_q_launch<1>(ops, n, total_blocks, first_bad, const_cast<unsigned int *>(amax), s);
 }
