@@ -542,3 +542,7 @@ static const uint8_t wsync_fp8_out[] = {
 static const uint32_t wsync_fp8_scales[] = {0x346facad, 0x346facad, 0x3c90924a,
                                             0x4a11b6dc, 0x3f800000, 0x346facad,
                                             0x346facad, 0x3c91b6dc, 0x4a112493};
+#define WSYNC_FP8_CHANNEL_FNV 0xddca1fe9d0b38fc5ull
+#define WSYNC_FP8_CHANNEL_SCALES_FNV 0xbabe07d35534d508ull
+#define WSYNC_FP8_TENSOR_FNV 0xa6be2549459c7c77ull
+#define WSYNC_FP8_TENSOR_SCALES_FNV 0x30f1614337255152ull

@@ -5,7 +5,9 @@
 - blocks: a 300 x 260 bf16 matrix defined by integer arithmetic (the C test builds the same
   bits), quantized by DeepGEMM's per_block_cast_to_fp8 (128 x 128 blocks, amax clamped to 1e-4,
   x * (448 / amax) cast to e4m3fn, scale amax / 448 as on a CUDA tensor: amax * fl(1 / 448)): an FNV-1a hash of the fp8 bytes and
-  every scale's bits. Blocks cycle through all-zero, tiny, ordinary, huge and +-448 values.
+  every scale's bits. Blocks cycle through all-zero, tiny, ordinary, huge and +-448 values;
+- the same matrix by vLLM's per-channel quantizer (one scale per row) and its per-tensor one
+  (each 128 x 128 tile as a tensor, and the whole matrix): hashes of the fp8 bytes and scales.
 
 usage: python fp8_vectors.py > fp8_vectors.h && clang-format -i fp8_vectors.h   (torch with float8 support)
 """
@@ -81,6 +83,33 @@ def per_block_cast_to_fp8(x, block=128):
     return q.view_as(padded)[:m, :n].contiguous(), (amax * INV_448).view(view.size(0), view.size(2))
 
 
+F448 = torch.tensor(448.0)
+MIN_SCALE = torch.tensor(1.0) / (F448 * torch.tensor(512.0))
+
+
+def clamp_cast(y):
+    """vLLM's fmaxf(-448, fminf(y, 448)) (a NaN becomes 448), then the cast."""
+    return torch.fmax(torch.fmin(y, F448), -F448).to(torch.float8_e4m3fn)
+
+
+def per_channel_cast_to_fp8(x):
+    """vLLM's dynamic per-token quantization of each row (true division, as its kernel)."""
+    scale = torch.maximum(x.abs().float().amax(dim=-1, keepdim=True) / F448, MIN_SCALE)
+    return clamp_cast(x.float() / scale), scale.flatten()
+
+
+def per_tensor_cast_to_fp8(x):
+    """vLLM's dynamic per-tensor scaled_fp8_quant (scale 0 and bytes 448 for an all-zero x)."""
+    scale = x.abs().float().max() / F448
+    return clamp_cast(x.float() * (torch.tensor(1.0) / scale)), scale.view(1)
+
+
+def tiles(m, block=128):
+    """The matrix's 128 x 128 tiles, row-major, as (r0, r1, c0, c1)."""
+    r, c = m.shape
+    return [(i, min(i + block, r), j, min(j + block, c)) for i in range(0, r, block) for j in range(0, c, block)]
+
+
 def fnv(data):
     h = 0xCBF29CE484222325
     for b in data:
@@ -101,6 +130,19 @@ def main():
     print("#define WSYNC_FP8_BLOCKS_FNV 0x%016xull" % fnv(w.view(torch.uint8).flatten().tolist()))
     sb = s.flatten().view(torch.int32).tolist()
     print("static const uint32_t wsync_fp8_scales[] = {" + ",".join("0x%08x" % (v & 0xFFFFFFFF) for v in sb) + "};")
+    m = block_matrix()
+    w, s = per_channel_cast_to_fp8(m)
+    print("#define WSYNC_FP8_CHANNEL_FNV 0x%016xull" % fnv(w.view(torch.uint8).flatten().tolist()))
+    print("#define WSYNC_FP8_CHANNEL_SCALES_FNV 0x%016xull" % fnv(s.view(torch.uint8).tolist()))
+    # per tensor: each 128 x 128 tile of the matrix as its own tensor (all-zero, tiny, ordinary,
+    # huge, +-448), and the whole matrix; the fp8 bytes of all of them, then their scales
+    qs, ss = [], []
+    for r0, r1, c0, c1 in tiles(m) + [(0, m.shape[0], 0, m.shape[1])]:
+        q, sc = per_tensor_cast_to_fp8(m[r0:r1, c0:c1])
+        qs += q.view(torch.uint8).flatten().tolist()
+        ss += sc.view(torch.uint8).tolist()
+    print("#define WSYNC_FP8_TENSOR_FNV 0x%016xull" % fnv(qs))
+    print("#define WSYNC_FP8_TENSOR_SCALES_FNV 0x%016xull" % fnv(ss))
 
 
 if __name__ == "__main__":

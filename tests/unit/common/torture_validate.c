@@ -317,17 +317,85 @@ static void test_quant_ops(void **state)
     err = (wsync_error_t){.struct_size = sizeof(err)};
     assert_int_equal(wsync_validate_quant_ops(ops, bad, 2, 200 * 512 + 64, &err), INVAL);
     assert_non_null(strstr(err.message, "ops 1 and 2 write overlapping destination bytes"));
+    memcpy(bad, q, sizeof(q));
+    bad[0].kind = 4; /* no such kind */
+    err = (wsync_error_t){.struct_size = sizeof(err)};
+    assert_int_equal(wsync_validate_quant_ops(ops, bad, 2, 200 * 512 + 64, &err), INVAL);
+    assert_non_null(strstr(err.message, "op 0: quant kind 4"));
+}
+
+/* Per-channel scales: one float per row inside scale_extent; per-tensor: one float shared by
+ * every TENSOR op naming it, counted once, but not by an op of another kind. */
+static void test_quant_row_and_tensor_scales(void **state)
+{
+    (void)state;
+    wsync_copy_op_t ops[2] = {
+        {.src_pitch = 512,
+         .dst = q_dst,
+         .dst_pitch = 256,
+         .dst_extent = 256 * 100,
+         .rows = 100,
+         .row_bytes = 512},
+        {.src_offset = 100 * 512,
+         .src_pitch = 512,
+         .dst = q_dst + 256 * 100,
+         .dst_pitch = 256,
+         .dst_extent = 256 * 100,
+         .rows = 100,
+         .row_bytes = 512},
+    };
+    static char scales[4 * 200];
+    wsync_quant_t q[2];
+    for (int k = 0; k < 2; k++)
+        q[k] = (wsync_quant_t){.kind = WSYNC_QUANT_FP8_CHANNEL,
+                               .src_dtype = WSYNC_DTYPE_BF16,
+                               .cols = 256,
+                               .scale_dst = scales + 400 * k,
+                               .scale_pitch = 4,
+                               .scale_extent = 800 - 400 * (uint64_t)k};
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    assert_int_equal(wsync_validate_quant_ops(ops, q, 2, 200 * 512, &err), WSYNC_OK);
+    q[1].scale_dst = scales + 396; /* its first row's scale is op 0's last */
+    err = (wsync_error_t){.struct_size = sizeof(err)};
+    assert_int_equal(wsync_validate_quant_ops(ops, q, 2, 200 * 512, &err), INVAL);
+    assert_non_null(strstr(err.message, "ops 2 and 3 write overlapping destination bytes"));
+    q[1].scale_dst = scales + 400;
+    q[1].scale_extent = 396; /* 100 floats need 400 bytes */
+    err = (wsync_error_t){.struct_size = sizeof(err)};
+    assert_int_equal(wsync_validate_quant_ops(ops, q, 2, 200 * 512, &err), OOB);
+    assert_non_null(strstr(err.message, "op 3:"));
+    for (int k = 0; k < 2; k++)
+        q[k] = (wsync_quant_t){.kind = WSYNC_QUANT_FP8_TENSOR,
+                               .src_dtype = WSYNC_DTYPE_BF16,
+                               .cols = 256,
+                               .scale_dst = scales,
+                               .scale_extent = 4};
+    err = (wsync_error_t){.struct_size = sizeof(err)};
+    assert_int_equal(wsync_validate_quant_ops(ops, q, 2, 200 * 512, &err), WSYNC_OK);
+    q[1].kind = WSYNC_QUANT_FP8_CHANNEL; /* a row scale on the tensor's */
+    q[1].scale_pitch = 4;
+    q[1].scale_extent = 800;
+    err = (wsync_error_t){.struct_size = sizeof(err)};
+    assert_int_equal(wsync_validate_quant_ops(ops, q, 2, 200 * 512, &err), INVAL);
+    assert_non_null(strstr(err.message, "overlapping destination bytes"));
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_valid_ops),          cmocka_unit_test(test_overlapping_destinations),
-        cmocka_unit_test(test_zero_size_ops),      cmocka_unit_test(test_source_bounds),
-        cmocka_unit_test(test_destination_bounds), cmocka_unit_test(test_pitches),
-        cmocka_unit_test(test_null_dst_and_ops),   cmocka_unit_test(test_overflow),
-        cmocka_unit_test(test_first_error_wins),   cmocka_unit_test(test_generation),
-        cmocka_unit_test(test_copy_args),          cmocka_unit_test(test_quant_ops),
+        cmocka_unit_test(test_valid_ops),
+        cmocka_unit_test(test_overlapping_destinations),
+        cmocka_unit_test(test_zero_size_ops),
+        cmocka_unit_test(test_source_bounds),
+        cmocka_unit_test(test_destination_bounds),
+        cmocka_unit_test(test_pitches),
+        cmocka_unit_test(test_null_dst_and_ops),
+        cmocka_unit_test(test_overflow),
+        cmocka_unit_test(test_first_error_wins),
+        cmocka_unit_test(test_generation),
+        cmocka_unit_test(test_copy_args),
+        cmocka_unit_test(test_quant_ops),
+        cmocka_unit_test(test_quant_row_and_tensor_scales),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
