@@ -6,27 +6,10 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
-#include <stdlib.h>
-#include <string.h>
-
 #define WSYNC_Q_BLOCK 128
 #define WSYNC_Q_THREADS 256
 #define WSYNC_Q_DTYPE_BF16 1u
 #define WSYNC_Q_DTYPE_F16 2u
-
-/* A CTA runs kGroups groups of WSYNC_Q_THREADS threads, each its own unit at a time: a thread's
- * index in its group, and the group's barrier (named barrier 1 + group; with one group, all). */
-static __device__ __forceinline__ uint32_t wsync_q_tid(void)
-{
-    return threadIdx.x & (WSYNC_Q_THREADS - 1u);
-}
-
-static __device__ __forceinline__ void wsync_q_bar(void)
-{
-    asm volatile("bar.sync %0, %1;\n" ::"r"(1u + (threadIdx.x >> 8)),
-                 "n"(WSYNC_Q_THREADS)
-                 : "memory");
-}
 
 static __device__ __forceinline__ float wsync_q_load(const unsigned char *row, uint32_t dtype,
                                                      uint32_t c)
@@ -62,11 +45,11 @@ static __device__ __forceinline__ float wsync_q_reduce(float amax, int bad, floa
     for (int o = 16; o > 0; o >>= 1)
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     bad = __any_sync(0xffffffffu, bad);
-    if ((wsync_q_tid() & 31u) == 0) {
-        smax[wsync_q_tid() / 32] = amax;
-        sbad[wsync_q_tid() / 32] = bad;
+    if ((threadIdx.x & 31u) == 0) {
+        smax[threadIdx.x / 32] = amax;
+        sbad[threadIdx.x / 32] = bad;
     }
-    wsync_q_bar();
+    __syncthreads();
     amax = smax[0];
     bad = sbad[0];
 #pragma unroll
@@ -74,7 +57,7 @@ static __device__ __forceinline__ float wsync_q_reduce(float amax, int bad, floa
         amax = fmaxf(amax, smax[w]);
         bad |= sbad[w];
     }
-    wsync_q_bar(); /* smax / sbad are reused by the next block */
+    __syncthreads(); /* smax / sbad are reused by the next block */
     return bad ? -1.0f : amax;
 }
 
@@ -87,7 +70,7 @@ static __device__ __forceinline__ float wsync_q_inv(float amax)
 static __device__ __forceinline__ void wsync_q_scale(const wsync_cuda_qop_t &op,
                                                      const wsync_q_block_t &k, float amax)
 {
-    if (wsync_q_tid() == 0) {
+    if (threadIdx.x == 0) {
         /* amax / 448 as torch computes it on the GPU: times the reciprocal (wsync_fp8.h) */
         const float scale = __fmul_rn(fmaxf(amax, 1e-4f), 1.0f / 448.0f);
         memcpy(op.scales + (uint64_t)(k.r0 / WSYNC_Q_BLOCK) * op.scale_pitch +
@@ -110,7 +93,7 @@ static __device__ float wsync_q_scalar_amax(const wsync_cuda_qop_t &op, uint32_t
 {
     float amax = 0.0f;
     *bad = 0;
-    for (uint32_t e = wsync_q_tid(); e < WSYNC_Q_BLOCK * WSYNC_Q_BLOCK; e += WSYNC_Q_THREADS) {
+    for (uint32_t e = threadIdx.x; e < WSYNC_Q_BLOCK * WSYNC_Q_BLOCK; e += WSYNC_Q_THREADS) {
         const uint32_t r = k.r0 + e / WSYNC_Q_BLOCK, c = k.c0 + e % WSYNC_Q_BLOCK;
         if (r >= k.r1 || c >= k.c1)
             continue;
@@ -130,7 +113,7 @@ template <int kClamp>
 static __device__ void wsync_q_scalar_store(const wsync_cuda_qop_t &op, const wsync_q_block_t &k,
                                             float inv)
 {
-    for (uint32_t e = wsync_q_tid(); e < WSYNC_Q_BLOCK * WSYNC_Q_BLOCK; e += WSYNC_Q_THREADS) {
+    for (uint32_t e = threadIdx.x; e < WSYNC_Q_BLOCK * WSYNC_Q_BLOCK; e += WSYNC_Q_THREADS) {
         const uint32_t r = k.r0 + e / WSYNC_Q_BLOCK, c = k.c0 + e % WSYNC_Q_BLOCK;
         if (r >= k.r1 || c >= k.c1)
             continue;
@@ -172,7 +155,7 @@ typedef struct wsync_q_vecs {
 static __device__ __forceinline__ int wsync_q_at(const wsync_q_block_t &k, int j, uint32_t *r,
                                                  uint32_t *cv)
 {
-    const uint32_t e = wsync_q_tid() + (uint32_t)j * WSYNC_Q_THREADS;
+    const uint32_t e = threadIdx.x + (uint32_t)j * WSYNC_Q_THREADS;
     *r = k.r0 + e / 16u;
     *cv = e % 16u;
     return *r < k.r1 && *cv < (k.c1 - k.c0) / 8u;
@@ -317,7 +300,7 @@ static __device__ void wsync_q_tensor_block(const wsync_cuda_qop_t &op, uint32_t
             mine = wsync_q_scalar_amax(op, i, k, first_bad, &bad);
         }
         const float a = wsync_q_reduce(mine, bad, smax, sbad);
-        if (wsync_q_tid() == 0)
+        if (threadIdx.x == 0)
             atomicMax(amax + op.group, a < 0.0f ? WSYNC_CUDA_QUANT_BAD_GROUP : __float_as_uint(a));
         return;
     }
@@ -333,7 +316,7 @@ static __device__ void wsync_q_tensor_block(const wsync_cuda_qop_t &op, uint32_t
     } else {
         wsync_q_scalar_store<1>(op, k, inv);
     }
-    if (op.first && k.r0 == 0 && k.c0 == 0 && wsync_q_tid() == 0)
+    if (op.first && k.r0 == 0 && k.c0 == 0 && threadIdx.x == 0)
         memcpy(op.scales, &scale, 4);
 }
 
@@ -370,9 +353,9 @@ template <int kQuantize>
 static __device__ void wsync_q_rows_vec(const wsync_cuda_qop_t &op, uint32_t i, uint32_t u,
                                         unsigned long long *first_bad, float *smax, int *sbad)
 {
-    const uint32_t w = op.row_warps, warp = wsync_q_tid() / 32u, sub = warp / w;
+    const uint32_t w = op.row_warps, warp = threadIdx.x / 32u, sub = warp / w;
     const uint32_t r = u * (WSYNC_Q_THREADS / 32u / w) + sub;
-    const uint32_t t = (warp % w) * 32u + wsync_q_tid() % 32u, nt = 32u * w, nv = op.cols / 8u;
+    const uint32_t t = (warp % w) * 32u + threadIdx.x % 32u, nt = 32u * w, nv = op.cols / 8u;
     const uint32_t inf = op.src_dtype == WSYNC_Q_DTYPE_BF16 ? 0x7f80u : 0x7c00u;
     const int live = r < op.rows;
     const unsigned char *row = op.src + (uint64_t)r * op.src_pitch;
@@ -400,16 +383,16 @@ static __device__ void wsync_q_rows_vec(const wsync_cuda_qop_t &op, uint32_t i, 
     for (int o = 16; o > 0; o >>= 1)
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     bad = __any_sync(0xffffffffu, bad);
-    if (wsync_q_tid() % 32u == 0) {
+    if (threadIdx.x % 32u == 0) {
         smax[warp] = amax;
         sbad[warp] = bad;
     }
-    wsync_q_bar();
+    __syncthreads();
     for (uint32_t k = sub * w; k < sub * w + w; k++) {
         amax = fmaxf(amax, smax[k]);
         bad |= sbad[k];
     }
-    wsync_q_bar(); /* smax / sbad are reused by the next unit */
+    __syncthreads(); /* smax / sbad are reused by the next unit */
     if (!live || bad)
         return;
     const float scale = wsync_q_row_scale(amax);
@@ -434,7 +417,7 @@ static __device__ void wsync_q_row_scalar(const wsync_cuda_qop_t &op, uint32_t i
     const unsigned char *row = op.src + (uint64_t)r * op.src_pitch;
     float amax = 0.0f;
     int bad = 0;
-    for (uint32_t c = wsync_q_tid(); c < op.cols; c += WSYNC_Q_THREADS) {
+    for (uint32_t c = threadIdx.x; c < op.cols; c += WSYNC_Q_THREADS) {
         const float x = wsync_q_load(row, op.src_dtype, c);
         if (!isfinite(x)) {
             if (!bad && first_bad != NULL)
@@ -450,11 +433,11 @@ static __device__ void wsync_q_row_scalar(const wsync_cuda_qop_t &op, uint32_t i
         return;
     const float scale = wsync_q_row_scale(amax);
     unsigned char *out = op.dst + (uint64_t)r * op.dst_pitch;
-    for (uint32_t c = wsync_q_tid(); c < op.cols; c += WSYNC_Q_THREADS)
+    for (uint32_t c = threadIdx.x; c < op.cols; c += WSYNC_Q_THREADS)
         out[c] = (unsigned char)__nv_cvt_float_to_fp8(
             wsync_q_clamp(__fdiv_rn(wsync_q_load(row, op.src_dtype, c), scale)), __NV_SATFINITE,
             __NV_E4M3);
-    if (wsync_q_tid() == 0)
+    if (threadIdx.x == 0)
         memcpy(op.scales + (uint64_t)r * op.scale_pitch, &scale, 4);
 }
 
@@ -473,28 +456,22 @@ static __device__ __forceinline__ wsync_q_block_t wsync_q_geom(const wsync_cuda_
 }
 
 /* Each CTA takes a contiguous run of blocks, so the op it is in changes rarely: it is looked up
- * again only when the run crosses into the next op. Its kGroups groups of threads take the run's
- * blocks in turn (group g blocks g, g + kGroups, ...), so with kGroups > 1 the groups of one SM
- * read neighbouring blocks of the same rows at once. */
-template <int kQuantize, int kGroups>
-__global__ void __launch_bounds__(WSYNC_Q_THREADS *kGroups, 4 / kGroups)
+ * again only when the run crosses into the next op. */
+template <int kQuantize>
+__global__ void __launch_bounds__(WSYNC_Q_THREADS, 4)
     wsync_q_kernel(const wsync_cuda_qop_t *__restrict__ ops, uint32_t n, uint64_t total_blocks,
                    unsigned long long *first_bad, unsigned int *amax)
 {
-    __shared__ float smax_all[kGroups][WSYNC_Q_THREADS / 32];
-    __shared__ int sbad_all[kGroups][WSYNC_Q_THREADS / 32];
-    const uint32_t g = threadIdx.x / WSYNC_Q_THREADS;
-    float *smax = smax_all[g];
-    int *sbad = sbad_all[g];
+    __shared__ float smax[WSYNC_Q_THREADS / 32];
+    __shared__ int sbad[WSYNC_Q_THREADS / 32];
     const uint64_t per = (total_blocks + gridDim.x - 1) / gridDim.x;
-    const uint64_t start = (uint64_t)blockIdx.x * per;
-    const uint64_t end = min(total_blocks, start + per);
-    uint64_t b = start + g;
+    uint64_t b = (uint64_t)blockIdx.x * per;
+    const uint64_t end = min(total_blocks, b + per);
     if (b >= end)
-        return; /* the group's barrier is its own */
+        return;
     uint32_t i = wsync_q_find(ops, n, b);
     uint64_t next = i + 1 < n ? ops[i + 1].block_begin : ~0ull;
-    for (; b < end; b += kGroups) {
+    for (; b < end; b++) {
         if (b >= next) {
             i = wsync_q_find(ops, n, b);
             next = i + 1 < n ? ops[i + 1].block_begin : ~0ull;
@@ -518,23 +495,21 @@ __global__ void __launch_bounds__(WSYNC_Q_THREADS *kGroups, 4 / kGroups)
     }
 }
 
-/* Launch kernel<kQuantize, kGroups> in one wave: as many CTAs as the device holds at once (each
- * takes a contiguous run of blocks, so any grid is correct). The CTAs per SM a kernel fits are
- * asked once; the SM count per call (its device). */
-template <int kQuantize, int kGroups>
-static cudaError_t wsync_q_launch_groups(const wsync_cuda_qop_t *ops, uint32_t n,
-                                         uint64_t total_blocks, unsigned long long *first_bad,
-                                         unsigned int *amax, cudaStream_t s)
+/* Launch kernel<kQuantize> in one wave: as many CTAs as the device holds at once (each takes a
+ * contiguous run of blocks, so any grid is correct). The CTAs per SM a kernel fits are asked
+ * once; the SM count per call (its device). */
+template <int kQuantize>
+static cudaError_t wsync_q_launch(const wsync_cuda_qop_t *ops, uint32_t n, uint64_t total_blocks,
+                                  unsigned long long *first_bad, unsigned int *amax, cudaStream_t s)
 {
     /* asked once (a function-local static: initialised once, thread safe) */
     static const int per_sm = [] {
         int k = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k, wsync_q_kernel<kQuantize, kGroups>,
-                                                          WSYNC_Q_THREADS * kGroups,
-                                                          0) != cudaSuccess ||
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k, wsync_q_kernel<kQuantize>,
+                                                          WSYNC_Q_THREADS, 0) != cudaSuccess ||
             k <= 0) {
             (void)cudaGetLastError();
-            k = 4 / kGroups;
+            k = 4;
         }
         return k;
     }();
@@ -548,35 +523,10 @@ static cudaError_t wsync_q_launch_groups(const wsync_cuda_qop_t *ops, uint32_t n
         sms = 132;
     }
     const uint64_t wave = (uint64_t)sms * (uint64_t)per_sm;
-    const uint64_t ctas = (total_blocks + kGroups - 1) / kGroups;
-    const unsigned grid = (unsigned)(ctas < wave ? ctas : wave);
-    wsync_q_kernel<kQuantize, kGroups>
-        <<<grid, WSYNC_Q_THREADS * kGroups, 0, s>>>(ops, n, total_blocks, first_bad, amax);
+    const unsigned grid = (unsigned)(total_blocks < wave ? total_blocks : wave);
+    wsync_q_kernel<kQuantize>
+        <<<grid, WSYNC_Q_THREADS, 0, s>>>(ops, n, total_blocks, first_bad, amax);
     return cudaGetLastError();
-}
-
-/* WSYNC_CUDA_QUANT_GROUPS=4: CTAs of four thread groups on neighbouring blocks (1 by default). */
-static int wsync_q_groups(void)
-{
-    static const int g = [] {
-        const char *v = getenv("WSYNC_CUDA_QUANT_GROUPS");
-        return v != NULL && strcmp(v, "4") == 0 ? 4 : v != NULL && strcmp(v, "2") == 0 ? 2 : 1;
-    }();
-    return g;
-}
-
-template <int kQuantize>
-static cudaError_t wsync_q_launch(const wsync_cuda_qop_t *ops, uint32_t n, uint64_t total_blocks,
-                                  unsigned long long *first_bad, unsigned int *amax, cudaStream_t s)
-{
-    switch (wsync_q_groups()) {
-    case 4:
-        return wsync_q_launch_groups<kQuantize, 4>(ops, n, total_blocks, first_bad, amax, s);
-    case 2:
-        return wsync_q_launch_groups<kQuantize, 2>(ops, n, total_blocks, first_bad, amax, s);
-    default:
-        return wsync_q_launch_groups<kQuantize, 1>(ops, n, total_blocks, first_bad, amax, s);
-    }
 }
 
 extern "C" cudaError_t wsync_cuda_quant_scan(const wsync_cuda_qop_t *ops, uint32_t n,
