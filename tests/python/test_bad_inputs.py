@@ -182,3 +182,30 @@ def test_unsupported_dtype():
         prod.stage_bucket([("model.norm.weight", torch.zeros(4, dtype=torch.complex64))])
     assert "complex64" in str(e.value)
     prod.close()
+
+
+def test_vllm_refused_first_bucket_does_not_wedge_the_next_sync():
+    """vLLM's protocol opens an update with start_weight_update: a sync whose first bucket is
+    refused (nothing written, no version open) must not leave it open, or every later sync
+    would be BUSY. The next whole sync lands; the refusal names the tensor and wrote nothing."""
+    model = models.tiny_model("dense")
+    sd = models.step(model, 1)
+    params = models.zeros_like_layout(models.engine_layout(sd, "vllm", 0, 1))
+    w = wsync.EngineWorker(params, engine="vllm", config=model.config, plugin=plugin_for("cpu"))
+    send = lambda m: [w.handle(m)]  # noqa: E731
+    with wsync.Producer("vllm", bucket_bytes=1 << 20, plugin=plugin_for("cpu")) as prod:
+        prod.sync(sd, send)
+        before = {k: v.clone() for k, v in params.items()}
+        name = "model.layers.0.self_attn.q_proj.weight"
+        bad = dict(models.step(model, 2))
+        bad[name] = bad[name].float()
+        with pytest.raises(errors.LayoutMismatch) as e:
+            prod.sync(bad, send)
+        assert name in str(e.value), str(e.value)
+        unchanged(params, before)
+        sd = models.step(model, 3)
+        prod.sync(sd, send)  # no abort needed: the refused update held nothing
+        want = models.engine_layout(sd, "vllm", 0, 1)
+        assert all(torch.equal(params[n], want[n]) for n in want)
+        w.release()
+    w.close()
