@@ -2,6 +2,7 @@
 #include "wsync_fp8.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 uint8_t wsync_fp8_e4m3fn(float f)
@@ -218,77 +219,88 @@ static uint64_t wsync_fp8_dst_pitch(const wsync_copy_op_t *o, const wsync_quant_
     return o->rows > 1 ? o->dst_pitch : q->cols;
 }
 
-/* Every op of kind TENSOR naming op i's scale: one amax over all of them, then each quantized
- * with its scale; a non-finite value leaves them all as they were (-1, *bad set). done[j] marks
- * each one taken. */
+/* The TENSOR ops of g[0 .. m) (one scale): one amax over all of them, then each quantized with
+ * its scale; a non-finite value leaves them all as they were (-1, *bad set). */
 static int wsync_fp8_tensor_group(const uint8_t *src_base, const wsync_copy_op_t *ops,
-                                  const wsync_quant_t *quant, size_t n, size_t i, uint8_t *done,
+                                  const wsync_quant_t *quant, const wsync_fp8_ref_t *g, size_t m,
                                   size_t *bad_op, int64_t *bad_row, int64_t *bad_col)
 {
     float amax = 0.0f;
-    int ok = 1, any = 0;
-    for (size_t j = i; j < n; j++) {
-        if (quant[j].kind != WSYNC_QUANT_FP8_TENSOR || quant[j].scale_dst != quant[i].scale_dst)
-            continue;
-        done[j] = 1;
-        any |= ops[j].rows > 0;
-        if (ok && ops[j].rows > 0 &&
-            wsync_fp8_amax(src_base + ops[j].src_offset, wsync_fp8_src_pitch(&ops[j]),
+    for (size_t k = 0; k < m; k++) {
+        const size_t j = g[k].op;
+        if (wsync_fp8_amax(src_base + ops[j].src_offset, wsync_fp8_src_pitch(&ops[j]),
                            quant[j].src_dtype, (int64_t)ops[j].rows, (int64_t)quant[j].cols, &amax,
                            bad_row, bad_col) != 0) {
             *bad_op = j;
-            ok = 0;
+            return -1;
         }
     }
-    if (!ok)
-        return -1;
-    if (!any)
-        return 0;
     const float scale = wsync_fp8_tensor_scale(amax);
-    for (size_t j = i; j < n; j++)
-        if (quant[j].kind == WSYNC_QUANT_FP8_TENSOR && quant[j].scale_dst == quant[i].scale_dst &&
-            ops[j].rows > 0)
-            wsync_fp8_quantize_tensor(src_base + ops[j].src_offset, wsync_fp8_src_pitch(&ops[j]),
-                                      quant[j].src_dtype, (int64_t)ops[j].rows,
-                                      (int64_t)quant[j].cols, scale, ops[j].dst,
-                                      wsync_fp8_dst_pitch(&ops[j], &quant[j]));
-    memcpy(quant[i].scale_dst, &scale, 4);
+    for (size_t k = 0; k < m; k++) {
+        const size_t j = g[k].op;
+        wsync_fp8_quantize_tensor(src_base + ops[j].src_offset, wsync_fp8_src_pitch(&ops[j]),
+                                  quant[j].src_dtype, (int64_t)ops[j].rows, (int64_t)quant[j].cols,
+                                  scale, ops[j].dst, wsync_fp8_dst_pitch(&ops[j], &quant[j]));
+    }
+    memcpy(quant[g[0].op].scale_dst, &scale, 4);
     return 0;
 }
 
+static int wsync_fp8_by_scale(const void *a, const void *b)
+{
+    const wsync_fp8_ref_t *x = a, *y = b;
+    return x->scale != y->scale ? (x->scale > y->scale) - (x->scale < y->scale)
+                                : (x->op > y->op) - (x->op < y->op);
+}
+
+static void wsync_fp8_keep(int *found, size_t *bo, int64_t *br, int64_t *bc, size_t op, int64_t r,
+                           int64_t c)
+{
+    if (!*found || op < *bo)
+        *bo = op, *br = r, *bc = c;
+    *found = 1;
+}
+
 int wsync_fp8_quantize_ops(const uint8_t *src_base, const wsync_copy_op_t *ops,
-                           const wsync_quant_t *quant, size_t n, uint8_t *done, size_t *bad_op,
-                           int64_t *bad_row, int64_t *bad_col)
+                           const wsync_quant_t *quant, size_t n, wsync_fp8_ref_t *scratch,
+                           size_t *bad_op, int64_t *bad_row, int64_t *bad_col)
 {
     int found = 0;
-    size_t bo = 0;
+    size_t bo = 0, m = 0;
     int64_t br = 0, bc = 0;
-    memset(done, 0, n);
     for (size_t i = 0; i < n; i++) {
         const wsync_copy_op_t *o = &ops[i];
         const wsync_quant_t *q = &quant[i];
-        int rc = 0;
-        size_t op = i;
         int64_t r = 0, c = 0;
-        if (done[i] || q->kind == WSYNC_QUANT_NONE)
+        if (q->kind == WSYNC_QUANT_NONE || o->rows == 0)
             continue;
-        if (q->kind == WSYNC_QUANT_FP8_TENSOR)
-            rc = wsync_fp8_tensor_group(src_base, ops, quant, n, i, done, &op, &r, &c);
-        else if (o->rows == 0)
+        if (q->kind == WSYNC_QUANT_FP8_TENSOR) {
+            scratch[m++] = (wsync_fp8_ref_t){(uintptr_t)q->scale_dst, i}; /* below, by scale */
             continue;
-        else if (q->kind == WSYNC_QUANT_FP8_CHANNEL)
-            rc = wsync_fp8_quantize_rows(src_base + o->src_offset, wsync_fp8_src_pitch(o),
-                                         q->src_dtype, (int64_t)o->rows, (int64_t)q->cols, o->dst,
-                                         wsync_fp8_dst_pitch(o, q), q->scale_dst, q->scale_pitch,
-                                         &r, &c);
-        else
-            rc = wsync_fp8_quantize_2d(src_base + o->src_offset, wsync_fp8_src_pitch(o),
-                                       q->src_dtype, (int64_t)o->rows, (int64_t)q->cols,
-                                       WSYNC_FP8_BLOCK, o->dst, wsync_fp8_dst_pitch(o, q),
-                                       q->scale_dst, q->scale_pitch, &r, &c);
-        done[i] = 1;
-        if (rc != 0 && (!found || op < bo))
-            bo = op, br = r, bc = c, found = 1;
+        }
+        const int rc =
+            q->kind == WSYNC_QUANT_FP8_CHANNEL
+                ? wsync_fp8_quantize_rows(src_base + o->src_offset, wsync_fp8_src_pitch(o),
+                                          q->src_dtype, (int64_t)o->rows, (int64_t)q->cols, o->dst,
+                                          wsync_fp8_dst_pitch(o, q), q->scale_dst, q->scale_pitch,
+                                          &r, &c)
+                : wsync_fp8_quantize_2d(src_base + o->src_offset, wsync_fp8_src_pitch(o),
+                                        q->src_dtype, (int64_t)o->rows, (int64_t)q->cols,
+                                        WSYNC_FP8_BLOCK, o->dst, wsync_fp8_dst_pitch(o, q),
+                                        q->scale_dst, q->scale_pitch, &r, &c);
+        if (rc != 0)
+            wsync_fp8_keep(&found, &bo, &br, &bc, i, r, c);
+    }
+    /* the TENSOR ops, each scale's together (a call's copy tasks run one at a time) */
+    qsort(scratch, m, sizeof(*scratch), wsync_fp8_by_scale);
+    for (size_t k = 0; k < m;) {
+        size_t e = k + 1, op = 0;
+        int64_t r = 0, c = 0;
+        while (e < m && scratch[e].scale == scratch[k].scale)
+            e++;
+        if (wsync_fp8_tensor_group(src_base, ops, quant, scratch + k, e - k, &op, &r, &c) != 0)
+            wsync_fp8_keep(&found, &bo, &br, &bc, op, r, c);
+        k = e;
     }
     if (found)
         *bad_op = bo, *bad_row = br, *bad_col = bc;

@@ -67,10 +67,14 @@ const char *wsync_fp8_unit(uint32_t kind);
 
 /* Every quantized op of a copy_quantized call (wsync_quant_v1_t; plain ops skipped), sources at
  * src_base + op.src_offset, in one pass: a 128 x 128 block, a row (CHANNEL) or a whole tensor (the
- * TENSOR ops sharing a scale_dst) holding a NaN or infinity is left as it was. -1 with the least
- * such op index and that op's row and column, else 0. done: n bytes of scratch. */
+ * TENSOR ops sharing a scale_dst, found by sorting) holding a NaN or infinity is left as it was.
+ * -1 with the least such op index and that op's row and column, else 0. scratch: n entries. */
+typedef struct wsync_fp8_ref {
+    uintptr_t scale;
+    size_t op;
+} wsync_fp8_ref_t;
 int wsync_fp8_quantize_ops(const uint8_t *src_base, const wsync_copy_op_t *ops,
-                           const wsync_quant_t *quant, size_t n, uint8_t *done, size_t *bad_op,
-                           int64_t *bad_row, int64_t *bad_col);
+                           const wsync_quant_t *quant, size_t n, wsync_fp8_ref_t *scratch,
+                           size_t *bad_op, int64_t *bad_row, int64_t *bad_col);
 
 #endif

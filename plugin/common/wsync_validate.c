@@ -185,6 +185,41 @@ static size_t wsync_quant_src_size(wsync_dtype_t d)
     return d == WSYNC_DTYPE_F32 ? 4u : d == WSYNC_DTYPE_BF16 || d == WSYNC_DTYPE_F16 ? 2u : 0u;
 }
 
+typedef struct wsync_scale_ref {
+    uintptr_t scale;
+    size_t op;
+} wsync_scale_ref_t;
+
+static int wsync_scale_ref_cmp(const void *a, const void *b)
+{
+    const wsync_scale_ref_t *x = a, *y = b;
+    return x->scale != y->scale ? (x->scale > y->scale) - (x->scale < y->scale)
+                                : (x->op > y->op) - (x->op < y->op);
+}
+
+/* shared[i] = 1 for a TENSOR op whose scale an earlier TENSOR op of the call names (sorted, not
+ * compared pairwise: a MoE bucket has thousands). NULL when out of memory. */
+static uint8_t *wsync_quant_shared_scales(const wsync_copy_op_t *ops, const wsync_quant_t *quant,
+                                          size_t n)
+{
+    uint8_t *shared = calloc(n ? n : 1, 1);
+    wsync_scale_ref_t *by = calloc(n ? n : 1, sizeof(*by));
+    size_t m = 0;
+    if (shared == NULL || by == NULL) {
+        free(shared);
+        free(by);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (quant[i].kind == WSYNC_QUANT_FP8_TENSOR && ops[i].rows > 0 && ops[i].row_bytes > 0)
+            by[m++] = (wsync_scale_ref_t){(uintptr_t)quant[i].scale_dst, i};
+    qsort(by, m, sizeof(*by), wsync_scale_ref_cmp);
+    for (size_t j = 1; j < m; j++)
+        shared[by[j].op] = by[j].scale == by[j - 1].scale;
+    free(by);
+    return shared;
+}
+
 wsync_result_t wsync_validate_quant_ops(const wsync_copy_op_t *ops, const wsync_quant_t *quant,
                                         size_t n, uint64_t src_bytes, wsync_error_t *err)
 {
@@ -193,8 +228,12 @@ wsync_result_t wsync_validate_quant_ops(const wsync_copy_op_t *ops, const wsync_
                           "copy_quantized needs ops and quant (n_ops %zu)", n);
     /* each op's destination, then each quantized op's scales as op n + i */
     wsync_copy_op_t *dst = calloc(2 * n + 1, sizeof(*dst));
-    if (dst == NULL)
+    uint8_t *shared = wsync_quant_shared_scales(ops, quant, n);
+    if (dst == NULL || shared == NULL) {
+        free(dst);
+        free(shared);
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory to check %zu ops", n);
+    }
     wsync_result_t r = WSYNC_OK;
     for (size_t i = 0; i < n && r == WSYNC_OK; i++) {
         const wsync_copy_op_t *o = &ops[i];
@@ -244,18 +283,17 @@ wsync_result_t wsync_validate_quant_ops(const wsync_copy_op_t *ops, const wsync_
                                        .dst_pitch = brows > 1 ? q->scale_pitch : 4 * bcols,
                                        .src_pitch = 4 * bcols,
                                        .dst_extent = q->scale_extent};
-        for (size_t j = 0; j < i && q->kind == WSYNC_QUANT_FP8_TENSOR; j++)
-            if (quant[j].kind == WSYNC_QUANT_FP8_TENSOR && quant[j].scale_dst == q->scale_dst &&
-                ops[j].rows > 0 && ops[j].row_bytes > 0) {
-                dst[n + i].rows = 0; /* the same tensor's scale */
-                break;
-            }
-        if (r == WSYNC_OK && dst[n + i].rows > 0)
+        if (r == WSYNC_OK && !shared[i])
             r = wsync_validate_op(&dst[n + i], n + i, UINT64_MAX, err);
     }
-    if (r == WSYNC_OK)
+    if (r == WSYNC_OK) {
+        for (size_t i = 0; i < n; i++)
+            if (shared[i])
+                dst[n + i].rows = 0; /* the same tensor's scale, counted at its first op */
         r = wsync_validate_disjoint(dst, 2 * n, err);
+    }
     free(dst);
+    free(shared);
     return r;
 }
 

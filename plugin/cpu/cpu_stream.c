@@ -192,8 +192,8 @@ static void wsync_cpu_run_copy(wsync_cpu_task_t *t)
     int64_t bad_row = 0, bad_col = 0;
     size_t bad_op = SIZE_MAX;
     if (t->u.copy.quant != NULL) {
-        uint8_t *done = malloc(t->u.copy.n ? t->u.copy.n : 1);
-        if (done == NULL) {
+        wsync_fp8_ref_t *refs = malloc((t->u.copy.n ? t->u.copy.n : 1) * sizeof(*refs));
+        if (refs == NULL) {
             if (t->sink != NULL) {
                 pthread_mutex_lock(&t->sink->lock);
                 wsync_fail(&t->sink->error, WSYNC_ERR_OUT_OF_MEMORY, "copy_quantized",
@@ -204,9 +204,9 @@ static void wsync_cpu_run_copy(wsync_cpu_task_t *t)
             return;
         }
         if (wsync_fp8_quantize_ops(t->u.copy.src_base, t->u.copy.ops, t->u.copy.quant, t->u.copy.n,
-                                   done, &bad_op, &bad_row, &bad_col) == 0)
+                                   refs, &bad_op, &bad_row, &bad_col) == 0)
             bad_op = SIZE_MAX;
-        free(done);
+        free(refs);
     }
     const int streaming = t->u.copy.total_bytes >= WSYNC_CPU_STREAMING_MIN_TASK;
     for (size_t i = 0; i < t->u.copy.n; i++) {

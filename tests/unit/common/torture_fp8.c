@@ -198,7 +198,7 @@ static void test_tensors_equal_the_reference(void **state)
                                .scale_extent = 4};
     }
     ops[3] = (wsync_copy_op_t){.rows = 0}; /* a plain op, skipped */
-    uint8_t done[4];
+    wsync_fp8_ref_t done[4];
     size_t bad_op = 99;
     assert_int_equal(
         wsync_fp8_quantize_ops((const uint8_t *)src, ops, q, 4, done, &bad_op, &br, &bc), 0);
