@@ -10,6 +10,7 @@
 
 #include "wsync_digest.h"
 #include "wsync_error.h"
+#include "wsync_fp8.h"
 #include "wsync_client.h"
 #include "wsync_loader.h"
 #include "wsync_manifest.h"
@@ -395,18 +396,6 @@ static void wsync_driver_name_op(const wsync_manifest_t *m, wsync_error_t *err)
     memcpy(err->message, text, sizeof(err->message));
 }
 
-typedef struct wsync_driver_tscale {
-    const void *scale;
-    size_t op;
-} wsync_driver_tscale_t;
-
-static int wsync_driver_tscale_cmp(const void *a, const void *b)
-{
-    const wsync_driver_tscale_t *x = a, *y = b;
-    const uintptr_t p = (uintptr_t)x->scale, q = (uintptr_t)y->scale;
-    return p != q ? (p > q) - (p < q) : (x->op > y->op) - (x->op < y->op);
-}
-
 /* A per-tensor fp8 scale (WSYNC_QUANT_FP8_TENSOR) is the amax of every part of its parameter: the
  * bucket must bring all of them (want[t]: the rows its scale covers), or the scale would be of a
  * part alone. */
@@ -420,13 +409,13 @@ static wsync_result_t wsync_driver_check_tensor_scales(const wsync_manifest_t *m
         n += quant[t].kind == WSYNC_QUANT_FP8_TENSOR && ops[t].rows > 0;
     if (n == 0)
         return WSYNC_OK;
-    wsync_driver_tscale_t *g = malloc(n * sizeof(*g));
+    wsync_fp8_ref_t *g = malloc(n * sizeof(*g));
     if (g == NULL)
         return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu fp8 scales", n);
     for (size_t t = 0, k = 0; t < m->n_tensors; t++)
         if (quant[t].kind == WSYNC_QUANT_FP8_TENSOR && ops[t].rows > 0)
-            g[k++] = (wsync_driver_tscale_t){quant[t].scale_dst, t};
-    qsort(g, n, sizeof(*g), wsync_driver_tscale_cmp);
+            g[k++] = (wsync_fp8_ref_t){(uintptr_t)quant[t].scale_dst, t};
+    qsort(g, n, sizeof(*g), wsync_fp8_ref_cmp);
     wsync_result_t rc = WSYNC_OK;
     for (size_t i = 0; i < n && rc == WSYNC_OK;) {
         size_t j = i;

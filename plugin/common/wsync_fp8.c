@@ -246,7 +246,7 @@ static int wsync_fp8_tensor_group(const uint8_t *src_base, const wsync_copy_op_t
     return 0;
 }
 
-static int wsync_fp8_by_scale(const void *a, const void *b)
+int wsync_fp8_ref_cmp(const void *a, const void *b)
 {
     const wsync_fp8_ref_t *x = a, *y = b;
     return x->scale != y->scale ? (x->scale > y->scale) - (x->scale < y->scale)
@@ -292,7 +292,7 @@ int wsync_fp8_quantize_ops(const uint8_t *src_base, const wsync_copy_op_t *ops,
             wsync_fp8_keep(&found, &bo, &br, &bc, i, r, c);
     }
     /* the TENSOR ops, each scale's together (a call's copy tasks run one at a time) */
-    qsort(scratch, m, sizeof(*scratch), wsync_fp8_by_scale);
+    qsort(scratch, m, sizeof(*scratch), wsync_fp8_ref_cmp);
     for (size_t k = 0; k < m;) {
         size_t e = k + 1, op = 0;
         int64_t r = 0, c = 0;

@@ -73,6 +73,8 @@ typedef struct wsync_fp8_ref {
     uintptr_t scale;
     size_t op;
 } wsync_fp8_ref_t;
+/* qsort order of wsync_fp8_ref_t: by scale, then op (the ops of one per-tensor scale together) */
+int wsync_fp8_ref_cmp(const void *a, const void *b);
 int wsync_fp8_quantize_ops(const uint8_t *src_base, const wsync_copy_op_t *ops,
                            const wsync_quant_t *quant, size_t n, wsync_fp8_ref_t *scratch,
                            size_t *bad_op, int64_t *bad_row, int64_t *bad_col);

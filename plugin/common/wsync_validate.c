@@ -2,6 +2,8 @@
  * byte is written). Pure functions; thread safe. */
 #include "wsync_validate.h"
 
+#include "wsync_fp8.h"
+
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -185,25 +187,13 @@ static size_t wsync_quant_src_size(wsync_dtype_t d)
     return d == WSYNC_DTYPE_F32 ? 4u : d == WSYNC_DTYPE_BF16 || d == WSYNC_DTYPE_F16 ? 2u : 0u;
 }
 
-typedef struct wsync_scale_ref {
-    uintptr_t scale;
-    size_t op;
-} wsync_scale_ref_t;
-
-static int wsync_scale_ref_cmp(const void *a, const void *b)
-{
-    const wsync_scale_ref_t *x = a, *y = b;
-    return x->scale != y->scale ? (x->scale > y->scale) - (x->scale < y->scale)
-                                : (x->op > y->op) - (x->op < y->op);
-}
-
 /* shared[i] = 1 for a TENSOR op whose scale an earlier TENSOR op of the call names (sorted, not
  * compared pairwise: a MoE bucket has thousands). NULL when out of memory. */
 static uint8_t *wsync_quant_shared_scales(const wsync_copy_op_t *ops, const wsync_quant_t *quant,
                                           size_t n)
 {
     uint8_t *shared = calloc(n ? n : 1, 1);
-    wsync_scale_ref_t *by = calloc(n ? n : 1, sizeof(*by));
+    wsync_fp8_ref_t *by = calloc(n ? n : 1, sizeof(*by));
     size_t m = 0;
     if (shared == NULL || by == NULL) {
         free(shared);
@@ -212,8 +202,8 @@ static uint8_t *wsync_quant_shared_scales(const wsync_copy_op_t *ops, const wsyn
     }
     for (size_t i = 0; i < n; i++)
         if (quant[i].kind == WSYNC_QUANT_FP8_TENSOR && ops[i].rows > 0 && ops[i].row_bytes > 0)
-            by[m++] = (wsync_scale_ref_t){(uintptr_t)quant[i].scale_dst, i};
-    qsort(by, m, sizeof(*by), wsync_scale_ref_cmp);
+            by[m++] = (wsync_fp8_ref_t){(uintptr_t)quant[i].scale_dst, i};
+    qsort(by, m, sizeof(*by), wsync_fp8_ref_cmp);
     for (size_t j = 1; j < m; j++)
         shared[by[j].op] = by[j].scale == by[j - 1].scale;
     free(by);

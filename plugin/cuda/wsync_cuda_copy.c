@@ -462,18 +462,6 @@ static cudaError_t quant_run(void *arg, cudaStream_t s)
     return wsync_cuda_quant_blocks(q->dev, q->n, q->blocks, q->flag, q->amax, s);
 }
 
-typedef struct quant_by_scale {
-    const void *scale;
-    size_t op;
-} quant_by_scale_t;
-
-static int quant_by_scale_cmp(const void *a, const void *b)
-{
-    const quant_by_scale_t *x = a, *y = b;
-    const uintptr_t p = (uintptr_t)x->scale, q = (uintptr_t)y->scale;
-    return p != q ? (p > q) - (p < q) : (x->op > y->op) - (x->op < y->op);
-}
-
 /* The call's quantized ops in launch order: the per-tensor ones first, each scale's ops together
  * (so the amax pass of a one-pass call is a scan of the table's head), then the rest in call
  * order. *n_tensor, *n_groups: how many per-tensor ops and scales. NULL when out of memory. */
@@ -482,7 +470,7 @@ static size_t *quant_order(const wsync_copy_op_t *ops, const wsync_quant_t *quan
 {
     size_t *order = calloc(nq ? nq : 1, sizeof(*order));
     uint32_t *g = calloc(nq ? nq : 1, sizeof(*g));
-    quant_by_scale_t *by = calloc(nq ? nq : 1, sizeof(*by));
+    wsync_fp8_ref_t *by = calloc(nq ? nq : 1, sizeof(*by));
     size_t nt = 0, k = 0, ng = 0;
     if (order == NULL || g == NULL || by == NULL) {
         free(order), free(g), free(by);
@@ -490,8 +478,8 @@ static size_t *quant_order(const wsync_copy_op_t *ops, const wsync_quant_t *quan
     }
     for (size_t i = 0; i < n_ops; i++)
         if (quant[i].kind == WSYNC_QUANT_FP8_TENSOR && ops[i].rows > 0)
-            by[nt++] = (quant_by_scale_t){quant[i].scale_dst, i};
-    qsort(by, nt, sizeof(*by), quant_by_scale_cmp);
+            by[nt++] = (wsync_fp8_ref_t){(uintptr_t)quant[i].scale_dst, i};
+    qsort(by, nt, sizeof(*by), wsync_fp8_ref_cmp);
     for (size_t j = 0; j < nt; j++) {
         ng += j == 0 || by[j].scale != by[j - 1].scale;
         g[k] = (uint32_t)(ng - 1);

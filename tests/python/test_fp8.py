@@ -223,22 +223,21 @@ def _fp8_moe_layout(ref, first=0, count=None):
     return out
 
 
-@pytest.mark.parametrize("ep", [1, 2])
-def test_fp8_fused_experts_with_expert_parallelism(ep):
-    """Qwen3-MoE into SGLang's FP8 fused experts (w13_weight / w2_weight e4m3fn with
-    w13_weight_scale_inv / w2_weight_scale_inv per expert), each EP rank only its experts."""
+def sync_fp8_experts(engine, ep, layout):
+    """A Qwen3-MoE into `engine`'s FP8 fused experts at EP = TP = ep, 2 syncs, each rank bit-exact
+    against layout(its bf16 parameters with the full expert stacks, first expert, count): the
+    rank's fp8 parameters and scales, only its experts."""
     model = _moe_model()
 
     def reference(sd, r):
-        dense, full = models.engine_layout(sd, "sglang", r, ep), models.engine_layout(sd, "sglang", 0, 1)
-        return _fp8_moe_layout({n: (full[n] if ".experts." in n else t) for n, t in dense.items()},
-                               r * 4 // ep, 4 // ep)
+        dense, full = models.engine_layout(sd, engine, r, ep), models.engine_layout(sd, engine, 0, 1)
+        return layout({n: (full[n] if ".experts." in n else t) for n, t in dense.items()}, r * 4 // ep, 4 // ep)
 
     params = [_zeros(reference(dict(model.state_dict()), r)) for r in range(ep)]
-    workers = [wsync.EngineWorker(params[r], engine="sglang", config=model.config, tp_rank=r, tp_size=ep,
+    workers = [wsync.EngineWorker(params[r], engine=engine, config=model.config, tp_rank=r, tp_size=ep,
                                   ep_rank=r, ep_size=ep, plugin=plugin_for("cpu")) for r in range(ep)]
     send = lambda m: [w.handle(m) for w in workers]  # noqa: E731
-    with wsync.Producer("sglang", tp_size=ep, ep_size=ep, bucket_bytes=1 << 20, plugin=plugin_for("cpu")) as prod:
+    with wsync.Producer(engine, tp_size=ep, ep_size=ep, bucket_bytes=1 << 20, plugin=plugin_for("cpu")) as prod:
         for k in (1, 2):
             sd = models.step(model, k)
             prod.sync(sd, send)
@@ -248,6 +247,13 @@ def test_fp8_fused_experts_with_expert_parallelism(ep):
                 bad = [n for n in want if not _bytes_equal(params[r][n], want[n])]
                 assert not bad, f"sync {k}, rank {r}: {bad[:4]}"
         _close(workers)
+
+
+@pytest.mark.parametrize("ep", [1, 2])
+def test_fp8_fused_experts_with_expert_parallelism(ep):
+    """Qwen3-MoE into SGLang's FP8 fused experts (w13_weight / w2_weight e4m3fn with
+    w13_weight_scale_inv / w2_weight_scale_inv per expert), each EP rank only its experts."""
+    sync_fp8_experts("sglang", ep, _fp8_moe_layout)
 
 
 @pytest.mark.parametrize("case", ["rollback", "direct"])

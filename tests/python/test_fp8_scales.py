@@ -17,7 +17,7 @@ import pytest
 import torch
 import wsync
 from conftest import plugin_for
-from test_fp8 import FP8, _bytes_equal, _close, _model, _moe_model, _zeros
+from test_fp8 import FP8, _bytes_equal, _close, _model, _zeros, sync_fp8_experts
 
 F448 = torch.tensor(448.0)
 MIN_SCALE = torch.tensor(1.0) / (F448 * torch.tensor(512.0))  # vLLM's min_scaling_factor
@@ -286,24 +286,6 @@ def _fp8_moe_layout(ref, scheme, first=0, count=None):
 @pytest.mark.parametrize("scheme", ["channel", "tensor"])
 @pytest.mark.parametrize("ep", [1, 2])
 def test_fp8_scales_fused_experts_with_expert_parallelism(scheme, ep):
-    model = _moe_model()
-
-    def reference(sd, r):
-        dense, full = models.engine_layout(sd, "vllm", r, ep), models.engine_layout(sd, "vllm", 0, 1)
-        return _fp8_moe_layout({n: (full[n] if ".experts." in n else t) for n, t in dense.items()},
-                               scheme, r * 4 // ep, 4 // ep)
-
-    params = [_zeros(reference(dict(model.state_dict()), r)) for r in range(ep)]
-    workers = [wsync.EngineWorker(params[r], engine="vllm", config=model.config, tp_rank=r, tp_size=ep,
-                                  ep_rank=r, ep_size=ep, plugin=plugin_for("cpu")) for r in range(ep)]
-    send = lambda m: [w.handle(m) for w in workers]  # noqa: E731
-    with wsync.Producer("vllm", tp_size=ep, ep_size=ep, bucket_bytes=1 << 20, plugin=plugin_for("cpu")) as prod:
-        for k in (1, 2):
-            sd = models.step(model, k)
-            prod.sync(sd, send)
-            for r in range(ep):
-                want = reference(sd, r)
-                assert sum(t.dtype == torch.float8_e4m3fn for t in want.values()) == 2 * 4
-                bad = [n for n in want if not _bytes_equal(params[r][n], want[n])]
-                assert not bad, f"sync {k}, rank {r}: {bad[:4]}"
-        _close(workers)
+    """Qwen3-MoE into vLLM's FP8 fused experts with per-channel [E, R, 1] or per-expert [E]
+    weight_scale, each EP rank only its experts."""
+    sync_fp8_experts("vllm", ep, lambda ref, first, count: _fp8_moe_layout(ref, scheme, first, count))
