@@ -424,14 +424,13 @@ static wsync_result_t wsync_map_plan_fp8(const wsync_engine_ops_t *eng,
                                 t->name, tg->engine_name, sname, expert ? "experts, " : "", R,
                                 expert ? "experts, " : "");
     } else {
-        char inv[WSYNC_MAP_NAME_MAX];
-        (void)snprintf(inv, sizeof(inv), "%s_scale_inv", tg->engine_name);
-        return WSYNC_RECORD(err, WSYNC_ERR_LAYOUT_MISMATCH,
-                            "tensor \"%s\": the fp8 parameter %s needs its block scales %s as "
-                            "float32 [%s%" PRId64 ", %" PRId64 "], or vLLM's %s (per channel "
-                            "[%s%" PRId64 ", 1], per tensor [%s1]); the engine has none",
-                            t->name, tg->engine_name, inv, expert ? "experts, " : "", SR, SC, sname,
-                            expert ? "experts, " : "", R, expert ? "experts, " : "");
+        return WSYNC_RECORD(
+            err, WSYNC_ERR_LAYOUT_MISMATCH,
+            "tensor \"%s\": the fp8 parameter %s needs its block scales %s_scale_inv "
+            "as float32 [%s%" PRId64 ", %" PRId64 "], or vLLM's %s (per channel "
+            "[%s%" PRId64 ", 1], per tensor [%s1]); the engine has none",
+            t->name, tg->engine_name, tg->engine_name, expert ? "experts, " : "", SR, SC, sname,
+            expert ? "experts, " : "", R, expert ? "experts, " : "");
     }
     const int64_t src_start = tg->rule->split == WSYNC_TP_ROW ? g->src_col : g->src_row;
     if (kind == WSYNC_QUANT_FP8_BLOCK &&
