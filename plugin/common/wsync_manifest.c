@@ -653,16 +653,10 @@ wsync_result_t wsync_manifest_apply_digests(wsync_manifest_owned_t *m,
     return WSYNC_OK;
 }
 
-/* "segments" (direct mode): 1..WSYNC_MANIFEST_MAX_SEGMENTS buffer objects, absent otherwise. */
-static wsync_result_t wsync_parse_segments(const json_t *arr, wsync_manifest_owned_t *m,
-                                           wsync_error_t *err)
+/* The checks of "segments" that do not read its entries: 1..WSYNC_MANIFEST_MAX_SEGMENTS of them,
+ * and a buffer that is a synchronisation object; then room for them in m. */
+static wsync_result_t wsync_segments_begin(size_t n, wsync_manifest_owned_t *m, wsync_error_t *err)
 {
-    if (arr == NULL)
-        return WSYNC_OK;
-    if (!json_is_array(arr))
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "segments: must be an array, got %s",
-                          wsync_json_type_name(arr));
-    size_t n = json_array_size(arr);
     if (n == 0 || n > WSYNC_MANIFEST_MAX_SEGMENTS)
         return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
                           "segments: %zu entries; a direct manifest names 1..%u", n,
@@ -674,19 +668,43 @@ static wsync_result_t wsync_parse_segments(const json_t *arr, wsync_manifest_own
     m->segments = calloc(n, sizeof(*m->segments));
     if (m->segments == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "cannot allocate %zu segments", n);
-    for (size_t k = 0; k < n; k++) {
-        wsync_result_t r =
-            wsync_parse_buffer(json_array_get(arr, k), (long)k, &m->segments[k], err);
-        if (r != WSYNC_OK)
-            return r;
-    }
-    m->view.n_segments = n;
     m->view.segments = m->segments;
     return WSYNC_OK;
 }
 
-wsync_result_t wsync_manifest_parse_head(const json_t *root, wsync_manifest_owned_t *m,
-                                         wsync_manifest_blob_t *blob, wsync_error_t *err)
+/* "segments" (direct mode): 1..WSYNC_MANIFEST_MAX_SEGMENTS buffer objects, absent otherwise; or,
+ * from the parse cache, segments a full parse of the same text already read (`cached`). */
+static wsync_result_t wsync_parse_segments(const json_t *arr, const wsync_manifest_segs_t *cached,
+                                           wsync_manifest_owned_t *m, wsync_error_t *err)
+{
+    wsync_result_t r;
+    if (cached != NULL) {
+        if ((r = wsync_segments_begin(cached->n, m, err)) != WSYNC_OK)
+            return r;
+        memcpy(m->segments, cached->at, cached->n * sizeof(*m->segments));
+        m->view.n_segments = cached->n;
+        return WSYNC_OK;
+    }
+    if (arr == NULL)
+        return WSYNC_OK;
+    if (!json_is_array(arr))
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST, "segments: must be an array, got %s",
+                          wsync_json_type_name(arr));
+    size_t n = json_array_size(arr);
+    if ((r = wsync_segments_begin(n, m, err)) != WSYNC_OK)
+        return r;
+    for (size_t k = 0; k < n; k++) {
+        r = wsync_parse_buffer(json_array_get(arr, k), (long)k, &m->segments[k], err);
+        if (r != WSYNC_OK)
+            return r;
+    }
+    m->view.n_segments = n;
+    return WSYNC_OK;
+}
+
+wsync_result_t wsync_manifest_parse_head(const json_t *root, const wsync_manifest_segs_t *segs,
+                                         wsync_manifest_owned_t *m, wsync_manifest_blob_t *blob,
+                                         wsync_error_t *err)
 {
     wsync_mpath_t p = {NULL, -1, NULL, -1};
     wsync_result_t r;
@@ -722,7 +740,7 @@ wsync_result_t wsync_manifest_parse_head(const json_t *root, wsync_manifest_owne
     if ((r = wsync_parse_buffer(json_object_get(root, "buffer"), -1, &m->view.buffer, err)) !=
         WSYNC_OK)
         return r;
-    if ((r = wsync_parse_segments(json_object_get(root, "segments"), m, err)) != WSYNC_OK)
+    if ((r = wsync_parse_segments(json_object_get(root, "segments"), segs, m, err)) != WSYNC_OK)
         return r;
     return wsync_parse_digest_blob(json_object_get(root, "digests"), blob, err);
 }
@@ -731,7 +749,7 @@ static wsync_result_t wsync_parse_root(const json_t *root, wsync_manifest_owned_
                                        wsync_error_t *err)
 {
     wsync_manifest_blob_t blob = {0};
-    wsync_result_t r = wsync_manifest_parse_head(root, m, &blob, err);
+    wsync_result_t r = wsync_manifest_parse_head(root, NULL, m, &blob, err);
     if (r == WSYNC_OK)
         r = wsync_parse_tensors(json_object_get(root, "tensors"), m, err);
     if (r == WSYNC_OK)

@@ -17,13 +17,18 @@
  * for T0; the only checks of the array that depend on anything outside it are each tensor's
  * extent against buffer.bytes and the digests blob, which the fast path repeats in the full
  * parse's order (wsync_manifest_check_extent, wsync_manifest_apply_digests). A direct manifest's
- * tensors also name their segments (the head's "segments"): the entry keeps each tensor's index,
- * serves only heads that have segments (a tail from a manifest with segments always names them,
- * one without never does), and repeats the two checks that read the head, in the full parse's
- * order per tensor: the index names one of the head's segments, and the tensor lies inside that
- * segment (wsync_manifest_check_segment, wsync_manifest_check_tensor_extent). When H + "}" is not
- * such an object (not JSON, a NUL byte, empty, or has "tensors") the text takes the full parse,
- * so its error, if any, is the full parse's own.
+ * tail starts one member earlier, X = `,"segments":` ... `,"tensors":` ...: the canonical emit
+ * writes "segments" last before "tensors", and a steady trainer repeats both byte for byte. The
+ * same argument holds with two members: stored only when the root of T0 has exactly two members
+ * more than H0 + "}" and H0 has neither "segments" nor "tensors" (so the tail's two members are
+ * those), served only to heads H without either. The entry keeps the segments and each
+ * tensor's index; the one check of "segments" that reads the head (the buffer is not a torch
+ * share) runs where the full parse runs it (wsync_manifest_parse_head with the cached segments),
+ * and per tensor the full parse's two segment checks are repeated in its order
+ * (wsync_manifest_check_segment, wsync_manifest_check_tensor_extent). A staged tail serves a
+ * head with "segments" never (that pair is the full parse's error, worded by it). When H + "}"
+ * is not such an object (not JSON, a NUL byte, empty, or has "tensors") the text takes the full
+ * parse, so its error, if any, is the full parse's own.
  *
  * The digests blob. jansson reads a long string at ~16 ns a byte, and a canonical head ends with
  * `,"digests":"B"` where B (~11 bytes a tensor) is nearly all of it. When the head ends that way
@@ -46,6 +51,8 @@
 
 #define WSYNC_MC_KEY ",\"tensors\":"
 #define WSYNC_MC_KEY_LEN (sizeof(WSYNC_MC_KEY) - 1)
+#define WSYNC_MC_SEG_KEY ",\"segments\":"
+#define WSYNC_MC_SEG_KEY_LEN (sizeof(WSYNC_MC_SEG_KEY) - 1)
 
 /* A validated tail and its tensor table, as the array alone defines it (digests from a blob
  * excluded). Immutable once inserted; freed when the last reference goes. */
@@ -55,8 +62,10 @@ typedef struct wsync_mc_entry {
     uint64_t tail_objects; /* its JSON objects, for the size limits of a hit's head */
     wsync_tensor_desc_t *tensors;
     size_t n;
-    char *names;          /* NUL-separated; tensors[i].name points in here */
-    uint32_t *segment_of; /* direct manifests: each tensor's segment index; else NULL */
+    char *names;                   /* NUL-separated; tensors[i].name points in here */
+    uint32_t *segment_of;          /* direct manifests: each tensor's segment index; else NULL */
+    wsync_buffer_desc_t *segments; /* direct manifests: the tail's "segments" */
+    size_t n_segments;
     size_t names_len;
     size_t bytes;  /* accounted against WSYNC_MANIFEST_CACHE_MAX_BYTES */
     unsigned refs; /* the cache's own + parses using it; guarded by the cache lock */
@@ -76,6 +85,7 @@ static void wsync_mc_entry_free(wsync_mc_entry_t *e)
     free(e->tensors);
     free(e->names);
     free(e->segment_of);
+    free(e->segments);
     free(e);
 }
 
@@ -168,8 +178,9 @@ static size_t wsync_mc_split_blob(const char *head, size_t hlen, const char **bl
 }
 
 /* head[0, hlen) + "}" as a JSON object, or NULL unless it is a non-empty object without a
- * "tensors" member (the precondition of the soundness argument above). */
-static json_t *wsync_mc_load_head(const char *head, size_t hlen)
+ * "tensors" member, nor, before a direct tail, a "segments" member (the precondition of the
+ * soundness argument above). */
+static json_t *wsync_mc_load_head(const char *head, size_t hlen, int direct)
 {
     json_error_t jerr;
     if (memchr(head, '\0', hlen) != NULL)
@@ -181,8 +192,9 @@ static json_t *wsync_mc_load_head(const char *head, size_t hlen)
     buf[hlen] = '}';
     json_t *root = json_loadb(buf, hlen + 1, JSON_REJECT_DUPLICATES, &jerr);
     free(buf);
-    if (root != NULL && (!json_is_object(root) || json_object_size(root) == 0 ||
-                         json_object_get(root, "tensors"))) {
+    if (root != NULL &&
+        (!json_is_object(root) || json_object_size(root) == 0 || json_object_get(root, "tensors") ||
+         (direct && json_object_get(root, "segments")))) {
         json_decref(root);
         root = NULL;
     }
@@ -263,7 +275,7 @@ static wsync_result_t wsync_mc_hit(const wsync_mc_entry_t *e, const char *json, 
     const char *blob_text;
     size_t blob_len;
     size_t hlen = wsync_mc_split_blob(json, len - e->tail_len, &blob_text, &blob_len);
-    json_t *root = wsync_mc_load_head(json, hlen);
+    json_t *root = wsync_mc_load_head(json, hlen, e->segments != NULL);
     if (root != NULL && blob_text != NULL && json_object_get(root, "digests") != NULL) {
         json_decref(root);
         root = NULL;
@@ -281,7 +293,8 @@ static wsync_result_t wsync_mc_hit(const wsync_mc_entry_t *e, const char *json, 
         goto out;
     }
     m->view.struct_size = sizeof(m->view);
-    r = wsync_manifest_parse_head(root, m, &blob, err);
+    const wsync_manifest_segs_t segs = {e->segments, e->n_segments};
+    r = wsync_manifest_parse_head(root, e->segments != NULL ? &segs : NULL, m, &blob, err);
     if (r == WSYNC_OK && blob_text != NULL) {
         /* Where the full parse decodes "digests": last of the head members. */
         if ((blob_copy = malloc(blob_len + 1)) == NULL) {
@@ -319,16 +332,18 @@ static wsync_mc_entry_t *wsync_mc_entry_new(const char *json, size_t len,
                                             const wsync_manifest_owned_t *m, size_t root_members,
                                             int had_blob)
 {
-    const char *key = memmem(json, len, WSYNC_MC_KEY, WSYNC_MC_KEY_LEN);
+    const int direct = m->view.n_segments > 0; /* then every tensor named its segment */
+    const char *key = direct ? memmem(json, len, WSYNC_MC_SEG_KEY, WSYNC_MC_SEG_KEY_LEN)
+                             : memmem(json, len, WSYNC_MC_KEY, WSYNC_MC_KEY_LEN);
     if (key == NULL)
         return NULL;
     size_t hlen = (size_t)(key - json);
     const char *blob_text;
     size_t blob_len;
     size_t core = wsync_mc_split_blob(json, hlen, &blob_text, &blob_len);
-    json_t *head = wsync_mc_load_head(json, core);
+    json_t *head = wsync_mc_load_head(json, core, direct);
     size_t head_members = head ? json_object_size(head) + (blob_text != NULL) : 0;
-    int ok = head != NULL && head_members + 1 == root_members &&
+    int ok = head != NULL && head_members + 1 + (size_t)direct == root_members &&
              (blob_text == NULL || json_object_get(head, "digests") == NULL);
     json_decref(head);
     if (!ok)
@@ -339,9 +354,9 @@ static wsync_mc_entry_t *wsync_mc_entry_new(const char *json, size_t len,
         names_len =
             (size_t)(m->tensors[n - 1].name - m->names) + strlen(m->tensors[n - 1].name) + 1;
     size_t tail_len = len - hlen;
-    const int direct = m->view.n_segments > 0; /* then every tensor named its segment */
-    size_t bytes =
-        tail_len + n * sizeof(*m->tensors) + names_len + (direct ? n * sizeof(*m->segment_of) : 0);
+    const size_t n_segs = m->view.n_segments;
+    size_t bytes = tail_len + n * sizeof(*m->tensors) + names_len +
+                   (direct ? n * sizeof(*m->segment_of) + n_segs * sizeof(*m->segments) : 0);
     if (bytes > WSYNC_MANIFEST_CACHE_MAX_BYTES)
         return NULL;
 
@@ -352,13 +367,17 @@ static wsync_mc_entry_t *wsync_mc_entry_new(const char *json, size_t len,
     e->tensors = malloc((n ? n : 1) * sizeof(*e->tensors));
     e->names = malloc(names_len ? names_len : 1);
     e->segment_of = direct ? malloc((n ? n : 1) * sizeof(*e->segment_of)) : NULL;
+    e->segments = direct ? malloc(n_segs * sizeof(*e->segments)) : NULL;
     if (e->tail == NULL || e->tensors == NULL || e->names == NULL ||
-        (direct && e->segment_of == NULL)) {
+        (direct && (e->segment_of == NULL || e->segments == NULL))) {
         wsync_mc_entry_free(e);
         return NULL;
     }
-    if (direct)
+    if (direct) {
         memcpy(e->segment_of, m->segment_of, n * sizeof(*e->segment_of));
+        memcpy(e->segments, m->segments, n_segs * sizeof(*e->segments));
+        e->n_segments = n_segs;
+    }
     memcpy(e->tail, key, tail_len);
     memcpy(e->names, m->names, names_len);
     memcpy(e->tensors, m->tensors, n * sizeof(*e->tensors));

@@ -1,8 +1,7 @@
-/* Manifest emit (docs/DESIGN.md §2). The head (schema, generation, buffer, digests) is built with
- * jansson; the tensors array, which is most of the text and is written on every publish, is
- * written directly, byte for byte as jansson's compact dump writes it: 300 tensors in tens of
- * microseconds instead of half a millisecond (docs/PERFORMANCE.md). */
-#include <jansson.h>
+/* Manifest emit (docs/DESIGN.md §2). The whole text is written directly, byte for byte as
+ * jansson's compact dump of the same members in the same order writes it: 300 tensors in tens of
+ * microseconds instead of half a millisecond, and a direct manifest's segments at about a
+ * microsecond each instead of ten (docs/PERFORMANCE.md). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,27 +107,39 @@ static int wsync_text_json_str(wsync_text_t *t, const char *s)
 
 /* ----------------------------------------------------------------- checks */
 
-static wsync_result_t wsync_check_emit(const wsync_manifest_t *m, wsync_error_t *err)
+/* The buffer (segment < 0) or segments[segment]: a known kind, handle lengths, JSON ranges. */
+static wsync_result_t wsync_check_buffer(const wsync_buffer_desc_t *b, long segment,
+                                         wsync_error_t *err)
 {
-    const wsync_buffer_desc_t *b = &m->buffer;
-    if (m->generation == 0 || m->generation > WSYNC_JSON_INT_MAX)
-        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                          "generation %llu must be in 1..INT64_MAX",
-                          (unsigned long long)m->generation);
+    char what[32] = "buffer";
+    if (segment >= 0)
+        snprintf(what, sizeof(what), "segments[%ld]", segment);
     if (wsync_buffer_kind_from_name(wsync_buffer_kind_name(b->kind)) == WSYNC_BUFFER_INVALID)
-        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "buffer.kind %d is not a known kind",
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "%s.kind %d is not a known kind", what,
                           (int)b->kind);
     if (b->handle_len == 0 || b->handle_len > WSYNC_HANDLE_MAX ||
         (b->has_ready && b->ready_len > WSYNC_HANDLE_MAX) ||
         (b->has_consumed && b->consumed_len > WSYNC_HANDLE_MAX))
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                          "buffer handle lengths must be 1..%d bytes (handle %u)", WSYNC_HANDLE_MAX,
-                          b->handle_len);
+                          "%s handle lengths must be 1..%d bytes (handle %u)", what,
+                          WSYNC_HANDLE_MAX, b->handle_len);
     if (b->bytes > WSYNC_JSON_INT_MAX || b->base_offset > WSYNC_JSON_INT_MAX || b->pid < 0)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                          "buffer bytes %llu / offset %llu / pid %lld out of the JSON range",
+                          "%s bytes %llu / offset %llu / pid %lld out of the JSON range", what,
                           (unsigned long long)b->bytes, (unsigned long long)b->base_offset,
                           (long long)b->pid);
+    return WSYNC_OK;
+}
+
+static wsync_result_t wsync_check_emit(const wsync_manifest_t *m, wsync_error_t *err)
+{
+    wsync_result_t r;
+    if (m->generation == 0 || m->generation > WSYNC_JSON_INT_MAX)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "generation %llu must be in 1..INT64_MAX",
+                          (unsigned long long)m->generation);
+    if ((r = wsync_check_buffer(&m->buffer, -1, err)) != WSYNC_OK)
+        return r;
     if (m->n_tensors > 0 && m->tensors == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "%zu tensors but tensors is NULL",
                           m->n_tensors);
@@ -138,6 +149,9 @@ static wsync_result_t wsync_check_emit(const wsync_manifest_t *m, wsync_error_t 
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "%zu segments (at most %u) need segments and tensor_segment",
                           m->n_segments, WSYNC_MANIFEST_MAX_SEGMENTS);
+    for (size_t k = 0; direct && k < m->n_segments; k++)
+        if ((r = wsync_check_buffer(&m->segments[k], (long)k, err)) != WSYNC_OK)
+            return r;
     for (size_t i = 0; direct && i < m->n_tensors; i++)
         if (m->tensor_segment[i] >= m->n_segments)
             return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "tensors[%zu]: segment %u of %zu", i,
@@ -156,93 +170,107 @@ static wsync_result_t wsync_check_emit(const wsync_manifest_t *m, wsync_error_t 
 
 /* ------------------------------------------------------------------- head */
 
-static int wsync_set(json_t *obj, const char *key, json_t *v)
+/* A JSON string of at most n bytes of s (a fixed-size field, NUL-terminated or full). */
+static int wsync_text_json_strn(wsync_text_t *t, const char *s, size_t n)
 {
-    return v == NULL || json_object_set_new(obj, key, v) != 0 ? -1 : 0;
+    char buf[WSYNC_HANDLE_MAX + 1];
+    const size_t len = strnlen(s, n < WSYNC_HANDLE_MAX ? n : WSYNC_HANDLE_MAX);
+    memcpy(buf, s, len);
+    buf[len] = '\0';
+    return wsync_text_json_str(t, buf);
 }
 
-static json_t *wsync_base64_json(const uint8_t *p, uint32_t n)
+/* "key":"<base64 of p[0, n)>" after a comma. */
+static void wsync_text_base64(wsync_text_t *t, const char *key, const uint8_t *p, uint32_t n)
 {
     char buf[WSYNC_HANDLE_MAX / 3 * 4 + 8];
-    if (n > WSYNC_HANDLE_MAX)
-        return NULL;
     wsync_base64_encode(p, n, buf);
-    return json_string(buf);
+    wsync_text_str(t, key);
+    wsync_text_put(t, "\"", 1);
+    wsync_text_str(t, buf);
+    wsync_text_put(t, "\"", 1);
 }
 
-static json_t *wsync_emit_buffer(const wsync_buffer_desc_t *b)
+/* A buffer object (the manifest's buffer, or a segment) in jansson's member order; 0 when its
+ * device or control is not valid UTF-8. */
+static int wsync_text_buffer(wsync_text_t *t, const wsync_buffer_desc_t *b)
 {
-    json_t *o = json_object();
-    if (o == NULL)
-        return NULL;
-    int bad = wsync_set(o, "kind", json_string(wsync_buffer_kind_name(b->kind))) |
-              wsync_set(o, "handle", wsync_base64_json(b->handle, b->handle_len)) |
-              wsync_set(o, "bytes", json_integer((json_int_t)b->bytes)) |
-              wsync_set(o, "pid", json_integer((json_int_t)b->pid)) |
-              wsync_set(o, "device", json_stringn(b->device, strnlen(b->device, WSYNC_DEVICE_MAX)));
+    wsync_text_str(t, "{\"kind\":\"");
+    wsync_text_str(t, wsync_buffer_kind_name(b->kind));
+    wsync_text_put(t, "\"", 1);
+    wsync_text_base64(t, ",\"handle\":", b->handle, b->handle_len);
+    wsync_text_str(t, ",\"bytes\":");
+    wsync_text_int(t, (long long)b->bytes);
+    wsync_text_str(t, ",\"pid\":");
+    wsync_text_int(t, (long long)b->pid);
+    wsync_text_str(t, ",\"device\":");
+    if (!wsync_text_json_strn(t, b->device, WSYNC_DEVICE_MAX))
+        return 0;
     if (b->has_ready)
-        bad |= wsync_set(o, "ready", wsync_base64_json(b->ready, b->ready_len));
+        wsync_text_base64(t, ",\"ready\":", b->ready, b->ready_len);
     if (b->has_consumed)
-        bad |= wsync_set(o, "consumed", wsync_base64_json(b->consumed, b->consumed_len));
-    if (b->base_offset != 0)
-        bad |= wsync_set(o, "offset", json_integer((json_int_t)b->base_offset));
-    if (b->control[0] != '\0')
-        bad |= wsync_set(o, "control",
-                         json_stringn(b->control, strnlen(b->control, WSYNC_HANDLE_MAX)));
-    if (bad) {
-        json_decref(o);
-        return NULL;
+        wsync_text_base64(t, ",\"consumed\":", b->consumed, b->consumed_len);
+    if (b->base_offset != 0) {
+        wsync_text_str(t, ",\"offset\":");
+        wsync_text_int(t, (long long)b->base_offset);
     }
-    return o;
+    if (b->control[0] != '\0') {
+        wsync_text_str(t, ",\"control\":");
+        if (!wsync_text_json_strn(t, b->control, WSYNC_HANDLE_MAX))
+            return 0;
+    }
+    wsync_text_put(t, "}", 1);
+    return 1;
 }
 
-/* n little-endian uint64 digests in tensor order, base64. */
-static json_t *wsync_emit_digest_blob(const wsync_manifest_t *m)
+/* ,"digests":"<base64 of n little-endian uint64 digests in tensor order>" */
+static void wsync_text_digest_blob(wsync_text_t *t, const wsync_manifest_t *m)
 {
-    size_t n = m->n_tensors;
+    const size_t n = m->n_tensors;
+    char *w = wsync_text_room(t, 13 + wsync_base64_encoded_size(8 * n));
     uint8_t *raw = malloc(8 * n);
-    char *text = malloc(wsync_base64_encoded_size(8 * n));
-    json_t *v = NULL;
-    if (raw != NULL && text != NULL) {
-        for (size_t i = 0; i < n; i++)
-            for (int k = 0; k < 8; k++)
-                raw[8 * i + (size_t)k] = (uint8_t)(m->tensors[i].digest >> (8 * k));
-        wsync_base64_encode(raw, 8 * n, text);
-        v = json_string(text);
+    if (w == NULL || raw == NULL) {
+        free(raw);
+        t->bad = 1;
+        return;
     }
+    for (size_t i = 0; i < n; i++)
+        for (int k = 0; k < 8; k++)
+            raw[8 * i + (size_t)k] = (uint8_t)(m->tensors[i].digest >> (8 * k));
+    memcpy(w, ",\"digests\":\"", 12);
+    wsync_base64_encode(raw, 8 * n, w + 12);
+    t->len += 12 + strlen(w + 12);
     free(raw);
-    free(text);
-    return v;
+    wsync_text_put(t, "\"", 1);
 }
 
-/* The head object's compact text, "tensors" left out. NULL when out of memory or the device
- * name is not valid UTF-8. */
-static char *wsync_emit_head(const wsync_manifest_t *m, int blob)
+/* Every member before "tensors": wsync, generation, finished, buffer, digests (the blob), then
+ * segments (direct mode), so that the text from ",\"segments\":" on -- the part a steady trainer
+ * repeats byte for byte -- is one tail for the consumers' parse cache. 0 when a device or
+ * control name is not valid UTF-8. */
+static int wsync_text_head(wsync_text_t *t, const wsync_manifest_t *m, int blob, int direct)
 {
-    json_t *root = json_object();
-    json_t *digests = blob ? wsync_emit_digest_blob(m) : NULL;
-    if (root == NULL || (blob && digests == NULL)) {
-        json_decref(digests);
-        json_decref(root);
-        return NULL;
-    }
-    int bad = wsync_set(root, "wsync", json_integer(WSYNC_MANIFEST_SCHEMA)) |
-              wsync_set(root, "generation", json_integer((json_int_t)m->generation)) |
-              wsync_set(root, "finished", json_boolean(m->finished)) |
-              wsync_set(root, "buffer", wsync_emit_buffer(&m->buffer));
-    if (WSYNC_HAS_FIELD(wsync_manifest_t, m, tensor_segment) && m->n_segments > 0) {
-        json_t *segs = json_array();
-        bad |= wsync_set(root, "segments", segs);
-        for (size_t k = 0; segs != NULL && k < m->n_segments; k++) {
-            json_t *o = wsync_emit_buffer(&m->segments[k]);
-            bad |= o == NULL || json_array_append_new(segs, o) != 0;
-        }
-    }
+    wsync_text_str(t, "{\"wsync\":");
+    wsync_text_int(t, WSYNC_MANIFEST_SCHEMA);
+    wsync_text_str(t, ",\"generation\":");
+    wsync_text_int(t, (long long)m->generation);
+    wsync_text_str(t, m->finished ? ",\"finished\":true" : ",\"finished\":false");
+    wsync_text_str(t, ",\"buffer\":");
+    if (!wsync_text_buffer(t, &m->buffer))
+        return 0;
     if (blob)
-        bad |= wsync_set(root, "digests", digests);
-    char *text = bad ? NULL : json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(root);
-    return text;
+        wsync_text_digest_blob(t, m);
+    if (direct) {
+        wsync_text_str(t, ",\"segments\":[");
+        for (size_t k = 0; k < m->n_segments; k++) {
+            if (k > 0)
+                wsync_text_put(t, ",", 1);
+            if (!wsync_text_buffer(t, &m->segments[k]))
+                return 0;
+        }
+        wsync_text_put(t, "]", 1);
+    }
+    return 1;
 }
 
 /* ---------------------------------------------------------------- tensors */
@@ -300,22 +328,18 @@ wsync_result_t wsync_manifest_emit(const wsync_manifest_t *m, char **out, wsync_
     int blob = m->n_tensors > 0;
     for (size_t i = 0; blob && i < m->n_tensors; i++)
         blob = m->tensors[i].has_digest != 0;
-    char *head = wsync_emit_head(m, blob);
-    if (head == NULL)
-        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY,
-                          "cannot build the manifest JSON: out of memory, or a device name that "
-                          "is not valid UTF-8");
+    const int direct = WSYNC_HAS_FIELD(wsync_manifest_t, m, tensor_segment) && m->n_segments > 0;
     wsync_text_t t = {0};
-    size_t head_len = strlen(head); /* "{...}": its closing brace is replaced */
-    wsync_text_put(&t, head, head_len - 1);
-    free(head);
+    if (!wsync_text_head(&t, m, blob, direct)) {
+        free(t.p);
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "a device or control name of the buffer or a segment is not valid UTF-8");
+    }
     wsync_text_str(&t, ",\"tensors\":[");
     for (size_t i = 0; i < m->n_tensors; i++) {
         if (i > 0)
             wsync_text_put(&t, ",", 1);
-        const long seg = WSYNC_HAS_FIELD(wsync_manifest_t, m, tensor_segment) && m->n_segments > 0
-                             ? (long)m->tensor_segment[i]
-                             : -1;
+        const long seg = direct ? (long)m->tensor_segment[i] : -1;
         if (!wsync_emit_tensor(&t, &m->tensors[i], !blob, seg)) {
             free(t.p);
             return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,

@@ -21,11 +21,20 @@ typedef struct wsync_manifest_blob {
 
 void wsync_manifest_blob_free(wsync_manifest_blob_t *b);
 
+/* Segments a full parse already read from a text's cached tail. */
+typedef struct wsync_manifest_segs {
+    const wsync_buffer_desc_t *at;
+    size_t n;
+} wsync_manifest_segs_t;
+
 /* Every member except "tensors", in the full parse's order: root is an object, wsync,
- * generation, finished, buffer, digests (syntax only). Fills m->view; on success *blob owns the
- * decoded digests (free with wsync_manifest_blob_free, also after an error). */
-wsync_result_t wsync_manifest_parse_head(const json_t *root, wsync_manifest_owned_t *m,
-                                         wsync_manifest_blob_t *blob, wsync_error_t *err);
+ * generation, finished, buffer, segments, digests (syntax only). With `segs` (root then has no
+ * "segments"), those segments take the place of root's, with the checks that read the rest of
+ * the head. Fills m->view; on success *blob owns the decoded digests (free with
+ * wsync_manifest_blob_free, also after an error). */
+wsync_result_t wsync_manifest_parse_head(const json_t *root, const wsync_manifest_segs_t *segs,
+                                         wsync_manifest_owned_t *m, wsync_manifest_blob_t *blob,
+                                         wsync_error_t *err);
 
 /* The value of "digests" (s: n characters, NUL-terminated) decoded into *blob, with the
  * messages of the full parse. */

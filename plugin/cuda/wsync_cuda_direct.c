@@ -5,7 +5,9 @@
  * exported once with cudaIpcGetMemHandle; the export is cached by base address and id, so a
  * steady trainer exports nothing per sync and memory freed and re-made at the same address is
  * exported again under its new id, in the entry of that address (the cache holds one entry per
- * address in use). cuMem (VMM) memory, e.g. PyTorch's expandable segments, has no legacy IPC
+ * address in use). Per stage call a known segment costs one driver query (its id, at the first
+ * tensor in it: the entry is found by binary search on the address) and every other tensor in it
+ * none. cuMem (VMM) memory, e.g. PyTorch's expandable segments, has no legacy IPC
  * handle: the run of chunks holding the tensor is exported instead (one fd per chunk,
  * wsync_cuda_vmm.h), cached by address and the chunks' physical allocations. */
 #include <cuda.h>
@@ -70,13 +72,22 @@ struct locate_ctx {
     wsync_cuda_exports_t *exports;
     int device;
     const char *uuid;
-    /* the segments this build found: a tensor inside one needs no driver call (the memory does
-     * not change within one stage call) */
-    size_t *found; /* indices into exports (which may move as it grows) */
-    size_t n_found;
+    uint64_t stamp;     /* this build: an entry of that stamp needs no driver call for its tensors
+                           (the memory does not change within one stage call) */
     size_t *found_runs; /* indices into exports->runs */
     size_t n_found_runs;
 };
+
+/* The entry whose segment holds [at, at + nbytes), as the exports last knew it; NULL if none. */
+static wsync_cuda_export_t *export_holding(const wsync_cuda_exports_t *x, uintptr_t at,
+                                           uint64_t nbytes)
+{
+    const size_t k = export_lower(x, at + 1); /* the first entry above at */
+    if (k == 0)
+        return NULL;
+    wsync_cuda_export_t *e = &x->at[x->order[k - 1]];
+    return at - e->base <= e->size && nbytes <= e->size - (at - e->base) ? e : NULL;
+}
 
 static void describe_run(const locate_ctx_t *ctx, const wsync_cuda_vmm_run_t *r, uintptr_t at,
                          wsync_buffer_desc_t *seg, uint64_t *offset)
@@ -141,10 +152,16 @@ static wsync_result_t locate(void *user, const char *name, const void *src, uint
 {
     locate_ctx_t *ctx = user;
     const uintptr_t at = (uintptr_t)src;
-    for (size_t i = 0; i < ctx->n_found; i++) {
-        const wsync_cuda_export_t *f = &ctx->exports->at[ctx->found[i]];
-        if (at >= f->base && at - f->base <= f->size && nbytes <= f->size - (at - f->base))
-            return describe(ctx, f, at, seg, offset);
+    wsync_cuda_export_t *held = export_holding(ctx->exports, at, nbytes);
+    if (held != NULL && held->stamp == ctx->stamp)
+        return describe(ctx, held, at, seg, offset);
+    /* A segment exported before: one driver query says whether the memory at `at` is still
+     * that allocation (ids are never reused, so the same id is the same base, size, device). */
+    unsigned long long now_id = 0;
+    if (held != NULL && wsync_cuda_pointer_attr(src, CU_POINTER_ATTRIBUTE_BUFFER_ID, &now_id) &&
+        now_id == held->id) {
+        held->stamp = ctx->stamp;
+        return describe(ctx, held, at, seg, offset);
     }
     unsigned long long base = 0, size = 0, id = 0;
     int ordinal = -1, legacy = 0;
@@ -182,7 +199,7 @@ static wsync_result_t locate(void *user, const char *name, const void *src, uint
         e->size = size;
         e->id = id;
     }
-    ctx->found[ctx->n_found++] = (size_t)(e - ctx->exports->at);
+    e->stamp = ctx->stamp;
     return describe(ctx, e, at, seg, offset);
 }
 
@@ -205,16 +222,11 @@ wsync_result_t wsync_cuda_direct_build(wsync_cuda_exports_t *x, int device, cons
                                        const wsync_stage_tensor_t *t, size_t n, wsync_direct_t *out,
                                        wsync_error_t *err)
 {
-    locate_ctx_t ctx = {.exports = x, .device = device, .uuid = uuid};
-    ctx.found = malloc((n ? n : 1) * sizeof(*ctx.found));
+    locate_ctx_t ctx = {.exports = x, .device = device, .uuid = uuid, .stamp = ++x->builds};
     ctx.found_runs = malloc((n ? n : 1) * sizeof(*ctx.found_runs));
-    if (ctx.found == NULL || ctx.found_runs == NULL) {
-        free(ctx.found);
-        free(ctx.found_runs);
+    if (ctx.found_runs == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory to locate %zu tensors", n);
-    }
     wsync_result_t rc = wsync_direct_build(t, n, locate, &ctx, out, err);
-    free(ctx.found);
     free(ctx.found_runs);
     return rc;
 }

@@ -13,7 +13,8 @@
 typedef struct wsync_cuda_export {
     uintptr_t base;
     size_t size;
-    uint64_t id; /* CU_POINTER_ATTRIBUTE_BUFFER_ID */
+    uint64_t id;    /* CU_POINTER_ATTRIBUTE_BUFFER_ID */
+    uint64_t stamp; /* the build that last found it here (wsync_cuda_exports_t.builds) */
     cudaIpcMemHandle_t handle;
 } wsync_cuda_export_t;
 
@@ -23,6 +24,7 @@ typedef struct wsync_cuda_exports {
     wsync_cuda_export_t *at;
     size_t *order; /* indices into at, by base address (one entry per base: a binary search) */
     size_t n, cap;
+    uint64_t builds; /* wsync_cuda_direct_build calls so far */
     wsync_cuda_vmm_run_t *runs;
     size_t n_runs, cap_runs;
 } wsync_cuda_exports_t;

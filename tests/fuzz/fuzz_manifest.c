@@ -1,12 +1,13 @@
 /* Fuzz target: wsync_manifest_parse, then the emit round trip.
  * Invariants checked on every manifest the parser accepts (the promises of wsync_manifest.h):
  * names non-empty, unique, <= WSYNC_MANIFEST_MAX_NAME; nbytes == dtype size x prod(shape);
- * offset + nbytes <= buffer bytes without overflow; ndim <= WSYNC_MAX_DIMS; then
- * emit(parse(x)) parses back to an equal manifest and emits the same text again, the same
- * bytes as jansson's own compact dump of that text.
+ * offset + nbytes <= buffer bytes (direct: its segment's bytes) without overflow; ndim <=
+ * WSYNC_MAX_DIMS; then emit(parse(x)) parses back to an equal manifest (segments included) and
+ * emits the same text again, the same bytes as jansson's own compact dump of that text.
  * Differential (wsync_manifest_cache.h): the cached parse gives the full parse's code, message
- * and manifest for x, for x used as the head in front of a cached canonical tail, and, once x
- * itself is cached, for a canonical head in front of x's tail. */
+ * and manifest for x, for x used as the head in front of a cached canonical tail (a staged one,
+ * and a direct one from its "segments" on), and, once x itself is cached, for a canonical head
+ * in front of x's tail. */
 #define _GNU_SOURCE /* memmem */
 #include <stdlib.h>
 #include <string.h>
@@ -47,7 +48,12 @@ static void check_contract(const wsync_manifest_t *m)
         WSYNC_FUZZ_CHECK(wsync_tensor_nbytes(t->dtype, t->ndim, t->shape, &expect) == 0);
         WSYNC_FUZZ_CHECK(expect == t->nbytes);
         WSYNC_FUZZ_CHECK(!__builtin_add_overflow(t->offset, t->nbytes, &end));
-        WSYNC_FUZZ_CHECK(end <= b->bytes);
+        if (m->n_segments > 0) { /* direct: inside its segment */
+            WSYNC_FUZZ_CHECK(m->tensor_segment != NULL && m->tensor_segment[i] < m->n_segments);
+            WSYNC_FUZZ_CHECK(end <= m->segments[m->tensor_segment[i]].bytes);
+        } else {
+            WSYNC_FUZZ_CHECK(end <= b->bytes);
+        }
         /* Uniqueness: quadratic, so only on small manifests. */
         for (size_t j = 0; m->n_tensors <= 256 && j < i; j++)
             WSYNC_FUZZ_CHECK(strcmp(m->tensors[j].name, t->name) != 0);
@@ -84,6 +90,12 @@ static void check_equal(const wsync_manifest_t *a, const wsync_manifest_t *b)
         WSYNC_FUZZ_CHECK(!s->has_digest == !t->has_digest);
         WSYNC_FUZZ_CHECK(!s->has_digest || s->digest == t->digest);
     }
+    WSYNC_FUZZ_CHECK(a->n_segments == b->n_segments);
+    for (size_t k = 0; k < a->n_segments; k++)
+        WSYNC_FUZZ_CHECK(memcmp(&a->segments[k], &b->segments[k], sizeof(a->segments[k])) == 0);
+    WSYNC_FUZZ_CHECK((a->tensor_segment == NULL) == (b->tensor_segment == NULL));
+    for (size_t i = 0; a->tensor_segment != NULL && i < a->n_tensors; i++)
+        WSYNC_FUZZ_CHECK(a->tensor_segment[i] == b->tensor_segment[i]);
 }
 
 /* Full and cached parse of text[0, len) agree. */
@@ -135,10 +147,63 @@ static const char *canonical_text(void)
     return text;
 }
 
-/* Where the tail `,"tensors":...` of text starts, or len. */
+/* A canonical direct manifest (3 tensors in 2 segments, digests in the blob), emitted once: its
+ * cached tail starts at `,"segments":`. */
+static const char *canonical_direct_text(void)
+{
+    static char *text;
+    if (text == NULL) {
+        wsync_tensor_desc_t t[3];
+        const char *names[3] = {"model.layers.0.mlp.experts.0.up_proj.weight",
+                                "model.layers.0.mlp.experts.1.up_proj.weight", "model.norm.weight"};
+        uint32_t ts[3] = {0, 1, 0};
+        for (int i = 0; i < 3; i++)
+            t[i] = (wsync_tensor_desc_t){.struct_size = sizeof(t[i]),
+                                         .name = names[i],
+                                         .dtype = WSYNC_DTYPE_BF16,
+                                         .ndim = 2,
+                                         .shape = {4, 8},
+                                         .offset = i == 2 ? 64 : 0,
+                                         .nbytes = 64,
+                                         .digest = 0x0fedcba987654321ull * (uint64_t)(i + 1),
+                                         .has_digest = 1};
+        wsync_buffer_desc_t segs[2];
+        for (int k = 0; k < 2; k++) {
+            segs[k] = (wsync_buffer_desc_t){.struct_size = sizeof(segs[k]),
+                                            .kind = WSYNC_BUFFER_CUDA_IPC,
+                                            .handle_len = 72,
+                                            .bytes = 4096,
+                                            .pid = 1,
+                                            .device = "GPU-fuzz"};
+            memset(segs[k].handle, 'a' + k, 72);
+        }
+        wsync_manifest_t v = {.struct_size = sizeof(v),
+                              .schema = 1,
+                              .generation = 7,
+                              .n_tensors = 3,
+                              .tensors = t,
+                              .n_segments = 2,
+                              .segments = segs,
+                              .tensor_segment = ts};
+        v.buffer = (wsync_buffer_desc_t){.struct_size = sizeof(v.buffer),
+                                         .kind = WSYNC_BUFFER_HOST_SHM,
+                                         .handle = "/wsync-fuzz",
+                                         .handle_len = 11,
+                                         .bytes = 64,
+                                         .pid = 1,
+                                         .device = "cpu"};
+        WSYNC_FUZZ_CHECK(wsync_manifest_emit(&v, &text, NULL) == WSYNC_OK);
+    }
+    return text;
+}
+
+/* Where the tail of text starts as the parse cache takes it: at `,"segments":` when there is
+ * one (a direct manifest), else at `,"tensors":`; len when neither. */
 static size_t tail_start(const char *text, size_t len)
 {
-    const char *k = memmem(text, len, ",\"tensors\":", 11);
+    const char *k = memmem(text, len, ",\"segments\":", 12);
+    if (k == NULL)
+        k = memmem(text, len, ",\"tensors\":", 11);
     return k ? (size_t)(k - text) : len;
 }
 
@@ -153,24 +218,16 @@ static char *concat(const char *a, size_t alen, const char *b, size_t blen)
     return s;
 }
 
-static void check_differential(const char *data, size_t size, int parsed)
+/* The input against one canonical text `canon` held in `warm` (its tail cached). */
+static void check_against(wsync_manifest_cache_t *warm, const char *canon, const char *data,
+                          size_t size, int parsed)
 {
-    /* One cache for the whole run: warmed with the canonical manifest, and it keeps the tails
-     * of earlier inputs too (bounded). */
-    static wsync_manifest_cache_t *warm;
-    const char *canon = canonical_text();
     size_t clen = strlen(canon), chead = tail_start(canon, clen);
-    if (warm == NULL) {
-        WSYNC_FUZZ_CHECK((warm = wsync_manifest_cache_create()) != NULL);
-        check_cached(warm, canon, clen);
-    }
-    check_cached(warm, data, size);
-
     /* The input as the head in front of the cached canonical tail: always the head-only path. */
     char *y = concat(data, size, canon + chead, clen - chead);
     check_cached(warm, y, size + clen - chead);
     free(y);
-    /* The input's own head (before its `,"tensors":`) in front of the canonical tail. */
+    /* The input's own head (before its tail) in front of the canonical tail. */
     size_t t = tail_start(data, size);
     y = concat(data, t, canon + chead, clen - chead);
     check_cached(warm, y, t + clen - chead);
@@ -188,6 +245,22 @@ static void check_differential(const char *data, size_t size, int parsed)
     check_cached(self, z, chead + size - t);
     free(z);
     wsync_manifest_cache_destroy(self);
+}
+
+static void check_differential(const char *data, size_t size, int parsed)
+{
+    /* One cache for the whole run: warmed with the canonical manifests (staged and direct), and
+     * it keeps the tails of earlier inputs too (bounded). */
+    static wsync_manifest_cache_t *warm;
+    const char *canon = canonical_text(), *direct = canonical_direct_text();
+    if (warm == NULL) {
+        WSYNC_FUZZ_CHECK((warm = wsync_manifest_cache_create()) != NULL);
+        check_cached(warm, canon, strlen(canon));
+        check_cached(warm, direct, strlen(direct));
+    }
+    check_cached(warm, data, size);
+    check_against(warm, canon, data, size, parsed);
+    check_against(warm, direct, data, size, parsed);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

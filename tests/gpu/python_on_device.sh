@@ -8,7 +8,8 @@
 #   bench_python.py --staged-probe; ckpt: the converting stage from host memory, wsync demo
 #   --model of an f32 checkpoint on the CUDA plugin, tools/bench_python/bench_checkpoint.py;
 #   stage: tools/bench_python/bench_stage.py and the C benchmark's stage lines; direct: the C
-#   direct sync, wsync-bench-cuda's (e) rows, for DIRECT_PARAMS; nsys: an Nsight Systems kernel
+#   direct sync, wsync-bench-cuda's (e) rows, for DIRECT_PARAMS; pydirect: the Python direct sync
+#   of the dense and MoE models, tools/bench_python/bench_direct.py; nsys: an Nsight Systems kernel
 #   and copy trace of the staged probe, as CSV)
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -101,6 +102,10 @@ if [[ " $STEPS " == *" direct "* ]]; then  # the C direct sync (wsync-bench-cuda
     timeout ${BENCH_T:-560} "$B/bin/wsync-bench-cuda" --layout ${DIRECT_LAYOUT:-both} --params $prm --iters ${ITERS:-5} \
       --bucket-mib ${DIRECT_MIB:-2048} 2>&1 | grep -E "wsync-bench-cuda|\(a\) |copy_weights  |\(c\) full sync, [0-9]+ buckets through 2|\(e\)|      |summary|error|FAIL"
   done | tee "$OUT/bench-direct.log"
+fi
+if [[ " $STEPS " == *" pydirect "* ]]; then  # the Python direct sync, dense and MoE, beside the staged one
+  (cd "$ROOT/tools/bench_python" && timeout ${BENCH_T:-560} python3 bench_direct.py --iters ${ITERS:-5} ${PYDIRECT_ARGS:-} 2>&1) |
+    tee "$OUT/bench-pydirect.log" | tail -30
 fi
 if [[ " $STEPS " == *" nsys "* ]]; then  # a timeline of the staged Python sync (kernels and copies of both processes)
   NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)

@@ -746,7 +746,17 @@ static void test_direct_manifests(void **state)
     differential(c, d1, WSYNC_OK);
     differential(c, d2, WSYNC_OK);
     assert_int_equal(stats(c).hits, 1);
-    /* fewer segments in the head: the first tensor naming a missing one, as the full parse */
+    /* the cached tail starts at "segments" (the segments repeat byte for byte): a head naming
+     * its own "segments" before it takes the full parse, and its error (a duplicate key) */
+    const char *s1 = strstr(d1, ",\"segments\":[");
+    assert_non_null(s1);
+    assert_string_equal(s1, strstr(d2, ",\"segments\":["));
+    char *dup = malloc(strlen(d2) + 32);
+    assert_non_null(dup);
+    snprintf(dup, strlen(d2) + 32, "{\"segments\":[],%s", d2 + 1);
+    differential(c, dup, WSYNC_ERR_BAD_MANIFEST);
+    free(dup);
+    /* fewer segments: the first tensor naming a missing one, as the full parse */
     char *few = emit_direct(400, 3, 40, 10 * 512);
     char *cut = strstr(few, "\"segments\":[");
     assert_non_null(cut);

@@ -1,6 +1,7 @@
-/* Manifest emit: the hand-written tensors array is byte for byte what jansson's compact dump
- * writes (names with every kind of escape, any UTF-8), names that are not UTF-8 are refused
- * naming the tensor, and emit and parse round-trip. */
+/* Manifest emit: the hand-written text is byte for byte what jansson's compact dump writes
+ * (names with every kind of escape, any UTF-8; the buffer and a direct manifest's segments with
+ * every optional member), names that are not UTF-8 are refused naming the tensor, a bad segment
+ * naming the segment, and emit and parse round-trip. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -138,6 +139,92 @@ static void test_names_not_utf8(void **state)
     }
 }
 
+/* A direct manifest: segments (every optional member, a UTF-8 device) after the digests blob
+ * and right before "tensors", as jansson would dump them, and back through the parse. */
+static void test_direct_same_bytes_as_jansson(void **state)
+{
+    (void)state;
+    enum { N = 6, S = 3 };
+    static char names[N][32];
+    wsync_tensor_desc_t t[N];
+    uint32_t ts[N];
+    wsync_buffer_desc_t segs[S];
+    memset(segs, 0, sizeof(segs));
+    for (size_t k = 0; k < S; k++) {
+        segs[k].struct_size = sizeof(segs[k]);
+        segs[k].kind = k == 2 ? WSYNC_BUFFER_CUDA_VMM_RUN : WSYNC_BUFFER_CUDA_IPC;
+        segs[k].handle_len = k == 1 ? 64 : 72 - (uint32_t)k; /* every base64 padding */
+        for (uint32_t b = 0; b < segs[k].handle_len; b++)
+            segs[k].handle[b] = (uint8_t)(37 * b + k);
+        segs[k].bytes = (1ull << 30) + k;
+        segs[k].pid = 4242;
+        strcpy(segs[k].device, k == 1 ? "GPU-\xc3\xa9\"q\"" : "GPU-0123");
+        segs[k].base_offset = k == 1 ? 4096 : 0;
+        segs[k].has_ready = k == 0;
+        segs[k].ready_len = 64;
+        segs[k].has_consumed = k == 0;
+        segs[k].consumed_len = 64;
+        if (k == 2)
+            strcpy(segs[k].control, "/wsync-ctl");
+    }
+    for (size_t i = 0; i < N; i++) {
+        snprintf(names[i], sizeof(names[i]), "model.layers.%zu.w", i);
+        t[i] = tensor(names[i], 256 * (i / S), 1);
+        ts[i] = (uint32_t)(i % S);
+    }
+    wsync_manifest_t v = manifest(t, N);
+    v.n_segments = S;
+    v.segments = segs;
+    v.tensor_segment = ts;
+    v.buffer.has_ready = 1;
+    v.buffer.ready_len = 64;
+    char *text = NULL;
+    wsync_error_t err;
+    memset(&err, 0, sizeof(err));
+    if (wsync_manifest_emit(&v, &text, &err) != WSYNC_OK)
+        fail_msg("%s", err.message);
+    expect_jansson_identical(text);
+    const char *dig = strstr(text, ",\"digests\":"), *sg = strstr(text, ",\"segments\":[");
+    assert_non_null(dig);
+    assert_non_null(sg);
+    assert_true(dig < sg);
+    assert_ptr_equal(strstr(sg, "]"), strstr(text, "],\"tensors\":[")); /* then "tensors" */
+    wsync_manifest_owned_t *m = NULL;
+    if (wsync_manifest_parse(text, strlen(text), &m, &err) != WSYNC_OK)
+        fail_msg("%s", err.message);
+    assert_int_equal(m->view.n_segments, S);
+    for (size_t k = 0; k < S; k++) {
+        const wsync_buffer_desc_t *g = &m->view.segments[k];
+        assert_int_equal(g->kind, segs[k].kind);
+        assert_int_equal(g->handle_len, segs[k].handle_len);
+        assert_memory_equal(g->handle, segs[k].handle, segs[k].handle_len);
+        assert_int_equal(g->bytes, segs[k].bytes);
+        assert_int_equal(g->base_offset, segs[k].base_offset);
+        assert_string_equal(g->device, segs[k].device);
+        assert_string_equal(g->control, segs[k].control);
+        assert_int_equal(g->has_ready, segs[k].has_ready);
+    }
+    for (size_t i = 0; i < N; i++)
+        assert_int_equal(m->view.tensor_segment[i], ts[i]);
+    wsync_manifest_free(m);
+    real_free(text);
+
+    /* a bad segment is refused naming it; a device that is not UTF-8 too */
+    segs[1].handle_len = 0;
+    text = (char *)"unchanged";
+    memset(&err, 0, sizeof(err));
+    assert_int_equal(wsync_manifest_emit(&v, &text, &err), WSYNC_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(err.message, "segments[1] handle lengths must be 1..128 bytes"));
+    assert_null(text);
+    segs[1].handle_len = 8;
+    strcpy(segs[2].device, "GPU-\xff");
+    text = (char *)"unchanged";
+    memset(&err, 0, sizeof(err));
+    assert_int_equal(wsync_manifest_emit(&v, &text, &err), WSYNC_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(err.message, "not valid UTF-8"));
+    assert_null(text);
+}
+
 static void test_many_tensors(void **state)
 {
     (void)state;
@@ -165,6 +252,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_bytes_as_jansson),
         cmocka_unit_test(test_names_not_utf8),
+        cmocka_unit_test(test_direct_same_bytes_as_jansson),
         cmocka_unit_test(test_many_tensors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

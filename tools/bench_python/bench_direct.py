@@ -1,0 +1,173 @@
+"""Direct sync benchmark (a program, not a test): the engine reads the trainer's own torch
+parameters in place (Producer(direct=True) -> EngineWorker), for the Qwen3-8B-shaped dense model
+(399 tensors) and the Qwen3-30B-A3B-shaped MoE (4 719 tensors), each trainer tensor its own torch
+allocation as a trainer holds parameters (torch's caching allocator gives the 3 MB experts 20 MB
+segments, six to a segment; the large ones a cudaMalloc each), the engine's parameters in SGLang's
+fused layout (qkv_proj, gate_up_proj, w13/w2). Two processes, one GPU. Prints, in the same run:
+
+  one flat copy_ of the same bytes (one cudaMemcpyAsync: the limit) and torch's per-tensor
+  param.copy_(view) loop into the engine's parameters (what frameworks do), both in the engine
+  process from one local tensor of the same bytes;
+  the staged sync (Producer -> EngineWorker, 2 GiB buckets, 2 buffer sets, no digests);
+  the direct sync with 1 and 2 GiB buckets: the trainer's wall clock from sync() to *consumed* of
+  the last bucket, the engine's handle() time per sync, and the copies' GPU time alone (every
+  request queued behind a sleep on the engine's stream).
+
+  usage: python tools/bench_python/bench_direct.py [--iters N] [--layout dense|moe|both]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import statistics
+import time
+
+import torch
+from bench_fp8 import MOE_CFG, placement
+from bench_python import CFG, event_ms, flat_views, plugin
+
+RUNS = (("staged", 2048), ("direct", 1024), ("direct", 2048), ("direct gpu", 1024))
+
+
+def segments(params) -> int:
+    """How many of torch's allocator segments hold the trainer's parameters."""
+    ptrs = sorted(t.data_ptr() for t in params.values())
+    segs = sorted((s["address"], s["address"] + s["total_size"]) for s in torch.cuda.memory_snapshot())
+    held, k = set(), 0
+    for p in ptrs:
+        while k < len(segs) and segs[k][1] <= p:
+            k += 1
+        if k < len(segs) and segs[k][0] <= p:
+            held.add(k)
+    return len(held)
+
+
+def trainer(conn, layout, iters):
+    import wsync
+
+    hf, _, _ = placement(layout)
+    params = {n: torch.randn(s, device="cuda", dtype=torch.bfloat16) for n, s in hf.items()}
+    torch.cuda.synchronize()
+    conn.send(("segments", segments(params)))
+    for what, mib in RUNS:
+        conn.send(("run", what))
+        conn.recv()
+        kw = dict(direct=True) if what.startswith("direct") else dict(digests=False, buffers=2)
+        times = []
+        with wsync.Producer("sglang", device="cuda", bucket_bytes=mib << 20, plugin=plugin(), **kw) as prod:
+            def send(m):
+                conn.send(("msg", m))
+                return lambda: [conn.recv()]
+            for k in range(iters + 1):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                prod.sync(params, send, weight_version=str(k))
+                times.append((time.perf_counter() - t0) * 1e3)
+            conn.send(("release", None))
+            conn.recv()
+        conn.send(("done", (mib, times[1:])))
+        conn.recv()
+    conn.send(("end", None))
+
+
+def baselines(hf, where, eng, iters):
+    """One flat copy_ of the model's bytes and torch's per-tensor copy_ loop into eng, both from
+    one local tensor holding every trainer tensor (median ms each)."""
+    src = torch.randn(sum(torch.Size(s).numel() for s in hf.values()), dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    flat_ms = event_ms(lambda: dst.copy_(src), iters)
+    pairs = []
+    for n, v in flat_views(src, hf):
+        e, idx, off = where[n]
+        d = eng[e] if idx is None else eng[e][idx]
+        pairs.append((d[off: off + v.shape[0]] if d.shape != v.shape else d, v))
+
+    def loop():
+        for d, s in pairs:
+            d.copy_(s)
+    return flat_ms, event_ms(loop, iters)
+
+
+def run_layout(layout, iters):
+    import wsync
+
+    hf, where, shapes = placement(layout)
+    eng = {n: torch.zeros(s, dtype=torch.bfloat16, device="cuda") for n, s in shapes.items()}
+    total = sum(torch.Size(s).numel() for s in hf.values())
+    flat_ms, loop_ms = baselines(hf, where, eng, iters)
+    torch.cuda.empty_cache()
+    gb = total * 2 / 1e9
+    print(f"=== {layout}: {len(hf)} trainer tensors, {gb:.2f} GB, into {len(eng)} engine parameters "
+          f"(SGLang's layout), median of {iters}")
+    print(f"  one flat copy_ (cudaMemcpyAsync)  {flat_ms:8.2f} ms  {gb / flat_ms * 1e3:6.0f} GB/s")
+    print(f"  torch per-tensor copy_ loop       {loop_ms:8.2f} ms  ({flat_ms / loop_ms:.3f} of the flat copy)")
+
+    w = wsync.EngineWorker(eng, engine="sglang", config=CFG if layout == "dense" else MOE_CFG, plugin=plugin())
+    ctx = mp.get_context("spawn")
+    a, b = ctx.Pipe()
+    p = ctx.Process(target=trainer, args=(b, layout, iters), daemon=True)
+    p.start()
+    what, handle_ms, gpu_ms, start = "", [], [], None
+    rows = {}
+    while a.poll(300):
+        op, m = a.recv()
+        if op == "msg":
+            if what == "direct gpu" and start is None:
+                torch.cuda._sleep(100_000_000)  # ~50 ms: every request of the sync lands behind it
+                start = torch.cuda.Event(enable_timing=True)
+                start.record()
+            t = time.perf_counter()
+            a.send(w.handle(m))
+            handle_ms.append((time.perf_counter() - t) * 1e3)
+            if start is not None and '"flush_cache":true' in m:  # the sync's last bucket
+                end = torch.cuda.Event(enable_timing=True)
+                end.record()
+                end.synchronize()
+                gpu_ms.append(start.elapsed_time(end))
+                start = None
+        elif op == "segments":
+            print(f"  the trainer's parameters lie in {m} torch allocator segments")
+        elif op == "run":
+            what, handle_ms, gpu_ms = m, [], []
+            a.send("ok")
+        elif op == "release":
+            w.release()
+            a.send("ok")
+        elif op == "done":
+            mib, times = m
+            ms = statistics.median(times)
+            per_sync = sum(handle_ms) / (iters + 1)
+            if what == "direct gpu":
+                g = statistics.median(gpu_ms[1:])
+                print(f"  direct, {mib} MiB buckets: the copies' GPU time alone {g:8.2f} ms "
+                      f"({flat_ms / g:.3f} of the flat copy)")
+            else:
+                rows[(what, mib)] = ms
+                print(f"  {what:6s}, {mib} MiB buckets: sync() to consumed {ms:8.2f} ms ({flat_ms / ms:.3f} of the "
+                      f"flat copy, {loop_ms / ms:.2f}x the copy_ loop); engine handle() {per_sync:.2f} ms per sync")
+            a.send("ok")
+        elif op == "end":
+            break
+    p.join(60)
+    staged = rows.get(("staged", 2048))
+    best = min((ms for (k, _), ms in rows.items() if k == "direct"), default=None)
+    if staged and best:
+        print(f"  best direct / staged: {best / staged:.3f}x ({staged / best:.2f}x faster)")
+    w.close()
+    del eng, w
+    torch.cuda.empty_cache()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--layout", default="both", choices=("dense", "moe", "both"))
+    args = ap.parse_args()
+    for layout in ("dense", "moe"):
+        if args.layout in (layout, "both"):
+            run_layout(layout, args.iters)
+
+
+if __name__ == "__main__":
+    main()
