@@ -3,10 +3,9 @@
  * a shared-memory staging buffer of its own and publishes it; each engine rank, in its own
  * process, waits until every trainer rank has published, opens their buffers, plans itself
  * (wsync_reshard_plan) and copies each source's ops with copy_weights, then checks every engine
- * parameter against the reference engine. Trainer TP 2 x FSDP 2 into SGLang TP 1, 2, 4 (and TP 4
- * with EP 4); and a
- * trainer rank that dies before it publishes: every engine rank reports it within the timeout
- * and writes nothing. */
+ * parameter against the reference engine. Trainer TP 1, 2, 4 x FSDP 1, 2 into SGLang TP 1, 2, 4
+ * (and TP 2, 4 with EP = TP); and a trainer rank that dies before it publishes: every engine
+ * rank reports it within the timeout and writes nothing. */
 #include <dirent.h>
 #include <errno.h>
 #include <setjmp.h>
@@ -288,12 +287,18 @@ static void run(uint32_t tp, uint32_t fsdp, uint32_t size, uint32_t ep, int dead
     world_free(&w);
 }
 
-static void test_tp2_fsdp2_into_tp_1_2_4(void **state)
+/* Every trainer TP in {1, 2, 4} x FSDP in {1, 2} into SGLang TP 1, 2, 4 without EP and TP 2, 4
+ * with EP = TP (SGLang's EP: each engine rank its own experts). */
+static void test_grid_into_tp_1_2_4_and_ep(void **state)
 {
     (void)state;
-    for (uint32_t size = 1; size <= 4; size *= 2)
-        run(2, 2, size, 1, -1, 0);
-    run(2, 2, 4, 4, -1, 0); /* SGLang's EP = TP: each engine rank its own experts */
+    for (uint32_t tp = 1; tp <= 4; tp *= 2)
+        for (uint32_t fsdp = 1; fsdp <= 2; fsdp++) {
+            for (uint32_t size = 1; size <= 4; size *= 2)
+                run(tp, fsdp, size, 1, -1, 0);
+            run(tp, fsdp, 2, 2, -1, 0);
+            run(tp, fsdp, 4, 4, -1, 0);
+        }
 }
 
 static void test_trainer_rank_dies_before_publishing(void **state)
@@ -305,7 +310,7 @@ static void test_trainer_rank_dies_before_publishing(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tp2_fsdp2_into_tp_1_2_4),
+        cmocka_unit_test(test_grid_into_tp_1_2_4_and_ep),
         cmocka_unit_test(test_trainer_rank_dies_before_publishing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
