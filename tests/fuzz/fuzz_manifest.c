@@ -116,84 +116,69 @@ static void check_cached(wsync_manifest_cache_t *c, const char *text, size_t len
     wsync_manifest_free(cached);
 }
 
-/* A canonical manifest (3 tensors, digests in the blob), emitted once. */
-static const char *canonical_text(void)
+/* A canonical manifest of 3 bf16 [4, 8] tensors with digests (in the blob), in a host_shm buffer;
+ * direct: the tensors in 2 cuda_ipc segments, whose cached tail starts at `,"segments":`. */
+static char *canonical_emit(int direct)
 {
-    static char *text;
-    if (text == NULL) {
-        wsync_tensor_desc_t t[3];
-        const char *names[3] = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"};
-        for (int i = 0; i < 3; i++)
-            t[i] = (wsync_tensor_desc_t){.struct_size = sizeof(t[i]),
-                                         .name = names[i],
-                                         .dtype = WSYNC_DTYPE_BF16,
-                                         .ndim = 2,
-                                         .shape = {4, 8},
-                                         .offset = 64 * (uint64_t)i,
-                                         .nbytes = 64,
-                                         .digest = 0x0123456789abcdefull * (uint64_t)(i + 1),
-                                         .has_digest = 1};
-        wsync_manifest_t v = {
-            .struct_size = sizeof(v), .schema = 1, .generation = 7, .n_tensors = 3, .tensors = t};
-        v.buffer = (wsync_buffer_desc_t){.struct_size = sizeof(v.buffer),
-                                         .kind = WSYNC_BUFFER_HOST_SHM,
-                                         .handle = "/wsync-fuzz",
-                                         .handle_len = 11,
-                                         .bytes = 4096,
-                                         .pid = 1,
-                                         .device = "cpu"};
-        WSYNC_FUZZ_CHECK(wsync_manifest_emit(&v, &text, NULL) == WSYNC_OK);
+    static const char *names[2][3] = {
+        {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"},
+        {"model.layers.0.mlp.experts.0.up_proj.weight",
+         "model.layers.0.mlp.experts.1.up_proj.weight", "model.norm.weight"}};
+    wsync_tensor_desc_t t[3];
+    uint32_t ts[3] = {0, 1, 0};
+    for (int i = 0; i < 3; i++)
+        t[i] = (wsync_tensor_desc_t){.struct_size = sizeof(t[i]),
+                                     .name = names[direct][i],
+                                     .dtype = WSYNC_DTYPE_BF16,
+                                     .ndim = 2,
+                                     .shape = {4, 8},
+                                     .offset = direct ? (i == 2 ? 64 : 0) : 64 * (uint64_t)i,
+                                     .nbytes = 64,
+                                     .digest = 0x0123456789abcdefull * (uint64_t)(i + 1 + direct),
+                                     .has_digest = 1};
+    wsync_buffer_desc_t segs[2];
+    for (int k = 0; k < 2; k++) {
+        segs[k] = (wsync_buffer_desc_t){.struct_size = sizeof(segs[k]),
+                                        .kind = WSYNC_BUFFER_CUDA_IPC,
+                                        .handle_len = 72,
+                                        .bytes = 4096,
+                                        .pid = 1,
+                                        .device = "GPU-fuzz"};
+        memset(segs[k].handle, 'a' + k, 72);
     }
+    wsync_manifest_t v = {.struct_size = sizeof(v),
+                          .schema = 1,
+                          .generation = 7,
+                          .n_tensors = 3,
+                          .tensors = t,
+                          .n_segments = direct ? 2 : 0,
+                          .segments = direct ? segs : NULL,
+                          .tensor_segment = direct ? ts : NULL};
+    v.buffer = (wsync_buffer_desc_t){.struct_size = sizeof(v.buffer),
+                                     .kind = WSYNC_BUFFER_HOST_SHM,
+                                     .handle = "/wsync-fuzz",
+                                     .handle_len = 11,
+                                     .bytes = direct ? 64 : 4096,
+                                     .pid = 1,
+                                     .device = "cpu"};
+    char *text = NULL;
+    WSYNC_FUZZ_CHECK(wsync_manifest_emit(&v, &text, NULL) == WSYNC_OK);
     return text;
 }
 
-/* A canonical direct manifest (3 tensors in 2 segments, digests in the blob), emitted once: its
- * cached tail starts at `,"segments":`. */
+static const char *canonical_text(void)
+{
+    static char *text;
+    if (text == NULL)
+        text = canonical_emit(0);
+    return text;
+}
+
 static const char *canonical_direct_text(void)
 {
     static char *text;
-    if (text == NULL) {
-        wsync_tensor_desc_t t[3];
-        const char *names[3] = {"model.layers.0.mlp.experts.0.up_proj.weight",
-                                "model.layers.0.mlp.experts.1.up_proj.weight", "model.norm.weight"};
-        uint32_t ts[3] = {0, 1, 0};
-        for (int i = 0; i < 3; i++)
-            t[i] = (wsync_tensor_desc_t){.struct_size = sizeof(t[i]),
-                                         .name = names[i],
-                                         .dtype = WSYNC_DTYPE_BF16,
-                                         .ndim = 2,
-                                         .shape = {4, 8},
-                                         .offset = i == 2 ? 64 : 0,
-                                         .nbytes = 64,
-                                         .digest = 0x0fedcba987654321ull * (uint64_t)(i + 1),
-                                         .has_digest = 1};
-        wsync_buffer_desc_t segs[2];
-        for (int k = 0; k < 2; k++) {
-            segs[k] = (wsync_buffer_desc_t){.struct_size = sizeof(segs[k]),
-                                            .kind = WSYNC_BUFFER_CUDA_IPC,
-                                            .handle_len = 72,
-                                            .bytes = 4096,
-                                            .pid = 1,
-                                            .device = "GPU-fuzz"};
-            memset(segs[k].handle, 'a' + k, 72);
-        }
-        wsync_manifest_t v = {.struct_size = sizeof(v),
-                              .schema = 1,
-                              .generation = 7,
-                              .n_tensors = 3,
-                              .tensors = t,
-                              .n_segments = 2,
-                              .segments = segs,
-                              .tensor_segment = ts};
-        v.buffer = (wsync_buffer_desc_t){.struct_size = sizeof(v.buffer),
-                                         .kind = WSYNC_BUFFER_HOST_SHM,
-                                         .handle = "/wsync-fuzz",
-                                         .handle_len = 11,
-                                         .bytes = 64,
-                                         .pid = 1,
-                                         .device = "cpu"};
-        WSYNC_FUZZ_CHECK(wsync_manifest_emit(&v, &text, NULL) == WSYNC_OK);
-    }
+    if (text == NULL)
+        text = canonical_emit(1);
     return text;
 }
 

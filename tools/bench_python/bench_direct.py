@@ -25,7 +25,7 @@ import time
 
 import torch
 from bench_fp8 import MOE_CFG, placement
-from bench_python import CFG, event_ms, flat_views, plugin
+from bench_python import CFG, event_ms, flat_views, plugin, timed_syncs
 
 RUNS = (("staged", 2048), ("direct", 1024), ("direct", 2048), ("direct gpu", 1024))
 
@@ -54,18 +54,8 @@ def trainer(conn, layout, iters):
         conn.send(("run", what))
         conn.recv()
         kw = dict(direct=True) if what.startswith("direct") else dict(digests=False, buffers=2)
-        times = []
         with wsync.Producer("sglang", device="cuda", bucket_bytes=mib << 20, plugin=plugin(), **kw) as prod:
-            def send(m):
-                conn.send(("msg", m))
-                return lambda: [conn.recv()]
-            for k in range(iters + 1):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                prod.sync(params, send, weight_version=str(k))
-                times.append((time.perf_counter() - t0) * 1e3)
-            conn.send(("release", None))
-            conn.recv()
+            times = timed_syncs(conn, prod, params, iters)
         conn.send(("done", (mib, times[1:])))
         conn.recv()
     conn.send(("end", None))

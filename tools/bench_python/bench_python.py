@@ -163,21 +163,29 @@ def direct(conn, params, iters, bucket_mib):
     bucket_mib (0: one request) pipeline the engine's host work with the GPU's copies."""
     import wsync
 
-    times = []
     nbytes = (bucket_mib << 20) if bucket_mib else sum(t.numel() * t.element_size() for t in params.values())
     with wsync.Producer("sglang", device="cuda", direct=True, bucket_bytes=nbytes, plugin=plugin()) as prod:
-        def send(m):
-            conn.send(("msg", m))
-            return lambda: [conn.recv()]
-        for k in range(iters + 1):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            prod.sync(params, send, weight_version=str(k))
-            times.append((time.perf_counter() - t0) * 1e3)
-        conn.send(("release", None))
-        conn.recv()
+        times = timed_syncs(conn, prod, params, iters)
     conn.send(("direct", (bucket_mib, times[1:]), None, None))
     conn.recv()
+
+
+def timed_syncs(conn, prod, params, iters):
+    """iters + 1 syncs of params through prod, each request sent down conn and its reply read back
+    when the Producer needs it; then ("release", None) and its answer. Each sync's wall clock, ms."""
+    times = []
+
+    def send(m):
+        conn.send(("msg", m))
+        return lambda: [conn.recv()]
+    for k in range(iters + 1):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        prod.sync(params, send, weight_version=str(k))
+        times.append((time.perf_counter() - t0) * 1e3)
+    conn.send(("release", None))
+    conn.recv()
+    return times
 
 
 class GpuClock:
