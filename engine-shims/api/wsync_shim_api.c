@@ -28,6 +28,7 @@ struct wsync_shim_worker {
     size_t n_params;
     uint32_t tp_rank, tp_size; /* with a table: asked once at open (fixed for its life) */
     wsync_model_dims_t dims;
+    uint32_t ep_rank, ep_size, moe_tp_rank, moe_tp_size; /* the same, when the engine has moe */
 };
 
 static int param_cmp(const void *a, const void *b)
@@ -46,8 +47,9 @@ static int table_param(void *user, const char *name, wsync_param_info_t *out)
     return 0;
 }
 
-/* A worker with a parameter table is a fixed model: its TP place and dimensions are asked once,
- * at open, instead of once per tensor (a callback into Python each time). */
+/* A worker with a parameter table is a fixed model: its TP and EP places and dimensions are
+ * asked once, at open, instead of once per tensor (a callback into Python each time: 4 608 of
+ * them per sync of a 128-expert MoE, ~23 ms). */
 static void fwd_tp(void *u, uint32_t *r, uint32_t *s)
 {
     const wsync_shim_worker_t *w = u;
@@ -118,7 +120,10 @@ static void fwd_update_end(void *u, uint64_t version, int committed)
 static void fwd_moe(void *u, uint32_t *ep_rank, uint32_t *ep_size, uint32_t *mr, uint32_t *ms)
 {
     const wsync_shim_worker_t *w = u;
-    w->engine->moe(w->engine->user, ep_rank, ep_size, mr, ms);
+    *ep_rank = w->ep_rank;
+    *ep_size = w->ep_size;
+    *mr = w->moe_tp_rank;
+    *ms = w->moe_tp_size;
 }
 
 static void params_free(wsync_shim_worker_t *w)
@@ -182,8 +187,10 @@ static wsync_result_t params_take(wsync_shim_worker_t *w, const wsync_shim_worke
         w->ops.update_begin = e->update_begin ? fwd_update_begin : NULL;
         w->ops.update_end = e->update_end ? fwd_update_end : NULL;
     }
-    if (WSYNC_HAS_FIELD(wsync_engine_ops_t, e, moe))
-        w->ops.moe = e->moe ? fwd_moe : NULL;
+    if (WSYNC_HAS_FIELD(wsync_engine_ops_t, e, moe) && e->moe != NULL) {
+        e->moe(e->user, &w->ep_rank, &w->ep_size, &w->moe_tp_rank, &w->moe_tp_size);
+        w->ops.moe = fwd_moe;
+    }
     return WSYNC_OK;
 }
 

@@ -46,7 +46,8 @@ typedef struct wsync_shim_worker_config {
     /* Optional: the engine's parameters as a table (copied at open; n_params entries). When
      * given, the worker answers the mapping's parameter look-ups itself (a binary search, no
      * call into the engine per tensor) and ops->param may be NULL; the addresses must stay fixed
-     * for the worker's life, as with ops->param. */
+     * for the worker's life, as with ops->param. Such a worker is a fixed model: ops->tp,
+     * ops->dims and ops->moe are asked once, at open. */
     const wsync_shim_param_t *params;
     size_t n_params;
 } wsync_shim_worker_config_t;
