@@ -14,6 +14,7 @@
 #include "wsync_driver.h"
 #include "wsync_error.h"
 #include "wsync_loader.h"
+#include "wsync_request.h"
 #include "wsync_shim.h"
 
 #define WSYNC_SHIM_API __attribute__((visibility("default")))
@@ -370,7 +371,7 @@ WSYNC_SHIM_API wsync_result_t wsync_shim_worker_release(wsync_shim_worker_t *w, 
 /* JSON text (malloc'd) of `msgs` (stolen), or NULL with err set. */
 static char *dump_stolen(json_t *msgs, wsync_error_t *err)
 {
-    char *out = json_dumps(msgs, JSON_COMPACT);
+    char *out = wsync_req_dumps(msgs);
     json_decref(msgs);
     if (out == NULL)
         WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for the message text");
@@ -426,7 +427,7 @@ WSYNC_SHIM_API char *wsync_shim_encode_bucket_lines(const char *engine,
     char *out = NULL;
     int ok = each != NULL;
     for (size_t k = 0; ok && k < n; k++) {
-        each[k] = json_dumps(json_array_get(msgs, k), JSON_COMPACT | JSON_ENCODE_ANY);
+        each[k] = wsync_req_dumps(json_array_get(msgs, k));
         ok = each[k] != NULL;
         len += ok ? strlen(each[k]) + 1 : 0;
     }

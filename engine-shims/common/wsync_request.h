@@ -38,6 +38,12 @@ int wsync_req_tensor_bytes(const char *dtype, json_t *shape, uint64_t *out);
 #define WSYNC_REQ_LONG_STRING 512
 json_t *wsync_req_loadb(const char *text, size_t len, json_error_t *err);
 
+/* json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY), byte for byte, with long strings of printable
+ * ASCII (a manifest's text: WSYNC_REQ_LONG_STRING bytes and more, up to four levels down)
+ * escaped by a scan instead of jansson's per-character string writer. malloc'd; NULL when
+ * json_dumps would fail or out of memory. */
+char *wsync_req_dumps(const json_t *v);
+
 /* Serialize a manifest for the driver; *text is malloc'd. */
 wsync_result_t wsync_req_dump(json_t *manifest, char **text, size_t *len, wsync_error_t *err);
 

@@ -1,5 +1,6 @@
 /* Shim dispatch and the helpers shims share. Contract in wsync_shim.h. */
 #include "wsync_shim.h"
+#include "wsync_utf8.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -247,11 +248,16 @@ wsync_result_t wsync_shim_apply_rank_manifest(wsync_shim_ctx_t *ctx, json_t *lis
 json_t *wsync_shim_rank_texts(const wsync_shim_encode_t *in, wsync_error_t *err)
 {
     json_t *list = json_array();
-    for (size_t r = 0; list != NULL && r < in->n_ranks; r++)
-        if (json_array_append_new(list, json_string(in->manifests[r])) != 0) {
+    for (size_t r = 0; list != NULL && r < in->n_ranks; r++) {
+        /* checked here once, by the plugin's own rule (jansson's), then taken as is */
+        const char *t = in->manifests[r];
+        json_t *v =
+            t != NULL && wsync_utf8_invalid_at(t) == (size_t)-1 ? json_string_nocheck(t) : NULL;
+        if (json_array_append_new(list, v) != 0) {
             json_decref(list);
             list = NULL;
         }
+    }
     if (list == NULL)
         WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
                      "encode: a manifest is not UTF-8 text (or out of memory); pass what publish "

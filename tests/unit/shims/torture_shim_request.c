@@ -5,6 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stddef.h>
+/* what the libraries malloc'd (before cmocka.h turns free into its own) */
+static void lib_free(void *p)
+{
+    free(p);
+}
+
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
@@ -159,12 +165,49 @@ static void test_request_loader(void **state)
     free(text);
 }
 
+/* wsync_req_dumps against json_dumps: the same text, byte for byte, for messages with long
+ * strings (plain, with quotes and backslashes, non-ASCII, control characters) at every depth
+ * the fast path takes, and for documents it leaves to jansson. */
+static void dumps_as_jansson(json_t *v)
+{
+    char *a = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY), *b = wsync_req_dumps(v);
+    if (a == NULL || b == NULL || strcmp(a, b) != 0)
+        fail_msg("wsync_req_dumps and json_dumps disagree: %.120s | %.120s", a ? a : "(null)",
+                 b ? b : "(null)");
+    lib_free(a);
+    lib_free(b);
+    json_decref(v);
+}
+
+static void test_request_dumper(void **state)
+{
+    (void)state;
+    char *big = malloc(8192);
+    const char *tails[] = {"", "\"quoted\" \\ back", "\xc3\xa9 non-ASCII", "ctl \n\t\x01",
+                           "del \x7f"};
+    for (size_t t = 0; t < sizeof(tails) / sizeof(tails[0]); t++) {
+        memset(big, 'x', 4000);
+        big[0] = '"';
+        big[1] = '\\';
+        snprintf(big + 4000, 4000, "%s", tails[t]);
+        dumps_as_jansson(json_string(big));
+        dumps_as_jansson(json_pack("{s:s, s:[s, s], s:b, s:s?}", "method", "update", "list", big,
+                                   "short", "flush", 1, "version", NULL));
+        dumps_as_jansson(json_pack("[{s:[s], s:{s:i}}, {}, []]", "a", big, "b", "c", 7));
+        dumps_as_jansson(json_pack("[[[[[s]]]]]", big)); /* deeper than the fast path goes */
+    }
+    dumps_as_jansson(json_pack("{s:s, s:i}", "short", "no long string", "n", 3));
+    dumps_as_jansson(json_object());
+    assert_null(wsync_req_dumps(NULL));
+    free(big);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bucket_round_trip), cmocka_unit_test(test_persistent_buffer),
         cmocka_unit_test(test_bucket_errors),     cmocka_unit_test(test_pick_rank),
-        cmocka_unit_test(test_request_loader),
+        cmocka_unit_test(test_request_loader),    cmocka_unit_test(test_request_dumper),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
