@@ -17,11 +17,13 @@ with it: the trainer must not write those tensors until the engine has consumed 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes as C
+import gc
 import json
 import os
 from collections import deque
-from typing import Any, Callable, List, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -61,15 +63,57 @@ def encode_bucket(engine: str, manifests: Sequence[str], *, first: bool, finishe
 def begin_message(version: int, pairs: Sequence[tuple], cast_to: Optional[torch.dtype] = None) -> str:
     """The request that opens update transaction `version` on every engine rank, declaring the
     tensors (HF names) and bytes the sync will send (floats as ``cast_to`` where given)."""
-    names = [n for n, _ in pairs]
+    return _begin_text(version, *_expect(pairs, cast_to))
 
+
+def _expect(pairs: Sequence[tuple], cast_to: Optional[torch.dtype]) -> Tuple[List[str], int]:
+    """The names and bytes a transaction over `pairs` declares."""
     def size(t: torch.Tensor) -> int:
         cast = cast_to is not None and t.dtype.is_floating_point
         return t.numel() * (cast_to.itemsize if cast else t.element_size())
-    nbytes = sum(size(t) for _, t in pairs)
+    return [n for n, _ in pairs], sum(size(t) for _, t in pairs)
+
+
+def _begin_text(version: int, names: List[str], nbytes: int) -> str:
     return json.dumps({"method": "wsync_begin", "version": int(version), "pid": os.getpid(),
                        "expect": {"tensors": len(names), "bytes": nbytes, "names": names}},
                       separators=(",", ":"))
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Python's cyclic collector held off while a sync runs (as timeit does): a sync of thousands
+    of tensors makes tens of thousands of short-lived tuples, each 700 of which would start a
+    collection that walks the young objects (and, often enough, every object the trainer holds):
+    5-7x the sync's own Python time on a 4 719-tensor model. Collections resume after it."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _signature(pairs: list) -> tuple:
+    """What a sync's plan and StageTensor arrays depend on: each tensor's name, storage address,
+    dtype, shape and contiguity (a contiguous tensor's strides follow from its shape; its device
+    from its address). Built with C-level maps: about 0.4 us a tensor."""
+    ts = [t for _, t in pairs]
+    T = torch.Tensor
+    return ([n for n, _ in pairs], list(map(T.data_ptr, ts)), [t.dtype for t in ts],
+            [t.shape for t in ts], list(map(T.is_contiguous, ts)))
+
+
+class _SyncPlan:
+    """One sync's buckets, ready to stage: per bucket the (StageTensor array, count) of every
+    engine rank with the tensors made for it (contiguous copies, cast buffers), and (when not
+    from the cache) its (name, tensor) pairs; the names and bytes a transaction declares. Holds
+    no tensor once cached (direct mode keeps none between syncs)."""
+
+    def __init__(self, buckets: list, pairs: Optional[list], names: List[str], nbytes: int) -> None:
+        self.buckets, self.pairs, self.names, self.nbytes = buckets, pairs, names, nbytes
 
 
 def _resolve(r: Any) -> Any:
@@ -152,6 +196,9 @@ class Producer:
         self._plan_cache: Optional[tuple] = None
         # per bucket (its names): the tensors' signature and the StageTensor array built for it
         self._stage_cache: dict = {}
+        # sync(): the last sync's signature (_signature) and its _SyncPlan, so a steady trainer's
+        # sync reads each tensor's address, dtype and shape and builds nothing
+        self._sync_cache: Optional[tuple] = None
         try:
             for _ in range(buffers):
                 b = _Buffers()
@@ -328,6 +375,7 @@ class Producer:
         err = _abi.Error.new()
         _native.check(ops.register_host(self._sets[0].staging[0], st.data_ptr(), st.nbytes(), C.byref(err)), err)
         self._host[st.data_ptr()] = t
+        self._forget()
 
     def unregister_host(self, t: torch.Tensor) -> None:
         """Undo :meth:`register_host` of ``t``'s storage (after the syncs that read it)."""
@@ -338,6 +386,13 @@ class Producer:
         err = _abi.Error.new()
         _native.check(self._ops.unregister_host(self._sets[0].staging[0], ptr, C.byref(err)), err)
         del self._host[ptr]
+        self._forget()
+
+    def _forget(self) -> None:
+        """Drop the cached StageTensor arrays: the checks they passed (a CPU tensor's pinning or
+        registration) must run again."""
+        self._stage_cache.clear()
+        self._sync_cache = None
 
     def _direct_keep(self, pairs: list) -> list:
         return [t for _, t in pairs] + [self._cast[n] for n, _ in pairs if n in self._cast]
@@ -383,24 +438,38 @@ class Producer:
         pairs = _torch.items(tensors)
         if not pairs:
             raise InvalidArgument(1, "stage_bucket", "an empty bucket")
-        b = self._sets[self._turn]
-        if not self.direct:  # direct mode reuses nothing: its buckets may all be in flight
-            self._wait_set(b, stream)
+        with _gc_paused():
+            per_rank, keep = self._bucket_arrays(pairs)
+            return self._stage_publish(per_rank, keep, pairs, finished=finished,
+                                       weight_version=weight_version, stream=stream)
+
+    def _bucket_arrays(self, pairs: list) -> Tuple[list, list]:
+        """Per engine rank, the (StageTensor array, count) of the bucket it is staged; and the
+        tensors those arrays point into, to keep alive while the bucket is in flight."""
         per_rank = self._ep_pairs(pairs)
         arrays = {}  # one StageTensor array per distinct tensor list
         keep: list = []
         for rp in {id(x): x for x in per_rank}.values():
             arr, kp = self._stage_array(rp) if rp else ((_abi.StageTensor * 1)(), [])
-            arrays[id(rp)] = arr
+            arrays[id(rp)] = (arr, len(rp))
             keep += kp
-        if self.direct:
+        return [arrays[id(rp)] for rp in per_rank], keep
+
+    def _stage_publish(self, per_rank: list, keep: list, pairs: Optional[list], *, finished: bool,
+                       weight_version: Optional[str], stream: Optional[Any]) -> List[str]:
+        """Stage and publish one bucket (per_rank from _bucket_arrays) into the next buffer set;
+        its request messages. `pairs` (None: a cached plan with no casts) feeds direct mode's casts."""
+        b = self._sets[self._turn]
+        if not self.direct:  # direct mode reuses nothing: its buckets may all be in flight
+            self._wait_set(b, stream)
+        if self.direct and pairs is not None:
             self._run_casts(pairs, stream)
         manifests = []
         for r, st in enumerate(b.staging):  # every rank's stage first: the GPUs work at once
             sh = _torch.stream_handle(self.devices[r], stream)
             err = _abi.Error.new()
-            rp = per_rank[r]
-            _native.check(self._ops.stage(st, sh, arrays[id(rp)], len(rp), C.byref(err)), err)
+            arr, n = per_rank[r]
+            _native.check(self._ops.stage(st, sh, arr, n, C.byref(err)), err)
         for r, st in enumerate(b.staging):
             sh = _torch.stream_handle(self.devices[r], stream)
             err = _abi.Error.new()
@@ -420,6 +489,32 @@ class Producer:
         self._first = finished
         self._turn = (self._turn + 1) % len(self._sets)
         return msgs
+
+    def _sync_plan(self, raw: list) -> _SyncPlan:
+        """The buckets of a sync of `raw` (the caller's pairs): from the cache when every tensor
+        is where, and as, it was at the last sync; else planned and built (and cached when every
+        tensor is contiguous and no direct-mode cast must be refreshed per sync)."""
+        sig = _signature(raw)
+        hit = self._sync_cache
+        if hit is not None and hit[0] == sig:
+            return hit[1]
+        self._sync_cache = None
+        pairs = list(checkpoint_tensors(raw))
+        if self.ep_size > 1 and self.experts is None:
+            self._ep_owners([n for n, _ in pairs])  # learns the expert count from the names
+        by_name = dict(pairs)
+        buckets, bucket_pairs = [], []
+        for names in self.plan(pairs):
+            bp = [(n, by_name[n]) for n in names]
+            buckets.append(self._bucket_arrays(bp))
+            bucket_pairs.append(bp)
+        names, nbytes = _expect(pairs, self.cast_to)
+        plan = _SyncPlan(buckets, bucket_pairs, names, nbytes)
+        casts = self.direct and self.cast_to is not None
+        if not casts and all(sig[4]) and all(t.is_contiguous() for _, t in pairs):
+            # the arrays point into the callers' tensors only: a sync keeps those (`raw`) alive
+            self._sync_cache = (sig, _SyncPlan([(a, []) for a, _ in buckets], None, names, nbytes))
+        return plan
 
     def _ep_owners(self, names: Sequence[str]) -> List[int]:
         """Per name, the EP rank that owns it (-1: every rank takes it), in the placement of the
@@ -485,26 +580,30 @@ class Producer:
         begins by declaring every tensor name and byte it will send, and the engines commit it
         with its last bucket only when all of them arrived; a version not newer than the one
         committed is refused before anything is written."""
+        with _gc_paused():
+            return self._sync(_torch.items(named), send, weight_version, stream, wait, version)
+
+    def _sync(self, raw: list, send: Send, weight_version: Optional[str], stream: Optional[Any],
+              wait: bool, version: Optional[int]) -> int:
         self._finish_inflight(stream)
-        pairs = list(checkpoint_tensors(named))
-        by_name = dict(pairs)
-        if self.ep_size > 1 and self.experts is None:
-            self._ep_owners([n for n, _ in pairs])  # learns the expert count from the names
-        plan = self.plan(pairs)
-        if version is not None:
-            check_replies(_resolve(send(begin_message(version, pairs, self.cast_to))))
-        pending: deque = deque()  # (buffer set, replies to check), oldest first
         if not wait and not self.direct:
             raise InvalidArgument(1, "sync", "wait=False is for direct mode: staged buffers are reused within a sync")
+        plan = self._sync_plan(raw)
+        if version is not None:
+            check_replies(_resolve(send(_begin_text(version, plan.names, plan.nbytes))))
+        pending: deque = deque()  # (buffer set, replies to check), oldest first
         try:
-            for b, names in enumerate(plan):
+            for b, (per_rank, keep) in enumerate(plan.buckets):
                 # a staged set's replies are checked before the set is reused; direct buckets
                 # reuse nothing, so their replies are read at the end
                 while not self.direct and pending and (len(pending) >= len(self._sets) or pending[0][0] == self._turn):
                     check_replies(pending.popleft()[1]())
                 turn = self._turn
-                msgs = self.stage_bucket([(n, by_name[n]) for n in names], finished=b == len(plan) - 1,
-                                         weight_version=weight_version, stream=stream)
+                # the sources are views of the caller's tensors (`raw`): alive until consumed
+                msgs = self._stage_publish(per_rank, [raw, *keep] if b == 0 or not self.direct else keep,
+                                           plan.pairs[b] if plan.pairs is not None else None,
+                                           finished=b == len(plan.buckets) - 1,
+                                           weight_version=weight_version, stream=stream)
                 for m in msgs:
                     r = send(m)
                     if callable(r):
@@ -516,7 +615,7 @@ class Producer:
             if not wait:
                 self._inflight = [r for _, r in pending]
                 pending.clear()
-                return len(plan)
+                return len(plan.buckets)
             while pending:
                 check_replies(pending.popleft()[1]())
         finally:
@@ -526,7 +625,7 @@ class Producer:
                 except Exception:
                     pass
         self.wait(stream)
-        return len(plan)
+        return len(plan.buckets)
 
     def close(self) -> None:
         """Retire every staging buffer (the engines must have released their mappings first:

@@ -85,6 +85,35 @@ def test_direct_refuses_a_non_contiguous_tensor(engine_ranks):
         ranks.release()
 
 
+def test_direct_sync_follows_tensors_that_moved_or_changed_type(engine_ranks):
+    """A steady sync reuses its plan and arrays only while every tensor is where, and as, it
+    was: a parameter given new storage (``p.data = ...``) is read from there, and one whose bytes
+    are reinterpreted in place (same address and shape, another dtype) is sent as that dtype and
+    refused by the engine naming it, every parameter as it was."""
+    model = models.tiny_model("moe")
+    ranks = engine_ranks("sglang", "moe", 1)
+    with wsync.Producer("sglang", direct=True, plugin=plugin_for("cpu")) as prod:
+        for k in range(2):
+            prod.sync(models.step(model, k), ranks.send)
+        moved = "model.layers.0.self_attn.q_proj.weight"
+        expert = "model.layers.1.mlp.experts.gate_up_proj"  # fused: sent as per-expert views
+        params = dict(model.named_parameters())
+        for n in (moved, expert):
+            params[n].data = params[n].data.clone() + 3  # new storage, new values
+        sd = dict(model.state_dict())
+        prod.sync(sd, ranks.send)
+        _check(ranks, sd, "sglang", 1, 2)
+        before, _ = ranks.state()[0]
+        bad = dict(sd)
+        bad[moved] = bad[moved].view(torch.float16)  # the same bytes, another dtype
+        with pytest.raises(wsync.WsyncError) as e:
+            prod.sync(bad, ranks.send)
+        assert moved in str(e.value) and "float16" in str(e.value), e.value
+        after, same = ranks.state()[0]
+        assert same and all(torch.equal(after[n], before[n]) for n in before)
+        ranks.release()
+
+
 def test_direct_bad_manifest_changes_nothing(engine_ranks):
     """A direct manifest whose tensor names a segment that is not there: BadManifest naming it,
     and every engine parameter as it was."""

@@ -10,8 +10,9 @@ fused layout (qkv_proj, gate_up_proj, w13/w2). Two processes, one GPU. Prints, i
   process from one local tensor of the same bytes;
   the staged sync (Producer -> EngineWorker, 2 GiB buckets, 2 buffer sets, no digests);
   the direct sync with 1 and 2 GiB buckets: the trainer's wall clock from sync() to *consumed* of
-  the last bucket, the engine's handle() time per sync, and the copies' GPU time alone (every
-  request queued behind a sleep on the engine's stream).
+  the last bucket, the engine's handle() time per sync (the median of the steady syncs, and the
+  first, which opens every segment, apart), and the copies' GPU time alone (every request
+  queued behind a sleep on the engine's stream).
 
   usage: python tools/bench_python/bench_direct.py [--iters N] [--layout dense|moe|both]
 """
@@ -98,7 +99,7 @@ def run_layout(layout, iters):
     a, b = ctx.Pipe()
     p = ctx.Process(target=trainer, args=(b, layout, iters), daemon=True)
     p.start()
-    what, handle_ms, gpu_ms, start = "", [], [], None
+    what, handle_ms, gpu_ms, start, cur = "", [], [], None, 0.0
     rows = {}
     while a.poll(300):
         op, m = a.recv()
@@ -109,7 +110,10 @@ def run_layout(layout, iters):
                 start.record()
             t = time.perf_counter()
             a.send(w.handle(m))
-            handle_ms.append((time.perf_counter() - t) * 1e3)
+            cur += (time.perf_counter() - t) * 1e3
+            if '"flush_cache":true' in m:  # the sync's last bucket: one sync's handle() time
+                handle_ms.append(cur)
+                cur = 0.0
             if start is not None and '"flush_cache":true' in m:  # the sync's last bucket
                 end = torch.cuda.Event(enable_timing=True)
                 end.record()
@@ -127,7 +131,8 @@ def run_layout(layout, iters):
         elif op == "done":
             mib, times = m
             ms = statistics.median(times)
-            per_sync = sum(handle_ms) / (iters + 1)
+            # the first sync opens every segment; the steady ones open none
+            first, steady = handle_ms[0], statistics.median(handle_ms[1:])
             if what == "direct gpu":
                 g = statistics.median(gpu_ms[1:])
                 print(f"  direct, {mib} MiB buckets: the copies' GPU time alone {g:8.2f} ms "
@@ -135,7 +140,8 @@ def run_layout(layout, iters):
             else:
                 rows[(what, mib)] = ms
                 print(f"  {what:6s}, {mib} MiB buckets: sync() to consumed {ms:8.2f} ms ({flat_ms / ms:.3f} of the "
-                      f"flat copy, {loop_ms / ms:.2f}x the copy_ loop); engine handle() {per_sync:.2f} ms per sync")
+                      f"flat copy, {loop_ms / ms:.2f}x the copy_ loop); engine handle() per sync {steady:.2f} ms "
+                      f"steady, {first:.2f} ms the first")
             a.send("ok")
         elif op == "end":
             break
