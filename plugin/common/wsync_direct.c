@@ -55,7 +55,124 @@ void wsync_direct_free(wsync_direct_t *d)
     wsync_layout_free(&d->layout);
     free(d->segments);
     free(d->tensor_segment);
+    free(d->src);
+    free(d->tail);
     memset(d, 0, sizeof(*d));
+}
+
+/* Whether two segments emit the same text: every member wsync_manifest_emit writes of them. */
+static int wsync_direct_same_text(const wsync_buffer_desc_t *a, const wsync_buffer_desc_t *b)
+{
+    return wsync_direct_same(a, b) && a->pid == b->pid && a->base_offset == b->base_offset &&
+           a->has_ready == b->has_ready && a->has_consumed == b->has_consumed &&
+           (!a->has_ready ||
+            (a->ready_len == b->ready_len && memcmp(a->ready, b->ready, a->ready_len) == 0)) &&
+           (!a->has_consumed || (a->consumed_len == b->consumed_len &&
+                                 memcmp(a->consumed, b->consumed, a->consumed_len) == 0)) &&
+           strncmp(a->device, b->device, sizeof(a->device)) == 0 &&
+           strncmp(a->control, b->control, sizeof(a->control)) == 0;
+}
+
+static int wsync_direct_same_tensor(const wsync_tensor_desc_t *a, const wsync_tensor_desc_t *b)
+{
+    if (a->dtype != b->dtype || a->ndim != b->ndim || a->offset != b->offset ||
+        a->nbytes != b->nbytes || a->has_digest != b->has_digest ||
+        (a->has_digest && a->digest != b->digest) || strcmp(a->name, b->name) != 0)
+        return 0;
+    for (uint32_t k = 0; k < a->ndim; k++)
+        if (a->shape[k] != b->shape[k])
+            return 0;
+    return 1;
+}
+
+/* Whether a and b emit the same segments and tensors text. */
+static int wsync_direct_same_bucket(const wsync_direct_t *a, const wsync_direct_t *b)
+{
+    if (a->layout.n != b->layout.n || a->n_segments != b->n_segments ||
+        memcmp(a->tensor_segment, b->tensor_segment, a->layout.n * sizeof(*a->tensor_segment)))
+        return 0;
+    for (size_t k = 0; k < a->n_segments; k++)
+        if (!wsync_direct_same_text(&a->segments[k], &b->segments[k]))
+            return 0;
+    for (size_t i = 0; i < a->layout.n; i++)
+        if (!wsync_direct_same_tensor(&a->layout.tensors[i], &b->layout.tensors[i]))
+            return 0;
+    return 1;
+}
+
+/* `next` (a new build) becomes *cur; one that names the same tensors in the same segments keeps
+ * *cur and its text instead. */
+static void wsync_direct_adopt(wsync_direct_t *cur, int *have, wsync_direct_t *next)
+{
+    if (*have && cur->tail != NULL && wsync_direct_same_bucket(cur, next)) {
+        wsync_direct_free(next);
+        return;
+    }
+    if (*have)
+        wsync_direct_free(cur);
+    *cur = *next;
+    *have = 1;
+}
+
+/* Whether `t` is the input d was built from: the same count, and tensor for tensor the same
+ * name, dtype, source dtype, shape and pointer (so its validation and layout are d's). */
+static int wsync_direct_same_input(const wsync_direct_t *d, const wsync_stage_tensor_t *t, size_t n)
+{
+    if (d->src == NULL || d->layout.n != n)
+        return 0;
+    for (size_t k = 0; k < n; k++) {
+        const wsync_tensor_desc_t *x = &d->layout.tensors[k];
+        const wsync_stage_tensor_t *s = &t[d->layout.from[k]];
+        if (s->src != d->src[k] || s->dtype != x->dtype || wsync_stage_src_dtype(s) != s->dtype ||
+            s->ndim != x->ndim || s->name == NULL || strcmp(s->name, x->name) != 0)
+            return 0;
+        for (uint32_t j = 0; j < x->ndim; j++)
+            if (s->shape[j] != x->shape[j])
+                return 0;
+    }
+    return 1;
+}
+
+/* Locate every tensor of d again, in the build's order: *same is 1 when each is in the segment
+ * and at the offset d names. A locate error is returned as the build would return it. */
+static wsync_result_t wsync_direct_relocate(const wsync_direct_t *d, wsync_direct_locate_fn locate,
+                                            void *user, int *same, wsync_error_t *err)
+{
+    *same = 0;
+    for (size_t k = 0; k < d->layout.n; k++) {
+        const wsync_tensor_desc_t *x = &d->layout.tensors[k];
+        if (x->nbytes == 0)
+            continue;
+        wsync_buffer_desc_t seg;
+        memset(&seg, 0, sizeof(seg));
+        seg.struct_size = sizeof(seg);
+        uint64_t offset = 0;
+        wsync_result_t r = locate(user, x->name, d->src[k], x->nbytes, &seg, &offset, err);
+        if (r != WSYNC_OK)
+            return r;
+        if (offset != x->offset ||
+            !wsync_direct_same_text(&d->segments[d->tensor_segment[k]], &seg))
+            return WSYNC_OK;
+    }
+    *same = 1;
+    return WSYNC_OK;
+}
+
+wsync_result_t wsync_direct_stage(wsync_direct_t *cur, int *have, const wsync_stage_tensor_t *t,
+                                  size_t n, wsync_direct_locate_fn locate, void *user,
+                                  wsync_error_t *err)
+{
+    if (*have && cur->tail != NULL && wsync_direct_same_input(cur, t, n)) {
+        int same = 0;
+        wsync_result_t r = wsync_direct_relocate(cur, locate, user, &same, err);
+        if (r != WSYNC_OK || same)
+            return r;
+    }
+    wsync_direct_t next;
+    wsync_result_t r = wsync_direct_build(t, n, locate, user, &next, err);
+    if (r == WSYNC_OK)
+        wsync_direct_adopt(cur, have, &next);
+    return r;
 }
 
 wsync_result_t wsync_direct_build(const wsync_stage_tensor_t *t, size_t n,
@@ -68,12 +185,14 @@ wsync_result_t wsync_direct_build(const wsync_stage_tensor_t *t, size_t n,
         return r;
     out->segments = calloc(n ? n : 1, sizeof(*out->segments));
     out->tensor_segment = calloc(n ? n : 1, sizeof(*out->tensor_segment));
+    out->src = calloc(n ? n : 1, sizeof(*out->src));
     wsync_direct_index_t index = {NULL, 1};
     while (index.mask < 2 * n)
         index.mask <<= 1;
     index.slot = calloc(index.mask, sizeof(*index.slot));
     index.mask--;
-    if (out->segments == NULL || out->tensor_segment == NULL || index.slot == NULL) {
+    if (out->segments == NULL || out->tensor_segment == NULL || out->src == NULL ||
+        index.slot == NULL) {
         free(index.slot);
         wsync_direct_free(out);
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu direct tensors", n);
@@ -82,6 +201,7 @@ wsync_result_t wsync_direct_build(const wsync_stage_tensor_t *t, size_t n,
         wsync_tensor_desc_t *d = &out->layout.tensors[k];
         const wsync_stage_tensor_t *src = &t[out->layout.from[k]];
         d->offset = 0;
+        out->src[k] = src->src;
         if (wsync_stage_src_dtype(src) != src->dtype) {
             r = WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                            "tensor \"%.80s\": src_dtype %s differs from dtype %s; direct mode "
@@ -131,7 +251,7 @@ wsync_result_t wsync_direct_build(const wsync_stage_tensor_t *t, size_t n,
     return WSYNC_OK;
 }
 
-wsync_result_t wsync_direct_emit(const wsync_direct_t *d, const wsync_buffer_desc_t *sync,
+wsync_result_t wsync_direct_emit(wsync_direct_t *d, const wsync_buffer_desc_t *sync,
                                  uint64_t generation, int finished, char **json, wsync_error_t *err)
 {
     wsync_manifest_t m;
@@ -146,7 +266,18 @@ wsync_result_t wsync_direct_emit(const wsync_direct_t *d, const wsync_buffer_des
     m.n_segments = d->n_segments;
     m.segments = d->segments;
     m.tensor_segment = d->tensor_segment;
-    return wsync_manifest_emit(&m, json, err);
+    if (d->tail != NULL)
+        return wsync_manifest_emit_with_tail(&m, d->tail, d->tail_len, json, err);
+    size_t at = 0;
+    wsync_result_t r = wsync_manifest_emit_split(&m, json, &at, err);
+    if (r != WSYNC_OK)
+        return r;
+    const size_t len = strlen(*json + at);
+    if ((d->tail = malloc(len + 1)) != NULL) { /* without it, the next emit writes it all */
+        memcpy(d->tail, *json + at, len + 1);
+        d->tail_len = len;
+    }
+    return WSYNC_OK;
 }
 
 int wsync_yama_ptrace_scope(void)

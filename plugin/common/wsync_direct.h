@@ -10,7 +10,7 @@
 
 /* The segment holding [src, src + nbytes) of tensor `name`: a descriptor (kind, handle, bytes,
  * pid, device; equal descriptors are one segment) and the tensor's offset in it. An error names
- * the tensor (e.g. memory the backend cannot export). */
+ * the tensor (e.g. memory the backend cannot export). *segment arrives zeroed, struct_size set. */
 typedef wsync_result_t (*wsync_direct_locate_fn)(void *user, const char *name, const void *src,
                                                  uint64_t nbytes, wsync_buffer_desc_t *segment,
                                                  uint64_t *offset, wsync_error_t *err);
@@ -20,6 +20,9 @@ typedef struct wsync_direct {
     wsync_buffer_desc_t *segments;
     size_t n_segments;
     uint32_t *tensor_segment; /* per layout tensor */
+    const void **src;         /* per layout tensor: the caller's pointer it was located at */
+    char *tail;               /* the last emit's text from its segments on (malloc'd), or NULL */
+    size_t tail_len;
 } wsync_direct_t;
 
 /* Validate `t` (as wsync_layout_build: names, dtypes, shapes) and locate every tensor with bytes;
@@ -28,8 +31,19 @@ typedef struct wsync_direct {
 wsync_result_t wsync_direct_build(const wsync_stage_tensor_t *t, size_t n,
                                   wsync_direct_locate_fn locate, void *user, wsync_direct_t *out,
                                   wsync_error_t *err);
-/* The manifest of `d` whose buffer (the synchronisation object) is `sync`. *json is malloc'd. */
-wsync_result_t wsync_direct_emit(const wsync_direct_t *d, const wsync_buffer_desc_t *sync,
+/* Stage `t` into *cur, the bucket a staging publishes next (*have: *cur holds one). A steady
+ * trainer's bucket -- `t` the very input *cur was built from (names, dtypes, shapes, pointers),
+ * and locate still giving each tensor the same segment and offset (for CUDA: the same
+ * allocation id) -- keeps *cur and the text of its last emit, so the layout is not built again
+ * and the next emit writes only the manifest's head (wsync_manifest_emit_with_tail). Otherwise
+ * a new build replaces *cur (and a build that names the same tensors and segments keeps the
+ * text). Errors are wsync_direct_build's, in the same order, and leave *cur as it was. */
+wsync_result_t wsync_direct_stage(wsync_direct_t *cur, int *have, const wsync_stage_tensor_t *t,
+                                  size_t n, wsync_direct_locate_fn locate, void *user,
+                                  wsync_error_t *err);
+/* The manifest of `d` whose buffer (the synchronisation object) is `sync`. *json is malloc'd,
+ * byte for byte wsync_manifest_emit's text; d keeps its tail for the next emit. */
+wsync_result_t wsync_direct_emit(wsync_direct_t *d, const wsync_buffer_desc_t *sync,
                                  uint64_t generation, int finished, char **json,
                                  wsync_error_t *err);
 void wsync_direct_free(wsync_direct_t *d);

@@ -76,6 +76,17 @@ static inline wsync_manifest_owned_t *wsync_manifest_owned_from_view(const wsync
  * generations (wsync_manifest_cache.h); otherwise each tensor with has_digest has its own
  * "digest" field and there is no blob. */
 wsync_result_t wsync_manifest_emit(const wsync_manifest_t *m, char **out, wsync_error_t *err);
+/* wsync_manifest_emit, and in *tail_at where its tail begins: the text from ",\"segments\":" on
+ * (a direct manifest's segments and tensors, what a steady trainer repeats byte for byte), or
+ * from ",\"tensors\":" on when m has no segments. */
+wsync_result_t wsync_manifest_emit_split(const wsync_manifest_t *m, char **out, size_t *tail_at,
+                                         wsync_error_t *err);
+/* The text wsync_manifest_emit writes for `m`, given `tail` (tail_len bytes): what it wrote from
+ * tail_at on for a manifest of the same segments and tensors. Writes m's head only (generation,
+ * finished, buffer) and appends the tail, so m's segments and tensors are not read again; m's
+ * tensors must still say whether they carry digests (a blob is part of the head). */
+wsync_result_t wsync_manifest_emit_with_tail(const wsync_manifest_t *m, const char *tail,
+                                             size_t tail_len, char **out, wsync_error_t *err);
 
 /* Wire names of buffer kinds: "cuda_ipc", "host_shm", "cuda_vmm_fd". */
 const char *wsync_buffer_kind_name(wsync_buffer_kind_t k);

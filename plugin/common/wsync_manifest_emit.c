@@ -244,11 +244,25 @@ static void wsync_text_digest_blob(wsync_text_t *t, const wsync_manifest_t *m)
     wsync_text_put(t, "\"", 1);
 }
 
-/* Every member before "tensors": wsync, generation, finished, buffer, digests (the blob), then
- * segments (direct mode), so that the text from ",\"segments\":" on -- the part a steady trainer
- * repeats byte for byte -- is one tail for the consumers' parse cache. 0 when a device or
- * control name is not valid UTF-8. */
-static int wsync_text_head(wsync_text_t *t, const wsync_manifest_t *m, int blob, int direct)
+/* ,"segments":[...] (direct mode), after the head: the text from there on -- the part a steady
+ * trainer repeats byte for byte -- is one tail for the consumers' parse cache and for
+ * wsync_manifest_emit_with_tail. 0 when a device or control name is not valid UTF-8. */
+static int wsync_text_segments(wsync_text_t *t, const wsync_manifest_t *m)
+{
+    wsync_text_str(t, ",\"segments\":[");
+    for (size_t k = 0; k < m->n_segments; k++) {
+        if (k > 0)
+            wsync_text_put(t, ",", 1);
+        if (!wsync_text_buffer(t, &m->segments[k]))
+            return 0;
+    }
+    wsync_text_put(t, "]", 1);
+    return 1;
+}
+
+/* Every member before the segments: wsync, generation, finished, buffer, digests (the blob). 0
+ * when the buffer's device or control name is not valid UTF-8. */
+static int wsync_text_head(wsync_text_t *t, const wsync_manifest_t *m, int blob)
 {
     wsync_text_str(t, "{\"wsync\":");
     wsync_text_int(t, WSYNC_MANIFEST_SCHEMA);
@@ -260,16 +274,6 @@ static int wsync_text_head(wsync_text_t *t, const wsync_manifest_t *m, int blob,
         return 0;
     if (blob)
         wsync_text_digest_blob(t, m);
-    if (direct) {
-        wsync_text_str(t, ",\"segments\":[");
-        for (size_t k = 0; k < m->n_segments; k++) {
-            if (k > 0)
-                wsync_text_put(t, ",", 1);
-            if (!wsync_text_buffer(t, &m->segments[k]))
-                return 0;
-        }
-        wsync_text_put(t, "]", 1);
-    }
     return 1;
 }
 
@@ -312,25 +316,73 @@ static int wsync_emit_tensor(wsync_text_t *t, const wsync_tensor_desc_t *d, int 
     return 1;
 }
 
+/* Canonical form (parse caches rely on it, docs/DESIGN.md §2): "tensors" is the last member, and
+ * when every tensor has a digest they travel in the top-level "digests" blob, so the text of the
+ * tensors array stays byte-identical from one generation of a bucket to the next. */
+static int wsync_emit_blob(const wsync_manifest_t *m)
+{
+    int blob = m->n_tensors > 0;
+    for (size_t i = 0; blob && i < m->n_tensors; i++)
+        blob = m->tensors[i].has_digest != 0;
+    return blob;
+}
+
+wsync_result_t wsync_manifest_emit_with_tail(const wsync_manifest_t *m, const char *tail,
+                                             size_t tail_len, char **out, wsync_error_t *err)
+{
+    wsync_result_t r;
+    if (m == NULL || out == NULL || tail == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "manifest, tail and out must not be NULL");
+    *out = NULL;
+    if (m->generation == 0 || m->generation > WSYNC_JSON_INT_MAX)
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "generation %llu must be in 1..INT64_MAX",
+                          (unsigned long long)m->generation);
+    if ((r = wsync_check_buffer(&m->buffer, -1, err)) != WSYNC_OK)
+        return r;
+    wsync_text_t t = {0};
+    if (!wsync_text_head(&t, m, wsync_emit_blob(m))) {
+        free(t.p);
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "a device or control name of the buffer is not valid UTF-8");
+    }
+    wsync_text_put(&t, tail, tail_len);
+    if (t.bad) {
+        free(t.p);
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "cannot build the manifest JSON");
+    }
+    *out = t.p;
+    return WSYNC_OK;
+}
+
 wsync_result_t wsync_manifest_emit(const wsync_manifest_t *m, char **out, wsync_error_t *err)
+{
+    size_t tail_at;
+    return wsync_manifest_emit_split(m, out, &tail_at, err);
+}
+
+wsync_result_t wsync_manifest_emit_split(const wsync_manifest_t *m, char **out, size_t *tail_at,
+                                         wsync_error_t *err)
 {
     wsync_result_t r;
 
-    if (m == NULL || out == NULL)
+    if (m == NULL || out == NULL || tail_at == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "manifest and out must not be NULL");
     *out = NULL;
     if ((r = wsync_check_emit(m, err)) != WSYNC_OK)
         return r;
 
-    /* Canonical form (parse caches rely on it, docs/DESIGN.md §2): "tensors" is the last member,
-     * and when every tensor has a digest they travel in the top-level "digests" blob, so the text
-     * of the tensors array stays byte-identical from one generation of a bucket to the next. */
-    int blob = m->n_tensors > 0;
-    for (size_t i = 0; blob && i < m->n_tensors; i++)
-        blob = m->tensors[i].has_digest != 0;
+    const int blob = wsync_emit_blob(m);
     const int direct = WSYNC_HAS_FIELD(wsync_manifest_t, m, tensor_segment) && m->n_segments > 0;
     wsync_text_t t = {0};
-    if (!wsync_text_head(&t, m, blob, direct)) {
+    if (!wsync_text_head(&t, m, blob)) {
+        free(t.p);
+        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
+                          "a device or control name of the buffer or a segment is not valid UTF-8");
+    }
+    *tail_at = t.len;
+    if (direct && !wsync_text_segments(&t, m)) {
         free(t.p);
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "a device or control name of the buffer or a segment is not valid UTF-8");

@@ -121,19 +121,12 @@ static wsync_result_t wsync_cpu_stage_direct(struct wsync_staging *s,
                                              const wsync_stage_tensor_t *tensors, size_t n,
                                              wsync_error_t *err)
 {
-    wsync_direct_t next;
-    wsync_result_t r = wsync_cpu_direct_build(tensors, n, &next, err);
-    if (r != WSYNC_OK)
-        return r;
     /* No storage of ours is reused, so no consumed to wait for: several buckets of one sync may
      * be in flight (the caller waits before it writes the tensors). */
     pthread_mutex_lock(&s->lock);
-    if (s->has_direct)
-        wsync_direct_free(&s->direct);
-    s->direct = next;
-    s->has_direct = 1;
+    wsync_result_t r = wsync_cpu_direct_stage(tensors, n, &s->direct, &s->has_direct, err);
     pthread_mutex_unlock(&s->lock);
-    return WSYNC_OK;
+    return r;
 }
 
 wsync_result_t wsync_cpu_stage(struct wsync_staging *s, wsync_stream_t stream,

@@ -72,6 +72,7 @@ struct locate_ctx {
     wsync_cuda_exports_t *exports;
     int device;
     const char *uuid;
+    size_t uuid_len;    /* without its NUL, cut to a device name's room as snprintf would */
     uint64_t stamp;     /* this build: an entry of that stamp needs no driver call for its tensors
                            (the memory does not change within one stage call) */
     size_t *found_runs; /* indices into exports->runs */
@@ -96,7 +97,7 @@ static void describe_run(const locate_ctx_t *ctx, const wsync_cuda_vmm_run_t *r,
     wsync_cuda_vmm_run_handle(r, seg->handle, &seg->handle_len);
     seg->bytes = r->chunk * r->n;
     seg->pid = (int64_t)getpid();
-    snprintf(seg->device, sizeof(seg->device), "%s", ctx->uuid);
+    memcpy(seg->device, ctx->uuid, ctx->uuid_len); /* seg was zeroed: the NUL is there */
     *offset = (uint64_t)(at - r->base);
 }
 
@@ -213,20 +214,21 @@ static wsync_result_t describe(const locate_ctx_t *ctx, const wsync_cuda_export_
     seg->handle_len = WSYNC_CUDA_SEGMENT_HANDLE_BYTES;
     seg->bytes = e->size;
     seg->pid = (int64_t)getpid();
-    snprintf(seg->device, sizeof(seg->device), "%s", ctx->uuid);
+    memcpy(seg->device, ctx->uuid, ctx->uuid_len); /* seg was zeroed: the NUL is there */
     *offset = (uint64_t)(at - e->base);
     return WSYNC_OK;
 }
 
-wsync_result_t wsync_cuda_direct_build(wsync_cuda_exports_t *x, int device, const char *uuid,
-                                       const wsync_stage_tensor_t *t, size_t n, wsync_direct_t *out,
-                                       wsync_error_t *err)
+wsync_result_t wsync_cuda_direct_stage(wsync_cuda_exports_t *x, int device, const char *uuid,
+                                       const wsync_stage_tensor_t *t, size_t n, wsync_direct_t *cur,
+                                       int *have, wsync_error_t *err)
 {
     locate_ctx_t ctx = {.exports = x, .device = device, .uuid = uuid, .stamp = ++x->builds};
+    ctx.uuid_len = strnlen(uuid, WSYNC_DEVICE_MAX - 1);
     ctx.found_runs = malloc((n ? n : 1) * sizeof(*ctx.found_runs));
     if (ctx.found_runs == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory to locate %zu tensors", n);
-    wsync_result_t rc = wsync_direct_build(t, n, locate, &ctx, out, err);
+    wsync_result_t rc = wsync_direct_stage(cur, have, t, n, locate, &ctx, err);
     free(ctx.found_runs);
     return rc;
 }

@@ -24,17 +24,17 @@ typedef struct wsync_cuda_exports {
     wsync_cuda_export_t *at;
     size_t *order; /* indices into at, by base address (one entry per base: a binary search) */
     size_t n, cap;
-    uint64_t builds; /* wsync_cuda_direct_build calls so far */
+    uint64_t builds; /* wsync_cuda_direct_stage calls so far */
     wsync_cuda_vmm_run_t *runs;
     size_t n_runs, cap_runs;
 } wsync_cuda_exports_t;
 
-/* Locate every tensor of `t` (device memory on `device`) in its segment, exporting segments not
- * seen before. Errors name the tensor: not device memory, another device, cuMem memory that
- * cannot be exported. */
-wsync_result_t wsync_cuda_direct_build(wsync_cuda_exports_t *x, int device, const char *uuid,
-                                       const wsync_stage_tensor_t *t, size_t n, wsync_direct_t *out,
-                                       wsync_error_t *err);
+/* Stage `t` (device memory on `device`) into *cur (wsync_direct_stage): every tensor located in
+ * its segment, segments not seen before exported. Errors name the tensor: not device memory,
+ * another device, cuMem memory that cannot be exported. */
+wsync_result_t wsync_cuda_direct_stage(wsync_cuda_exports_t *x, int device, const char *uuid,
+                                       const wsync_stage_tensor_t *t, size_t n, wsync_direct_t *cur,
+                                       int *have, wsync_error_t *err);
 void wsync_cuda_exports_free(wsync_cuda_exports_t *x);
 
 #endif

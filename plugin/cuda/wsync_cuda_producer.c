@@ -362,17 +362,9 @@ static wsync_result_t staging_stage(struct wsync_staging *s, wsync_stream_t stre
     /* Direct mode: no storage of ours is reused, so several buckets of one sync may be in flight
      * (the caller waits for consumed before it writes its tensors). */
     if (s->flags & WSYNC_STAGING_DIRECT) {
-        wsync_direct_t next;
         cudaSetDevice(s->device);
-        wsync_result_t rc =
-            wsync_cuda_direct_build(&s->exports, s->device, s->uuid, t, n, &next, err);
-        if (rc != WSYNC_OK)
-            return rc;
-        if (s->have_direct)
-            wsync_direct_free(&s->direct);
-        s->direct = next;
-        s->have_direct = 1;
-        return WSYNC_OK;
+        return wsync_cuda_direct_stage(&s->exports, s->device, s->uuid, t, n, &s->direct,
+                                       &s->have_direct, err);
     }
     /* The exporter-storage rule (docs/DESIGN.md §1.2): never overwrite storage a consumer may still
      * read. */

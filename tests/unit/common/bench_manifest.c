@@ -4,7 +4,8 @@
  * them. Prints the mean time per parse and the ratio. Then a direct bucket's host work on both
  * sides: 590 tensors each in its own segment (one of the MoE's 2 GiB buckets when the trainer
  * holds each tensor in an allocation of its own), and 4 719 (the whole MoE in one bucket):
- * wsync_direct_build with a locate that answers at once, the emit, the full and the cached parse.
+ * wsync_direct_stage of the steady bucket with a locate that answers at once (the first a build),
+ * its emit (the head and the kept tail), the full and the cached parse.
  * Not a test: no assertion on speed. */
 #include <stdint.h>
 #include <stdio.h>
@@ -131,12 +132,13 @@ static int bench_direct(size_t n, int iters)
     sync.ready_len = sync.consumed_len = 64;
     wsync_manifest_cache_t *cache = wsync_manifest_cache_create();
     double us[4] = {0, 0, 0, 0};
+    wsync_direct_t d; /* the staging's bucket, staged into as a producer does */
+    int have = 0;
     for (int it = 0; it <= iters; it++) { /* the first round warms up (and fills the cache) */
-        wsync_direct_t d;
         char *text = NULL;
         wsync_manifest_owned_t *full = NULL, *cached = NULL;
         double t0 = now_us();
-        if (wsync_direct_build(t, n, bench_locate, NULL, &d, NULL) != WSYNC_OK)
+        if (wsync_direct_stage(&d, &have, t, n, bench_locate, NULL, NULL) != WSYNC_OK)
             return 1;
         double t1 = now_us();
         if (wsync_direct_emit(&d, &sync, (uint64_t)it + 1, 1, &text, NULL) != WSYNC_OK)
@@ -155,15 +157,16 @@ static int bench_direct(size_t n, int iters)
             us[3] += t4 - t3;
         }
         if (it == iters)
-            printf("direct   %10zu segments %zu: build %.1f us, emit %.1f us, full parse %.1f us, "
+            printf("direct   %10zu segments %zu: stage (steady) %.1f us, emit (steady) %.1f us, "
+                   "full parse %.1f us, "
                    "cached parse %.1f us (%zu tensors)\n",
                    strlen(text), d.n_segments, us[0] / iters, us[1] / iters, us[2] / iters,
                    us[3] / iters, n);
         wsync_manifest_free(full);
         wsync_manifest_free(cached);
         free(text);
-        wsync_direct_free(&d);
     }
+    wsync_direct_free(&d);
     wsync_manifest_cache_destroy(cache);
     free(names);
     free(t);
