@@ -1,5 +1,6 @@
 /* wsync_req_dumps (see wsync_request.h): jansson's compact text, with long strings escaped by a
  * table scan instead of jansson's per-character string writer. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,28 +52,52 @@ static void put_jansson(text_buf_t *b, const json_t *v)
     free(s);
 }
 
+/* The index of the first byte of s[i, n) that is not written as itself ('"', '\\', control
+ * characters, DEL, non-ASCII), or n: eight bytes a step (the lowest marked byte is exact). */
+static size_t escape_at(const char *s, size_t i, size_t n)
+{
+    const uint64_t ones = 0x0101010101010101ull, high = 0x8080808080808080ull;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t x;
+        memcpy(&x, s + i, 8);
+        const uint64_t q = x ^ (ones * '"'), bs = x ^ (ones * '\\'), del = x ^ (ones * 0x7f);
+        const uint64_t m = (((q - ones) & ~q) | ((bs - ones) & ~bs) | ((del - ones) & ~del) |
+                            ((x - ones * 0x20) & ~x) | x) &
+                           high;
+        if (m != 0)
+            return i + (size_t)__builtin_ctzll(m) / 8;
+    }
+    for (; i < n; i++) {
+        const unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\' || c < 0x20 || c >= 0x7f)
+            break;
+    }
+    return i;
+}
+
 /* A long string of printable ASCII: quoted, '"' and '\\' escaped, as jansson writes it; 0 when
  * it holds anything else (control characters, non-ASCII), which jansson's writer then takes. */
 static int put_long_string(text_buf_t *b, const char *s, size_t n)
 {
-    size_t quotes = 0;
-    for (size_t i = 0; i < n; i++) {
-        const unsigned char c = (unsigned char)s[i];
-        if (c < 0x20 || c >= 0x7f)
+    if (!grow(b, 2 * n + 2)) /* every byte escaped, and the quotes */
+        return 1;            /* b->failed says it */
+    char *const start = b->p + b->len, *o = start;
+    *o++ = '"';
+    for (size_t i = 0; i < n;) {
+        const size_t j = escape_at(s, i, n);
+        memcpy(o, s + i, j - i);
+        o += j - i;
+        if (j == n)
+            break;
+        const unsigned char c = (unsigned char)s[j];
+        if (c < 0x20 || c >= 0x7f) /* not ours: nothing written */
             return 0;
-        quotes += c == '"' || c == '\\';
-    }
-    if (!grow(b, n + quotes + 2))
-        return 1; /* b->failed says it */
-    char *o = b->p + b->len;
-    *o++ = '"';
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] == '"' || s[i] == '\\')
-            *o++ = '\\';
-        *o++ = s[i];
+        *o++ = '\\';
+        *o++ = (char)c;
+        i = j + 1;
     }
     *o++ = '"';
-    b->len = (size_t)(o - b->p);
+    b->len += (size_t)(o - start);
     b->p[b->len] = '\0';
     return 1;
 }

@@ -1,5 +1,6 @@
 /* wsync_req_loadb (see wsync_request.h): an engine request's long strings taken out by a scan,
  * the rest parsed by jansson. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,19 +22,65 @@ static size_t skip_ws(const char *s, size_t i, size_t n)
     return i;
 }
 
+/* Of the 8 bytes in x (little-endian), the stop bytes' high bits: '"', '\\', below 0x20, from
+ * 0x80. The lowest set bit is exact (a borrow only marks bytes above a true match). */
+static uint64_t stop_bits(uint64_t x)
+{
+    const uint64_t ones = 0x0101010101010101ull, high = 0x8080808080808080ull;
+    const uint64_t q = x ^ (ones * '"'), b = x ^ (ones * '\\');
+    return (((q - ones) & ~q) | ((b - ones) & ~b) | ((x - ones * 0x20) & ~x) | x) & high;
+}
+
+/* The index of the first stop byte in s[i, n), or n: eight bytes a step. */
+static size_t next_stop(const char *s, size_t i, size_t n)
+{
+    for (; i + 8 <= n; i += 8) {
+        uint64_t x;
+        memcpy(&x, s + i, 8);
+        const uint64_t m = stop_bits(x);
+        if (m != 0)
+            return i + (size_t)__builtin_ctzll(m) / 8;
+    }
+    while (i < n && !stop_byte((unsigned char)s[i]))
+        i++;
+    return i;
+}
+
+/* The letters after a backslash that the fast path undoes itself. */
+static int plain_escape(char e)
+{
+    switch (e) {
+    case '"':
+    case '\\':
+    case '/':
+    case 'b':
+    case 'f':
+    case 'n':
+    case 'r':
+    case 't':
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* The first backslash in [p, stop), or stop. */
+static const char *next_backslash(const char *p, const char *stop)
+{
+    while (p < stop && *p != '\\')
+        p++;
+    return p;
+}
+
 /* The string at s[i] == '"': the index after its closing quote, or 0 when it holds anything but
  * the plain escapes (\" \\ \/ \b \f \n \r \t) and printable ASCII. */
 static size_t string_end(const char *s, size_t i, size_t n)
 {
-    for (i++; i < n;) {
+    for (i++; (i = next_stop(s, i, n)) < n;) {
         const unsigned char c = (unsigned char)s[i];
-        if (!stop_byte(c)) {
-            i++;
-            continue;
-        }
         if (c == '"')
             return i + 1;
-        if (c != '\\' || i + 1 >= n || strchr("\"\\/bfnrt", s[i + 1]) == NULL)
+        if (c != '\\' || i + 1 >= n || !plain_escape(s[i + 1]))
             return 0;
         i += 2;
     }
@@ -72,36 +119,43 @@ static size_t value_end(const char *s, size_t i, size_t n)
 static json_t *string_value(const char *s, size_t i, size_t end)
 {
     const size_t n = end - i - 2;
-    if (memchr(s + i + 1, '\\', n) == NULL)
+    const char *at = memchr(s + i + 1, '\\', n);
+    if (at == NULL)
         return json_stringn_nocheck(s + i + 1, n);
     char *b = malloc(n ? n : 1);
     size_t k = 0;
-    for (size_t j = i + 1; b != NULL && j < end - 1; j++) {
-        char c = s[j];
-        if (c == '\\') {
-            const char e = s[++j];
-            c = e == 'b'   ? '\b'
-                : e == 'f' ? '\f'
-                : e == 'n' ? '\n'
-                : e == 'r' ? '\r'
-                : e == 't' ? '\t'
-                           : e;
-        }
-        b[k++] = c;
+    for (const char *j = s + i + 1, *stop = s + end - 1; b != NULL && j < stop;) {
+        const size_t run = (size_t)(at - j); /* bytes up to the next backslash */
+        memcpy(b + k, j, run);
+        k += run;
+        if (at == stop)
+            break;
+        const char e = at[1];
+        b[k++] = e == 'b'   ? '\b'
+                 : e == 'f' ? '\f'
+                 : e == 'n' ? '\n'
+                 : e == 'r' ? '\r'
+                 : e == 't' ? '\t'
+                            : e;
+        j = at + 2;
+        at = next_backslash(j, stop);
     }
     json_t *v = b != NULL ? json_stringn_nocheck(b, k) : NULL;
     free(b);
     return v;
 }
 
+#define WSYNC_REQ_ENDS 8 /* string ends an array value remembers (one per engine rank) */
+
 typedef struct long_value {
-    size_t key, key_len; /* the key's bytes (no escapes) */
-    size_t at, end;      /* the value: a string or an array of strings */
+    size_t key, key_len;                 /* the key's bytes (no escapes) */
+    size_t at, end;                      /* the value: a string or an array of strings */
+    size_t ends[WSYNC_REQ_ENDS], n_ends; /* an array's first strings: where each ends */
 } long_value_t;
 
 /* The array at s[i] == '[' when it holds only strings, one of them long, with JSON's commas:
- * its end, else 0. */
-static size_t long_string_array(const char *s, size_t i, size_t n)
+ * its end, else 0. The ends of its first WSYNC_REQ_ENDS strings go in v (when not NULL). */
+static size_t long_string_array(const char *s, size_t i, size_t n, long_value_t *v)
 {
     int any = 0;
     i = skip_ws(s, i + 1, n);
@@ -113,6 +167,8 @@ static size_t long_string_array(const char *s, size_t i, size_t n)
         const size_t e = string_end(s, i, n);
         if (e == 0)
             return 0;
+        if (v != NULL && v->n_ends < WSYNC_REQ_ENDS)
+            v->ends[v->n_ends++] = e;
         any |= e - i - 2 >= WSYNC_REQ_LONG_STRING;
         i = skip_ws(s, e, n);
         if (i < n && s[i] == ']')
@@ -142,10 +198,11 @@ static int scan(const char *s, size_t n, long_value_t *v, size_t *nv)
         if (at >= n || s[at] != ':')
             return 0;
         at = skip_ws(s, at + 1, n);
-        const size_t ve = value_end(s, at, n);
+        long_value_t lv = {.key = i + 1, .key_len = ke - i - 2, .at = at};
+        const size_t ae = at < n && s[at] == '[' ? long_string_array(s, at, n, &lv) : 0;
+        const size_t ve = ae != 0 ? ae : value_end(s, at, n); /* an array of strings: read once */
         if (ve == 0)
             return 0;
-        const size_t ae = at < n && s[at] == '[' ? long_string_array(s, at, n) : 0;
         if ((s[at] == '"' && ve - at - 2 >= WSYNC_REQ_LONG_STRING) || ae != 0) {
             for (size_t k = 0; k < *nv; k++) /* a key given twice: json_loadb's rules */
                 if (v[k].key_len == ke - i - 2 &&
@@ -153,7 +210,8 @@ static int scan(const char *s, size_t n, long_value_t *v, size_t *nv)
                     return 0;
             if (*nv == WSYNC_REQ_MAX_LONG)
                 return 0;
-            v[(*nv)++] = (long_value_t){i + 1, ke - i - 2, at, ve};
+            lv.end = ve;
+            v[(*nv)++] = lv;
         }
         i = skip_ws(s, ve, n);
         if (i < n && s[i] == ',')
@@ -168,8 +226,9 @@ static json_t *long_json(const char *s, const long_value_t *v)
     if (s[v->at] == '"')
         return string_value(s, v->at, v->end);
     json_t *a = json_array();
-    for (size_t i = skip_ws(s, v->at + 1, v->end); a != NULL && s[i] == '"';) {
-        const size_t e = string_end(s, i, v->end);
+    size_t k = 0;
+    for (size_t i = skip_ws(s, v->at + 1, v->end); a != NULL && s[i] == '"'; k++) {
+        const size_t e = k < v->n_ends ? v->ends[k] : string_end(s, i, v->end);
         if (json_array_append_new(a, string_value(s, i, e)) != 0) {
             json_decref(a);
             return NULL;

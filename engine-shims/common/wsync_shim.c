@@ -251,8 +251,10 @@ json_t *wsync_shim_rank_texts(const wsync_shim_encode_t *in, wsync_error_t *err)
     for (size_t r = 0; list != NULL && r < in->n_ranks; r++) {
         /* checked here once, by the plugin's own rule (jansson's), then taken as is */
         const char *t = in->manifests[r];
-        json_t *v =
-            t != NULL && wsync_utf8_invalid_at(t) == (size_t)-1 ? json_string_nocheck(t) : NULL;
+        const size_t n = t != NULL ? strlen(t) : 0;
+        json_t *v = t != NULL && wsync_utf8_invalid_n(t, n) == (size_t)-1
+                        ? json_stringn_nocheck(t, n)
+                        : NULL;
         if (json_array_append_new(list, v) != 0) {
             json_decref(list);
             list = NULL;

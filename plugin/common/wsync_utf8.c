@@ -2,6 +2,7 @@
 #include "wsync_utf8.h"
 
 #include <stdint.h>
+#include <string.h>
 
 /* Length of the UTF-8 sequence at s (1-4), or 0 when it is not valid UTF-8: the rules of
  * jansson's own check (no overlong forms, no surrogates, nothing above U+10FFFF). */
@@ -39,6 +40,32 @@ size_t wsync_utf8_invalid_at(const char *s)
     size_t i = 0;
     while (u[i] != '\0') {
         size_t n = wsync_utf8_len(u + i);
+        if (n == 0)
+            return i;
+        i += n;
+    }
+    return (size_t)-1;
+}
+
+size_t wsync_utf8_invalid_n(const char *s, size_t len)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    const uint64_t ones = 0x0101010101010101ull, high = 0x8080808080808080ull;
+    size_t i = 0;
+    while (i < len) {
+        if (len - i >= 8) {
+            uint64_t x;
+            memcpy(&x, u + i, 8);
+            if (((x | ((x - ones) & ~x)) & high) == 0) { /* eight ASCII bytes, none NUL */
+                i += 8;
+                continue;
+            }
+        }
+        if (u[i] == '\0')
+            return i;
+        unsigned char seq[4] = {0, 0, 0, 0}; /* a sequence cut by the end reads NULs: invalid */
+        memcpy(seq, u + i, len - i < 4 ? len - i : 4);
+        const size_t n = wsync_utf8_len(seq);
         if (n == 0)
             return i;
         i += n;

@@ -9,5 +9,8 @@
 size_t wsync_utf8_len(const unsigned char *s);
 /* Byte index of the first invalid sequence of the NUL-terminated s, or (size_t)-1 if none. */
 size_t wsync_utf8_invalid_at(const char *s);
+/* The same for the len bytes at s (a NUL among them is invalid): ASCII eight bytes a step, for
+ * texts of megabytes (a manifest of thousands of tensors). */
+size_t wsync_utf8_invalid_n(const char *s, size_t len);
 
 #endif

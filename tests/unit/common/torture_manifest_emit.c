@@ -21,6 +21,7 @@ static void real_free(void *p)
 #include <cmocka.h>
 
 #include "wsync_manifest.h"
+#include "wsync_utf8.h"
 
 static wsync_manifest_t manifest(wsync_tensor_desc_t *t, size_t n)
 {
@@ -247,13 +248,61 @@ static void test_many_tensors(void **state)
     free(t);
 }
 
+/* The length-bounded check agrees with the NUL-terminated one on texts of ASCII runs (the
+ * eight-byte path) and every kind of sequence: valid two to four bytes, overlong, surrogates,
+ * above U+10FFFF, stray continuations, and sequences cut by the end. */
+static void test_utf8_bounded_agrees(void **state)
+{
+    (void)state;
+    static const char *const pieces[] = {"model.layers.",
+                                         "0",
+                                         "\"",
+                                         "\xc3\xa9",
+                                         "\xe2\x82\xac",
+                                         "\xf0\x9f\x98\x80",
+                                         "\xc0\xaf",
+                                         "\xed\xa0\x80",
+                                         "\xf4\x90\x80\x80",
+                                         "\x80",
+                                         "\xc3",
+                                         "\xe2\x82",
+                                         "\xff",
+                                         "\x7f",
+                                         "abcdefghijklmnop"};
+    const size_t np = sizeof(pieces) / sizeof(pieces[0]);
+    uint64_t seed = 12345;
+    char text[512];
+    for (int round = 0; round < 20000; round++) {
+        size_t len = 0;
+        const int parts = 1 + round % 24;
+        for (int k = 0; k < parts; k++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            /* mostly ASCII, so the fast path runs and then meets a sequence at any alignment */
+            const size_t p = (seed >> 33) % 8 < 6 ? ((seed >> 40) % 2 ? 0 : 14) : (seed >> 40) % np;
+            const size_t n = strlen(pieces[p]);
+            if (len + n >= sizeof(text))
+                break;
+            memcpy(text + len, pieces[p], n);
+            len += n;
+        }
+        text[len] = '\0';
+        assert_int_equal(wsync_utf8_invalid_n(text, len), wsync_utf8_invalid_at(text));
+        /* the same text cut anywhere: a sequence cut by the end is invalid */
+        const size_t cut = len ? (seed >> 20) % len : 0;
+        char head[512];
+        memcpy(head, text, cut);
+        head[cut] = '\0';
+        assert_int_equal(wsync_utf8_invalid_n(text, cut), wsync_utf8_invalid_at(head));
+    }
+    assert_int_equal(wsync_utf8_invalid_n("ab\0cd", 5), 2); /* a NUL inside is invalid */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_same_bytes_as_jansson),
-        cmocka_unit_test(test_names_not_utf8),
-        cmocka_unit_test(test_direct_same_bytes_as_jansson),
-        cmocka_unit_test(test_many_tensors),
+        cmocka_unit_test(test_same_bytes_as_jansson),        cmocka_unit_test(test_names_not_utf8),
+        cmocka_unit_test(test_direct_same_bytes_as_jansson), cmocka_unit_test(test_many_tensors),
+        cmocka_unit_test(test_utf8_bounded_agrees),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

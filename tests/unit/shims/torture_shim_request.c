@@ -155,6 +155,28 @@ static void test_request_loader(void **state)
         snprintf(text, 16384, forms[i], big);
         loads_as_jansson(text);
     }
+    /* escapes at every alignment of the eight-byte scan, and arrays of more long strings than
+     * the scan remembers the ends of */
+    static const char unit[] = "{\\\"name\\\":\\\"a.b\\\\c\\/d\\n\\\",\\\"n\\\":7}";
+    for (size_t shift = 0; shift < 16; shift++) {
+        size_t k = 0;
+        for (; k < shift; k++)
+            big[k] = 'y';
+        while (k + sizeof(unit) < 4000) {
+            memcpy(big + k, unit, sizeof(unit) - 1);
+            k += sizeof(unit) - 1;
+        }
+        big[k] = '\0';
+        snprintf(text, 16384, "{\"s\":\"%s\",\"t\":[\"%s\"]}", big, big);
+        loads_as_jansson(text);
+    }
+    size_t k = (size_t)snprintf(text, 16384, "{\"s\":[");
+    for (int i = 0; i < 11; i++)
+        k += (size_t)snprintf(text + k, 16384 - k, "%s\"%.*s%d\"", i ? "," : "", 1200, big, i);
+    snprintf(text + k, 16384 - k, "]}");
+    loads_as_jansson(text);
+    memset(big, 'x', 4000);
+    big[4000] = '\0';
     /* the fast path really took the first form: the long string is there, whole */
     snprintf(text, 16384, forms[0], big);
     json_t *r = wsync_req_loadb(text, strlen(text), NULL);
