@@ -100,20 +100,6 @@ static int wsync_direct_same_bucket(const wsync_direct_t *a, const wsync_direct_
     return 1;
 }
 
-/* `next` (a new build) becomes *cur; one that names the same tensors in the same segments keeps
- * *cur and its text instead. */
-static void wsync_direct_adopt(wsync_direct_t *cur, int *have, wsync_direct_t *next)
-{
-    if (*have && cur->tail != NULL && wsync_direct_same_bucket(cur, next)) {
-        wsync_direct_free(next);
-        return;
-    }
-    if (*have)
-        wsync_direct_free(cur);
-    *cur = *next;
-    *have = 1;
-}
-
 /* Whether `t` is the input d was built from: the same count, and tensor for tensor the same
  * name, dtype, source dtype, shape and pointer (so its validation and layout are d's). */
 static int wsync_direct_same_input(const wsync_direct_t *d, const wsync_stage_tensor_t *t, size_t n)
@@ -158,21 +144,63 @@ static wsync_result_t wsync_direct_relocate(const wsync_direct_t *d, wsync_direc
     return WSYNC_OK;
 }
 
-wsync_result_t wsync_direct_stage(wsync_direct_t *cur, int *have, const wsync_stage_tensor_t *t,
-                                  size_t n, wsync_direct_locate_fn locate, void *user,
-                                  wsync_error_t *err)
+wsync_result_t wsync_direct_stage(wsync_direct_set_t *set, const wsync_stage_tensor_t *t, size_t n,
+                                  wsync_direct_locate_fn locate, void *user, wsync_error_t *err)
 {
-    if (*have && cur->tail != NULL && wsync_direct_same_input(cur, t, n)) {
+    if (set->at == NULL && (set->at = calloc(WSYNC_DIRECT_KEEP, sizeof(*set->at))) == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for direct buckets");
+    size_t k = 0;
+    while (k < set->n && !(set->at[k].tail != NULL && wsync_direct_same_input(&set->at[k], t, n)))
+        k++;
+    if (k < set->n) {
         int same = 0;
-        wsync_result_t r = wsync_direct_relocate(cur, locate, user, &same, err);
-        if (r != WSYNC_OK || same)
+        wsync_result_t r = wsync_direct_relocate(&set->at[k], locate, user, &same, err);
+        if (r != WSYNC_OK)
             return r;
+        if (same) {
+            set->current = k, set->have = 1;
+            return WSYNC_OK;
+        }
     }
     wsync_direct_t next;
     wsync_result_t r = wsync_direct_build(t, n, locate, user, &next, err);
-    if (r == WSYNC_OK)
-        wsync_direct_adopt(cur, have, &next);
-    return r;
+    if (r != WSYNC_OK)
+        return r;
+    if (k == set->n) /* the kept bucket of the same first tensor, when there is one */
+        for (k = 0; k < set->n; k++)
+            if (strcmp(set->at[k].layout.tensors[0].name, next.layout.tensors[0].name) == 0)
+                break;
+    if (k == set->n && set->n == WSYNC_DIRECT_KEEP) { /* full: the oldest goes */
+        wsync_direct_free(&set->at[0]);
+        memmove(&set->at[0], &set->at[1], (set->n - 1) * sizeof(*set->at));
+        k = --set->n;
+    }
+    if (k < set->n) {
+        wsync_direct_t *old = &set->at[k];
+        if (old->tail != NULL && wsync_direct_same_bucket(old, &next)) { /* the same text */
+            next.tail = old->tail, next.tail_len = old->tail_len;
+            old->tail = NULL;
+        }
+        wsync_direct_free(old);
+    } else {
+        set->n++;
+    }
+    set->at[k] = next;
+    set->current = k, set->have = 1;
+    return WSYNC_OK;
+}
+
+wsync_direct_t *wsync_direct_current(wsync_direct_set_t *set)
+{
+    return set->have ? &set->at[set->current] : NULL;
+}
+
+void wsync_direct_set_free(wsync_direct_set_t *set)
+{
+    for (size_t k = 0; k < set->n; k++)
+        wsync_direct_free(&set->at[k]);
+    free(set->at);
+    memset(set, 0, sizeof(*set));
 }
 
 wsync_result_t wsync_direct_build(const wsync_stage_tensor_t *t, size_t n,
@@ -241,6 +269,12 @@ wsync_result_t wsync_direct_build(const wsync_stage_tensor_t *t, size_t n,
         out->tensor_segment[k] = (uint32_t)j;
     }
     free(index.slot);
+    /* room for a segment per tensor was taken; a kept bucket holds only what it names */
+    void *fit = out->n_segments > 0
+                    ? realloc(out->segments, out->n_segments * sizeof(*out->segments))
+                    : NULL;
+    if (fit != NULL)
+        out->segments = fit;
     if (out->n_segments == 0) {
         wsync_direct_free(out);
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,

@@ -31,16 +31,29 @@ typedef struct wsync_direct {
 wsync_result_t wsync_direct_build(const wsync_stage_tensor_t *t, size_t n,
                                   wsync_direct_locate_fn locate, void *user, wsync_direct_t *out,
                                   wsync_error_t *err);
-/* Stage `t` into *cur, the bucket a staging publishes next (*have: *cur holds one). A steady
- * trainer's bucket -- `t` the very input *cur was built from (names, dtypes, shapes, pointers),
- * and locate still giving each tensor the same segment and offset (for CUDA: the same
- * allocation id) -- keeps *cur and the text of its last emit, so the layout is not built again
- * and the next emit writes only the manifest's head (wsync_manifest_emit_with_tail). Otherwise
- * a new build replaces *cur (and a build that names the same tensors and segments keeps the
- * text). Errors are wsync_direct_build's, in the same order, and leave *cur as it was. */
-wsync_result_t wsync_direct_stage(wsync_direct_t *cur, int *have, const wsync_stage_tensor_t *t,
-                                  size_t n, wsync_direct_locate_fn locate, void *user,
-                                  wsync_error_t *err);
+/* The buckets a direct staging has staged (a sync of several buckets stages each through the one
+ * staging, sync after sync), kept to stage them again cheaply: at most WSYNC_DIRECT_KEEP, the
+ * one staged last named by `current`. Zero-initialised is empty. */
+#define WSYNC_DIRECT_KEEP 64
+typedef struct wsync_direct_set {
+    wsync_direct_t *at;
+    size_t n;
+    size_t current;
+    int have; /* at[current] is the bucket the next publish names */
+} wsync_direct_set_t;
+
+/* Stage `t` into the set. A steady trainer's bucket -- `t` the very input a kept bucket was built
+ * from (names, dtypes, shapes, pointers), and locate still giving each tensor the same segment
+ * and offset (for CUDA: the same allocation id) -- is that bucket again, with the text of its
+ * last emit: no layout is built and the next emit writes only the manifest's head
+ * (wsync_manifest_emit_with_tail). Otherwise a new build takes the place of the kept bucket of
+ * the same first tensor (or of the oldest). Errors are wsync_direct_build's, in the same order,
+ * and leave the set as it was. */
+wsync_result_t wsync_direct_stage(wsync_direct_set_t *set, const wsync_stage_tensor_t *t, size_t n,
+                                  wsync_direct_locate_fn locate, void *user, wsync_error_t *err);
+/* The bucket staged last, or NULL. */
+wsync_direct_t *wsync_direct_current(wsync_direct_set_t *set);
+void wsync_direct_set_free(wsync_direct_set_t *set);
 /* The manifest of `d` whose buffer (the synchronisation object) is `sync`. *json is malloc'd,
  * byte for byte wsync_manifest_emit's text; d keeps its tail for the next emit. */
 wsync_result_t wsync_direct_emit(wsync_direct_t *d, const wsync_buffer_desc_t *sync,

@@ -90,13 +90,13 @@ static wsync_result_t wsync_cpu_locate(void *user, const char *name, const void 
     return WSYNC_OK;
 }
 
-wsync_result_t wsync_cpu_direct_stage(const wsync_stage_tensor_t *t, size_t n, wsync_direct_t *cur,
-                                      int *have, wsync_error_t *err)
+wsync_result_t wsync_cpu_direct_stage(const wsync_stage_tensor_t *t, size_t n,
+                                      wsync_direct_set_t *set, wsync_error_t *err)
 {
     wsync_cpu_maps_t maps = {0};
     wsync_result_t r = wsync_cpu_maps_read(&maps, err);
     if (r == WSYNC_OK)
-        r = wsync_direct_stage(cur, have, t, n, wsync_cpu_locate, &maps, err);
+        r = wsync_direct_stage(set, t, n, wsync_cpu_locate, &maps, err);
     free(maps.runs);
     return r;
 }

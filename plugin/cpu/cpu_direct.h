@@ -7,10 +7,10 @@
 
 #include "wsync_direct.h"
 
-/* Stage `t` into *cur (wsync_direct_stage), every tensor located in this process's readable
+/* Stage `t` into `set` (wsync_direct_stage), every tensor located in this process's readable
  * mappings: INVALID_ARGUMENT naming the tensor whose bytes are not all mapped readable. */
-wsync_result_t wsync_cpu_direct_stage(const wsync_stage_tensor_t *t, size_t n, wsync_direct_t *cur,
-                                      int *have, wsync_error_t *err);
+wsync_result_t wsync_cpu_direct_stage(const wsync_stage_tensor_t *t, size_t n,
+                                      wsync_direct_set_t *set, wsync_error_t *err);
 
 /* Consumer: rows of ops from process `pid` (op src_offset is an address there) into this
  * process, in batches of IOV_MAX rows per process_vm_readv. PEER_GONE (no such process),

@@ -33,8 +33,7 @@ struct wsync_staging {
     wsync_cpu_stream_t **streams;
     size_t n_streams, cap_streams;
     wsync_cpu_unlink_t unlink_node;
-    wsync_direct_t direct; /* WSYNC_STAGING_DIRECT: the bucket named in place */
-    int has_direct;
+    wsync_direct_set_t direct; /* WSYNC_STAGING_DIRECT: the buckets named in place */
 };
 
 /* A direct staging's segment holds only its control block and these few bytes: no tensor fits,
@@ -124,7 +123,7 @@ static wsync_result_t wsync_cpu_stage_direct(struct wsync_staging *s,
     /* No storage of ours is reused, so no consumed to wait for: several buckets of one sync may
      * be in flight (the caller waits before it writes the tensors). */
     pthread_mutex_lock(&s->lock);
-    wsync_result_t r = wsync_cpu_direct_stage(tensors, n, &s->direct, &s->has_direct, err);
+    wsync_result_t r = wsync_cpu_direct_stage(tensors, n, &s->direct, err);
     pthread_mutex_unlock(&s->lock);
     return r;
 }
@@ -200,7 +199,7 @@ wsync_result_t wsync_cpu_publish(struct wsync_staging *s, wsync_stream_t stream,
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "staging and manifest_json must not be NULL");
     pthread_mutex_lock(&s->lock);
-    if (!s->has_layout && !s->has_direct) {
+    if (!s->has_layout && !s->direct.have) {
         pthread_mutex_unlock(&s->lock);
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "nothing staged in %s; call stage before publish", s->shm.name);
@@ -225,8 +224,9 @@ wsync_result_t wsync_cpu_publish(struct wsync_staging *s, wsync_stream_t stream,
     b->pid = (int64_t)getpid();
     memcpy(b->device, "cpu", 4);
     memcpy(b->control, s->shm.name, b->handle_len + 1);
-    r = s->has_direct ? wsync_direct_emit(&s->direct, b, g, finished, &json, err)
-                      : wsync_manifest_emit(&m, &json, err);
+    r = s->direct.have
+            ? wsync_direct_emit(wsync_direct_current(&s->direct), b, g, finished, &json, err)
+            : wsync_manifest_emit(&m, &json, err);
     if (r != WSYNC_OK)
         goto out;
     r = wsync_cpu_stream_signal_ready(wsync_cpu_staging_stream(s, stream), s->control, g, NULL,
@@ -279,8 +279,7 @@ wsync_result_t wsync_cpu_retire(struct wsync_staging *s, wsync_error_t *err)
     wsync_shm_close(&s->shm);
     if (s->has_layout)
         wsync_layout_free(&s->layout);
-    if (s->has_direct)
-        wsync_direct_free(&s->direct);
+    wsync_direct_set_free(&s->direct);
     free(s->manifest);
     free(s->streams);
     pthread_mutex_destroy(&s->lock);

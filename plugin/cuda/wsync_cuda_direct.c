@@ -220,15 +220,15 @@ static wsync_result_t describe(const locate_ctx_t *ctx, const wsync_cuda_export_
 }
 
 wsync_result_t wsync_cuda_direct_stage(wsync_cuda_exports_t *x, int device, const char *uuid,
-                                       const wsync_stage_tensor_t *t, size_t n, wsync_direct_t *cur,
-                                       int *have, wsync_error_t *err)
+                                       const wsync_stage_tensor_t *t, size_t n,
+                                       wsync_direct_set_t *set, wsync_error_t *err)
 {
     locate_ctx_t ctx = {.exports = x, .device = device, .uuid = uuid, .stamp = ++x->builds};
     ctx.uuid_len = strnlen(uuid, WSYNC_DEVICE_MAX - 1);
     ctx.found_runs = malloc((n ? n : 1) * sizeof(*ctx.found_runs));
     if (ctx.found_runs == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory to locate %zu tensors", n);
-    wsync_result_t rc = wsync_direct_stage(cur, have, t, n, locate, &ctx, err);
+    wsync_result_t rc = wsync_direct_stage(set, t, n, locate, &ctx, err);
     free(ctx.found_runs);
     return rc;
 }

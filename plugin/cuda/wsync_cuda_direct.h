@@ -29,12 +29,12 @@ typedef struct wsync_cuda_exports {
     size_t n_runs, cap_runs;
 } wsync_cuda_exports_t;
 
-/* Stage `t` (device memory on `device`) into *cur (wsync_direct_stage): every tensor located in
+/* Stage `t` (device memory on `device`) into `set` (wsync_direct_stage): every tensor located in
  * its segment, segments not seen before exported. Errors name the tensor: not device memory,
  * another device, cuMem memory that cannot be exported. */
 wsync_result_t wsync_cuda_direct_stage(wsync_cuda_exports_t *x, int device, const char *uuid,
-                                       const wsync_stage_tensor_t *t, size_t n, wsync_direct_t *cur,
-                                       int *have, wsync_error_t *err);
+                                       const wsync_stage_tensor_t *t, size_t n,
+                                       wsync_direct_set_t *set, wsync_error_t *err);
 void wsync_cuda_exports_free(wsync_cuda_exports_t *x);
 
 #endif

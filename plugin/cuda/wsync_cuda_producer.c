@@ -55,8 +55,7 @@ struct wsync_staging {
     uint64_t generation; /* last published */
     uint64_t waited;     /* last generation wait_consumed returned OK for */
     char *manifest_json;
-    wsync_direct_t direct; /* WSYNC_STAGING_DIRECT: the bucket named in place */
-    int have_direct;
+    wsync_direct_set_t direct;    /* WSYNC_STAGING_DIRECT: the buckets named in place */
     wsync_cuda_exports_t exports; /* direct mode: every segment exported, for life */
 };
 
@@ -108,8 +107,7 @@ static void staging_free(struct wsync_staging *s)
     if (s->have_current)
         wsync_layout_free(&s->current);
     free(s->manifest_json);
-    if (s->have_direct)
-        wsync_direct_free(&s->direct);
+    wsync_direct_set_free(&s->direct);
     wsync_cuda_exports_free(&s->exports);
     free(s);
 }
@@ -363,8 +361,7 @@ static wsync_result_t staging_stage(struct wsync_staging *s, wsync_stream_t stre
      * (the caller waits for consumed before it writes its tensors). */
     if (s->flags & WSYNC_STAGING_DIRECT) {
         cudaSetDevice(s->device);
-        return wsync_cuda_direct_stage(&s->exports, s->device, s->uuid, t, n, &s->direct,
-                                       &s->have_direct, err);
+        return wsync_cuda_direct_stage(&s->exports, s->device, s->uuid, t, n, &s->direct, err);
     }
     /* The exporter-storage rule (docs/DESIGN.md §1.2): never overwrite storage a consumer may still
      * read. */
@@ -394,7 +391,7 @@ static wsync_result_t publish_body(struct wsync_staging *s, cudaStream_t st, int
      * before, already follows them, so no new record. A new one would wait for this context's
      * turn on a GPU that the engine's copy of the bucket before holds (about 1.8 ms a bucket,
      * wsync-bench-cuda (e)). */
-    const int settled = s->have_direct && !s->have_table_use && s->generation > 0 &&
+    const int settled = s->direct.have && !s->have_table_use && s->generation > 0 &&
                         cudaStreamQuery(st) == cudaSuccess;
     const int digests = (s->flags & WSYNC_STAGING_NO_DIGESTS) == 0;
     if (!settled) {
@@ -455,9 +452,9 @@ static wsync_result_t publish_body(struct wsync_staging *s, cudaStream_t st, int
         m.tensors = &none;
     }
     char *text = NULL;
-    wsync_result_t rc = s->have_direct
-                            ? wsync_direct_emit(&s->direct, b, m.generation, m.finished, &text, err)
-                            : wsync_manifest_emit(&m, &text, err);
+    wsync_result_t rc = s->direct.have ? wsync_direct_emit(wsync_direct_current(&s->direct), b,
+                                                           m.generation, m.finished, &text, err)
+                                       : wsync_manifest_emit(&m, &text, err);
     if (rc != WSYNC_OK)
         return rc;
     free(s->manifest_json);

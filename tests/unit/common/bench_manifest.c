@@ -132,16 +132,16 @@ static int bench_direct(size_t n, int iters)
     sync.ready_len = sync.consumed_len = 64;
     wsync_manifest_cache_t *cache = wsync_manifest_cache_create();
     double us[4] = {0, 0, 0, 0};
-    wsync_direct_t d; /* the staging's bucket, staged into as a producer does */
-    int have = 0;
+    wsync_direct_set_t set = {0}; /* the staging's buckets, staged into as a producer does */
     for (int it = 0; it <= iters; it++) { /* the first round warms up (and fills the cache) */
         char *text = NULL;
         wsync_manifest_owned_t *full = NULL, *cached = NULL;
         double t0 = now_us();
-        if (wsync_direct_stage(&d, &have, t, n, bench_locate, NULL, NULL) != WSYNC_OK)
+        if (wsync_direct_stage(&set, t, n, bench_locate, NULL, NULL) != WSYNC_OK)
             return 1;
+        wsync_direct_t *d = wsync_direct_current(&set);
         double t1 = now_us();
-        if (wsync_direct_emit(&d, &sync, (uint64_t)it + 1, 1, &text, NULL) != WSYNC_OK)
+        if (wsync_direct_emit(d, &sync, (uint64_t)it + 1, 1, &text, NULL) != WSYNC_OK)
             return 1;
         double t2 = now_us();
         if (wsync_manifest_parse(text, strlen(text), &full, NULL) != WSYNC_OK)
@@ -160,13 +160,13 @@ static int bench_direct(size_t n, int iters)
             printf("direct   %10zu segments %zu: stage (steady) %.1f us, emit (steady) %.1f us, "
                    "full parse %.1f us, "
                    "cached parse %.1f us (%zu tensors)\n",
-                   strlen(text), d.n_segments, us[0] / iters, us[1] / iters, us[2] / iters,
+                   strlen(text), d->n_segments, us[0] / iters, us[1] / iters, us[2] / iters,
                    us[3] / iters, n);
         wsync_manifest_free(full);
         wsync_manifest_free(cached);
         free(text);
     }
-    wsync_direct_free(&d);
+    wsync_direct_set_free(&set);
     wsync_manifest_cache_destroy(cache);
     free(names);
     free(t);
