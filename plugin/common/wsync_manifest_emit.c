@@ -131,14 +131,20 @@ static wsync_result_t wsync_check_buffer(const wsync_buffer_desc_t *b, long segm
     return WSYNC_OK;
 }
 
-static wsync_result_t wsync_check_emit(const wsync_manifest_t *m, wsync_error_t *err)
+/* What the head writes: the generation and the buffer. */
+static wsync_result_t wsync_check_head(const wsync_manifest_t *m, wsync_error_t *err)
 {
-    wsync_result_t r;
     if (m->generation == 0 || m->generation > WSYNC_JSON_INT_MAX)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "generation %llu must be in 1..INT64_MAX",
                           (unsigned long long)m->generation);
-    if ((r = wsync_check_buffer(&m->buffer, -1, err)) != WSYNC_OK)
+    return wsync_check_buffer(&m->buffer, -1, err);
+}
+
+static wsync_result_t wsync_check_emit(const wsync_manifest_t *m, wsync_error_t *err)
+{
+    wsync_result_t r;
+    if ((r = wsync_check_head(m, err)) != WSYNC_OK)
         return r;
     if (m->n_tensors > 0 && m->tensors == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "%zu tensors but tensors is NULL",
@@ -335,11 +341,7 @@ wsync_result_t wsync_manifest_emit_with_tail(const wsync_manifest_t *m, const ch
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "manifest, tail and out must not be NULL");
     *out = NULL;
-    if (m->generation == 0 || m->generation > WSYNC_JSON_INT_MAX)
-        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                          "generation %llu must be in 1..INT64_MAX",
-                          (unsigned long long)m->generation);
-    if ((r = wsync_check_buffer(&m->buffer, -1, err)) != WSYNC_OK)
+    if ((r = wsync_check_head(m, err)) != WSYNC_OK)
         return r;
     wsync_text_t t = {0};
     if (!wsync_text_head(&t, m, wsync_emit_blob(m))) {

@@ -144,16 +144,33 @@ static void stage_and_compare(wsync_direct_set_t *set, const wsync_stage_tensor_
     real_free(want);
 }
 
+/* The tensors, their world, and the set with them staged once (and checked against a fresh
+ * build): where each test starts. */
+typedef struct fixture {
+    wsync_stage_tensor_t t[N];
+    world_t w;
+    wsync_direct_set_t set;
+} fixture_t;
+
+static void staged_once(fixture_t *f)
+{
+    memset(f, 0, sizeof(*f));
+    tensors(f->t);
+    const world_t w = {.ids = {11, 12, 13, 14}};
+    f->w = w;
+    int kept = 1;
+    stage_and_compare(&f->set, f->t, &f->w, 1, &kept);
+    assert_false(kept);
+}
+
 static void test_steady_bucket_keeps_its_layout_and_text(void **state)
 {
     (void)state;
-    wsync_stage_tensor_t t[N];
-    tensors(t);
-    world_t w = {.ids = {11, 12, 13, 14}};
-    wsync_direct_set_t set = {0};
-    int kept = 0;
-    stage_and_compare(&set, t, &w, 1, &kept);
-    assert_false(kept);
+    static fixture_t f;
+    staged_once(&f);
+    const wsync_stage_tensor_t *t = f.t;
+    world_t w = f.w;
+    wsync_direct_set_t set = f.set;
     assert_non_null(wsync_direct_current(&set)->tail);
     for (uint64_t g = 2; g <= 4; g++) {
         w.locates = 0;
@@ -209,72 +226,69 @@ static void test_buckets_of_a_sync_in_turn(void **state)
 static void test_changes_are_staged_again(void **state)
 {
     (void)state;
-    wsync_stage_tensor_t t[N];
-    tensors(t);
-    world_t w = {.ids = {11, 12, 13, 14}};
-    wsync_direct_set_t set = {0};
+    static fixture_t f;
+    staged_once(&f);
+    wsync_stage_tensor_t *t = f.t;
+    world_t *w = &f.w;
+    wsync_direct_set_t *set = &f.set;
     int kept = 0;
-    stage_and_compare(&set, t, &w, 1, &kept);
-    char *first = emit(wsync_direct_current(&set), 2);
+    char *first = emit(wsync_direct_current(set), 2);
 
     /* the allocation under segment 2 freed and made again at its address: a new id */
-    w.ids[2] = 99;
-    stage_and_compare(&set, t, &w, 2, &kept);
+    w->ids[2] = 99;
+    stage_and_compare(set, t, w, 2, &kept);
     assert_false(kept);
-    char *now = emit(wsync_direct_current(&set), 2);
+    char *now = emit(wsync_direct_current(set), 2);
     assert_string_not_equal(now, first);
     real_free(now);
-    stage_and_compare(&set, t, &w, 3, &kept); /* and steady again */
+    stage_and_compare(set, t, w, 3, &kept); /* and steady again */
     assert_true(kept);
 
     /* a tensor moved within its segment, one reshaped at the same address */
     t[5].src = (const char *)t[5].src + 256;
-    stage_and_compare(&set, t, &w, 4, &kept);
+    stage_and_compare(set, t, w, 4, &kept);
     assert_false(kept);
     t[7].shape[0] = 8;
     t[7].shape[1] = 256;
-    stage_and_compare(&set, t, &w, 5, &kept);
+    stage_and_compare(set, t, w, 5, &kept);
     assert_false(kept);
-    char *shaped = emit(wsync_direct_current(&set), 6);
+    char *shaped = emit(wsync_direct_current(set), 6);
     assert_non_null(strstr(shaped, "\"shape\":[8,256]"));
     real_free(shaped);
-    assert_int_equal(set.n, 1); /* each new build took the place of the bucket it replaces */
+    assert_int_equal(set->n, 1); /* each new build took the place of the bucket it replaces */
 
     /* the same tensors in another order: built again, the same bucket, so the text stays */
     wsync_stage_tensor_t swapped[N];
     memcpy(swapped, t, sizeof(swapped));
     swapped[0] = t[1];
     swapped[1] = t[0];
-    const char *tail = wsync_direct_current(&set)->tail;
-    assert_ptr_equal(stage_ok(&set, swapped, &w)->tail, tail);
+    const char *tail = wsync_direct_current(set)->tail;
+    assert_ptr_equal(stage_ok(set, swapped, w)->tail, tail);
     real_free(first);
-    wsync_direct_set_free(&set);
+    wsync_direct_set_free(set);
 }
 
 static void test_locate_error_names_the_tensor_and_keeps_the_bucket(void **state)
 {
     (void)state;
-    wsync_stage_tensor_t t[N];
-    tensors(t);
-    world_t w = {.ids = {11, 12, 13, 14}};
-    wsync_direct_set_t set = {0};
-    int kept = 0;
-    stage_and_compare(&set, t, &w, 1, &kept);
-    char *before = emit(wsync_direct_current(&set), 2);
-    const wsync_tensor_desc_t *layout = wsync_direct_current(&set)->layout.tensors;
-    w.gone[1] = 1; /* segment 1 freed for good */
+    static fixture_t f;
+    staged_once(&f);
+    wsync_direct_set_t *set = &f.set;
+    char *before = emit(wsync_direct_current(set), 2);
+    const wsync_tensor_desc_t *layout = wsync_direct_current(set)->layout.tensors;
+    f.w.gone[1] = 1; /* segment 1 freed for good */
     wsync_error_t err;
     memset(&err, 0, sizeof(err));
-    assert_int_equal(wsync_direct_stage(&set, t, N, world_locate, &w, &err),
+    assert_int_equal(wsync_direct_stage(set, f.t, N, world_locate, &f.w, &err),
                      WSYNC_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(err.message, "is not memory"));
     assert_non_null(strstr(err.message, "model.layers."));
-    assert_ptr_equal(wsync_direct_current(&set)->layout.tensors, layout); /* as it was */
-    char *after = emit(wsync_direct_current(&set), 2);
+    assert_ptr_equal(wsync_direct_current(set)->layout.tensors, layout); /* as it was */
+    char *after = emit(wsync_direct_current(set), 2);
     assert_string_equal(after, before);
     real_free(before);
     real_free(after);
-    wsync_direct_set_free(&set);
+    wsync_direct_set_free(set);
 }
 
 int main(void)
