@@ -232,22 +232,43 @@ class Producer:
         key = (tuple(names), tuple(sizes))
         if self._plan_cache is not None and self._plan_cache[0] == key:
             return [list(b) for b in self._plan_cache[1]]
-        nbytes = (C.c_uint64 * max(len(pairs), 1))(*sizes)
-        order = (C.c_size_t * max(len(pairs), 1))()
-        first = (C.c_size_t * (len(pairs) + 1))()
-        nb = C.c_size_t()
-        err = _abi.Error.new()
-        arr = _native.c_strings(names)
-        # direct mode copies nothing on the trainer: buckets only pipeline the engine's work (its
-        # host work on bucket k+1 runs while the GPU copies bucket k), so any tensor fits one
-        limit = max([self.bucket_bytes, *sizes]) if self.direct else self.bucket_bytes
-        rc = self._shim.plan(self.engine.encode(), arr, nbytes, len(pairs), limit,
-                             order, first, C.byref(nb), C.byref(err))
-        _native.check(rc, err)
-        out = [[names[order[i]] for i in range(first[b], first[b + 1])] for b in range(nb.value)]
+        if self.direct:
+            # direct mode copies nothing on the trainer: buckets only pipeline the engine's work
+            # (its host work on bucket k+1 runs while the GPU copies bucket k), so any tensor
+            # fits one; and the first buckets are smaller (1/8, 1/4, 1/2 of bucket_bytes), so
+            # the GPU starts on the first while the host works on the larger ones
+            # (at least the largest tensor left: the planner keeps each tensor whole)
+            limit = max([self.bucket_bytes, *sizes])
+            out: List[List[str]] = []
+            left = list(range(len(pairs)))
+            for shift in (3, 2, 1):
+                if not left:
+                    break
+                cap = max(limit >> shift, max(sizes[i] for i in left))
+                head = self._plan_names([names[i] for i in left], [sizes[i] for i in left], cap)[0]
+                out.append(head)
+                taken = set(head)
+                left = [i for i in left if names[i] not in taken]
+            if left:
+                out += self._plan_names([names[i] for i in left], [sizes[i] for i in left], limit)
+        else:
+            out = self._plan_names(names, sizes, self.bucket_bytes)
         self._plan_cache = (key, out)
         self._stage_cache.clear()
         return [list(b) for b in out]
+
+    def _plan_names(self, names: List[str], sizes: List[int], limit: int) -> List[List[str]]:
+        """The C planner's buckets of at most `limit` bytes, in the engine's order."""
+        n = len(names)
+        nbytes = (C.c_uint64 * max(n, 1))(*sizes)
+        order = (C.c_size_t * max(n, 1))()
+        first = (C.c_size_t * (n + 1))()
+        nb = C.c_size_t()
+        err = _abi.Error.new()
+        rc = self._shim.plan(self.engine.encode(), _native.c_strings(names), nbytes, n, limit,
+                             order, first, C.byref(nb), C.byref(err))
+        _native.check(rc, err)
+        return [[names[order[i]] for i in range(first[b], first[b + 1])] for b in range(nb.value)]
 
     # ------------------------------------------------------------------ buckets
 

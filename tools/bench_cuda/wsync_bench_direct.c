@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #define WB_WARMUP_DIRECT 3
+/* the first buckets at 1/8, 1/4, 1/2 of the bucket size (wb_plan_build) */
+#define WB_DIRECT_RAMP 3
 
 /* ------------------------------------------------------------------ producer */
 
@@ -34,7 +36,7 @@ int wb_direct_serve(const wsync_plugin_t *p, int fd, cudaStream_t st, const wb_l
         exit(1);
     }
     wb_plan_t plan;
-    if (wb_plan_build(l, bucket, &plan) != 0)
+    if (wb_plan_build(l, bucket, WB_DIRECT_RAMP, &plan) != 0)
         exit(1);
     wsync_staging_config_t cfg = {
         .struct_size = sizeof(cfg), .flags = WSYNC_STAGING_DIRECT, .timeout_ms = 30000};
@@ -256,14 +258,15 @@ static unsigned long long wb_direct_trainer(wb_direct_t *D, const char *trainer,
     }
     free(ans);
     const double ms = wh_median(t, iters), gms = wh_median(g, iters);
-    printf("  (e) direct sync, trainer %s (%s), %zu bucket%s of <= %llu MiB, 0 staging bytes: "
+    printf("  (e) direct sync, trainer %s (%s), %zu bucket%s of <= %llu MiB (the first %d at "
+           "1/8, 1/4, 1/2), 0 staging bytes: "
            "median %.2f ms engine (request to its stream's last copy), %.2f ms trainer (first "
            "stage to *consumed*), first sync %.2f ms; GPU alone %.2f ms\n",
            trainer,
            strcmp(trainer, "separate") == 0 ? "one cudaMalloc per tensor"
                                             : "every tensor in one allocation",
-           D->plan.nb, D->plan.nb > 1 ? "s" : "", (unsigned long long)(D->bucket >> 20), ms, tr,
-           cold, gms);
+           D->plan.nb, D->plan.nb > 1 ? "s" : "", (unsigned long long)(D->bucket >> 20),
+           WB_DIRECT_RAMP, ms, tr, cold, gms);
     printf("      vs one flat cudaMemcpyAsync (%.2f ms): %.3f end to end (trainer), %.3f GPU "
            "alone; vs the staged sync (%.2f ms): %.2fx faster; IPC opens per sync %.3f (%s); "
            "%llu wrong words after the first sync\n",
@@ -283,7 +286,7 @@ unsigned long long wb_direct_run(wb_engine_t *E, int fd, uint64_t bucket, unsign
                                  double ms_flat, double ms_staged, unsigned long long *bad_dev)
 {
     wb_direct_t D = {.E = E, .fd = fd, .bucket = bucket};
-    if (wb_plan_build(&E->l, bucket, &D.plan) != 0 ||
+    if (wb_plan_build(&E->l, bucket, WB_DIRECT_RAMP, &D.plan) != 0 ||
         (D.held = calloc(D.plan.nb, sizeof(*D.held))) == NULL)
         exit(1);
     unsigned long long bad = 0;

@@ -183,7 +183,7 @@ int wb_layout_group(wb_layout_t *l, int fused)
     return 0;
 }
 
-int wb_plan_build(const wb_layout_t *l, uint64_t bucket_bytes, wb_plan_t *out)
+int wb_plan_build(const wb_layout_t *l, uint64_t bucket_bytes, unsigned ramp, wb_plan_t *out)
 {
     memset(out, 0, sizeof(*out));
     size_t capp = l->n * 2 + 16, capb = 64;
@@ -200,7 +200,12 @@ int wb_plan_build(const wb_layout_t *l, uint64_t bucket_bytes, wb_plan_t *out)
         int64_t r0 = 0;
         while (r0 < t->rows || (t->rows == 0 && r0 == 0)) {
             int64_t rows = t->rows - r0;
-            uint64_t room = bucket_bytes > used ? bucket_bytes - used : 0;
+            const size_t b = out->nb - 1; /* a ramp bucket's cap; a whole tensor opens one whole */
+            uint64_t cap = b < ramp ? bucket_bytes >> (ramp - b) : bucket_bytes;
+            if (used == 0 && (uint64_t)rows * row_bytes <= bucket_bytes &&
+                (uint64_t)rows * row_bytes > cap)
+                cap = (uint64_t)rows * row_bytes;
+            uint64_t room = cap > used ? cap - used : 0;
             if ((uint64_t)rows * row_bytes > room) {
                 int64_t fit = (int64_t)(room / row_bytes);
                 if (fit == 0 && used == 0)
