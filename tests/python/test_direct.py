@@ -51,6 +51,29 @@ def test_direct_sync_several_buckets_in_flight(engine_ranks, engine):
         ranks.release()
 
 
+def test_direct_plan_starts_with_smaller_buckets():
+    """Direct mode's plan: the first three buckets at most 1/8, 1/4 and 1/2 of bucket_bytes (or
+    the largest tensor then left, kept whole), the rest at most bucket_bytes; every tensor in
+    exactly one bucket; the staged plan of the same tensors has no ramp."""
+    model = models.tiny_model("moe")
+    sd = dict(wsync.checkpoint.checkpoint_tensors(model.state_dict()))
+    size = {n: t.nbytes for n, t in sd.items()}
+    bucket = 64 << 10
+    with wsync.Producer("sglang", direct=True, bucket_bytes=bucket, plugin=plugin_for("cpu")) as prod:
+        plan = prod.plan(sd)
+    names = [n for b in plan for n in b]
+    assert sorted(names) == sorted(sd) and len(names) == len(set(names))
+    assert len(plan) > 4, [len(b) for b in plan]
+    left = set(sd)
+    for k, b in enumerate(plan):
+        cap = max(bucket >> (3 - k), max(size[n] for n in left)) if k < 3 else bucket
+        assert sum(size[n] for n in b) <= max(cap, max(size[n] for n in b)), (k, [size[n] for n in b])
+        left -= set(b)
+    assert sum(size[n] for n in plan[0]) < sum(size[n] for n in plan[3])
+    with wsync.Producer("sglang", bucket_bytes=bucket, plugin=plugin_for("cpu")) as staged:
+        assert len(staged.plan(sd)) < len(plan)
+
+
 def test_direct_sync_casts_fp32_master_weights(engine_ranks):
     """A trainer holding fp32 weights into a bf16 engine: cast_to refreshes retained bf16
     buffers on each sync, which the engine reads in place."""
