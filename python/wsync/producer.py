@@ -232,14 +232,16 @@ class Producer:
         key = (tuple(names), tuple(sizes))
         if self._plan_cache is not None and self._plan_cache[0] == key:
             return [list(b) for b in self._plan_cache[1]]
-        if self.direct:
+        limit = max([self.bucket_bytes, *sizes]) if self.direct else self.bucket_bytes
+        out = self._plan_names(names, sizes, limit)
+        if self.direct and len(out) > 1:
             # direct mode copies nothing on the trainer: buckets only pipeline the engine's work
             # (its host work on bucket k+1 runs while the GPU copies bucket k), so any tensor
-            # fits one; and the first buckets are smaller (1/8, 1/4, 1/2 of bucket_bytes), so
-            # the GPU starts on the first while the host works on the larger ones
-            # (at least the largest tensor left: the planner keeps each tensor whole)
-            limit = max([self.bucket_bytes, *sizes])
-            out: List[List[str]] = []
+            # fits one; and a sync of several buckets starts with smaller ones (1/8, 1/4, 1/2
+            # of bucket_bytes, at least the largest tensor left: the planner keeps each tensor
+            # whole), so the GPU starts on the first while the host works on the larger ones. A
+            # sync that fits one bucket stays one request, validated whole before any write.
+            out = []
             left = list(range(len(pairs)))
             for shift in (3, 2, 1):
                 if not left:
@@ -251,8 +253,6 @@ class Producer:
                 left = [i for i in left if names[i] not in taken]
             if left:
                 out += self._plan_names([names[i] for i in left], [sizes[i] for i in left], limit)
-        else:
-            out = self._plan_names(names, sizes, self.bucket_bytes)
         self._plan_cache = (key, out)
         self._stage_cache.clear()
         return [list(b) for b in out]

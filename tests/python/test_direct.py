@@ -52,9 +52,10 @@ def test_direct_sync_several_buckets_in_flight(engine_ranks, engine):
 
 
 def test_direct_plan_starts_with_smaller_buckets():
-    """Direct mode's plan: the first three buckets at most 1/8, 1/4 and 1/2 of bucket_bytes (or
-    the largest tensor then left, kept whole), the rest at most bucket_bytes; every tensor in
-    exactly one bucket; the staged plan of the same tensors has no ramp."""
+    """Direct mode's plan of several buckets: the first three at most 1/8, 1/4 and 1/2 of
+    bucket_bytes (or the largest tensor then left, kept whole), the rest at most bucket_bytes;
+    every tensor in exactly one bucket; the staged plan of the same tensors has no ramp; a model
+    that fits one bucket is one bucket."""
     model = models.tiny_model("moe")
     sd = dict(wsync.checkpoint.checkpoint_tensors(model.state_dict()))
     size = {n: t.nbytes for n, t in sd.items()}
@@ -72,6 +73,9 @@ def test_direct_plan_starts_with_smaller_buckets():
     assert sum(size[n] for n in plan[0]) < sum(size[n] for n in plan[3])
     with wsync.Producer("sglang", bucket_bytes=bucket, plugin=plugin_for("cpu")) as staged:
         assert len(staged.plan(sd)) < len(plan)
+    # a sync that fits one bucket stays one request (validated whole before any write)
+    with wsync.Producer("sglang", direct=True, bucket_bytes=64 << 20, plugin=plugin_for("cpu")) as one:
+        assert one.plan(sd) == [sorted(sd, key=names.index)]
 
 
 def test_direct_sync_casts_fp32_master_weights(engine_ranks):
