@@ -756,7 +756,7 @@ static void wb_usage(FILE *f)
                "                        [--params fused|separate] [--order hf|grouped]\n"
                "       wsync-bench-cuda --lora [--iters N] [--plugin PATH] [--layers L]\n"
                "       wsync-bench-cuda --pingpong [--iters N]\n"
-               "       wsync-bench-cuda --lanes [--layout dense|moe|both] [--iters N]\n"
+               "       wsync-bench-cuda --lanes [--layout dense|moe|both|none] [--iters N]\n"
                "       wsync-bench-cuda --digest [--layout dense|moe|both] [--iters N]\n"
                "  --params: the engine parameters the copies land in: fused (default; per layer\n"
                "            one qkv_proj, one gate_up_proj or MoE w13 + w2 over all experts, as\n"
@@ -853,7 +853,8 @@ int main(int argc, char **argv)
         }
     }
     if (o.iters < 1 || o.scale < 1 || o.bucket == 0 ||
-        (strcmp(o.layout, "dense") && strcmp(o.layout, "moe") && strcmp(o.layout, "both")) ||
+        (strcmp(o.layout, "dense") && strcmp(o.layout, "moe") && strcmp(o.layout, "both") &&
+         !(o.lanes && strcmp(o.layout, "none") == 0)) ||
         (strcmp(o.params, "fused") && strcmp(o.params, "separate"))) {
         wb_usage(stderr);
         return 2;

@@ -122,6 +122,11 @@ typedef struct wb_direct {
     wb_held_t *held; /* per bucket */
     double host[4];  /* consumer host ms summed: recv wait, parse + segments, copy_segments,
                       * record_consumed + close */
+    /* the timed syncs' GPU timeline: an event when the request goes out (the stream is idle
+     * then, so it completes at once), and per bucket one before and one after copy_segments */
+    cudaEvent_t req, *before, *after;
+    double line[4]; /* summed ms: request to the first copy, idle between buckets, copies, last
+                     * copy to the stream synced on the host */
 } wb_direct_t;
 
 static int wb_same_segment(const wsync_buffer_desc_t *a, const wsync_buffer_desc_t *b)
@@ -160,16 +165,43 @@ static void wb_held_update(wb_engine_t *E, wb_held_t *hd, const wsync_manifest_t
     hd->n = m->n_segments;
 }
 
+static float wb_gap(cudaEvent_t a, cudaEvent_t b)
+{
+    float ms = 0;
+    WB_CK(cudaEventElapsedTime(&ms, a, b));
+    return ms;
+}
+
+/* Adds one synced sync's timeline (its wall ms from the request to the stream synced) to
+ * D->line. An event recorded while the stream is busy completes when the work before it does,
+ * so before[b] - after[b - 1] is the time the GPU had nothing of this sync's to do. */
+static void wb_direct_line(wb_direct_t *D, double wall)
+{
+    const size_t nb = D->plan.nb;
+    const double first = wb_gap(D->req, D->before[0]);
+    double idle = 0, copies = 0;
+    for (size_t b = 0; b < nb; b++) {
+        copies += wb_gap(D->before[b], D->after[b]);
+        if (b > 0)
+            idle += wb_gap(D->after[b - 1], D->before[b]);
+    }
+    D->line[0] += first, D->line[1] += idle, D->line[2] += copies;
+    D->line[3] += wall - (double)wb_gap(D->req, D->after[nb - 1]);
+}
+
 /* One direct sync; returns wall ms from the request to the engine stream's last copy, and with
  * gpu_only the copies' GPU time alone in *gpu_ms (every bucket queued behind a ~50 ms spin). */
 static double wb_direct_sync(wb_direct_t *D, const char *req, int gpu_only, double *gpu_ms)
 {
     wb_engine_t *E = D->E;
+    const int line = !gpu_only && D->req != NULL;
     if (gpu_only) {
         WB_CK(wh_spin(50000000ull, E->st));
         WB_CK(cudaEventRecord(E->e0, E->st));
     }
     const double t0 = wh_now_ms();
+    if (line)
+        WB_CK(cudaEventRecord(D->req, E->st));
     wh_send_str(D->fd, req);
     for (size_t b = 0; b < D->plan.nb; b++) {
         char *json;
@@ -188,8 +220,12 @@ static double wb_direct_sync(wb_direct_t *D, const char *req, int gpu_only, doub
         wb_held_update(E, hd, m);
         wsync_copy_op_t *ops = wb_bucket_ops(E, &D->plan, b, m);
         const double q2 = wh_now_ms();
+        if (line)
+            WB_CK(cudaEventRecord(D->before[b], E->st));
         WB_OK(E->p->consumer->copy_segments(E->c, h, hd->h, hd->n, E->st, m->generation, ops,
                                             m->tensor_segment, m->n_tensors, 0, err));
+        if (line)
+            WB_CK(cudaEventRecord(D->after[b], E->st));
         const double q3 = wh_now_ms();
         WB_OK(E->p->consumer->record_consumed(E->c, h, 0, err));
         WB_OK(E->p->consumer->close_handle(E->c, h, err));
@@ -204,6 +240,8 @@ static double wb_direct_sync(wb_direct_t *D, const char *req, int gpu_only, doub
         WB_CK(cudaEventRecord(E->e1, E->st));
     WB_CK(cudaStreamSynchronize(E->st));
     const double ms = wh_now_ms() - t0;
+    if (line)
+        wb_direct_line(D, ms);
     if (gpu_only) {
         float g = 0;
         WB_CK(cudaEventElapsedTime(&g, E->e0, E->e1));
@@ -233,6 +271,7 @@ static unsigned long long wb_direct_trainer(wb_direct_t *D, const char *trainer,
     for (unsigned i = 0; i < WB_WARMUP_DIRECT; i++)
         wb_direct_sync(D, "dsync", 0, &gpu);
     memset(D->host, 0, sizeof(D->host));
+    memset(D->line, 0, sizeof(D->line));
     const unsigned long long opens0 = wh_stats.ipc_mem_opens;
     for (unsigned i = 0; i < iters; i++)
         t[i] = wb_direct_sync(D, "dsync-t", 0, &gpu);
@@ -276,6 +315,10 @@ static unsigned long long wb_direct_trainer(wb_direct_t *D, const char *trainer,
            "engine recv wait %.2f, parse + segments + ops %.2f, copy_segments %.2f, "
            "record_consumed + close %.2f\n",
            tr_stage, tr_pub, host[0], host[1], host[2], host[3]);
+    printf("      engine stream timeline, mean per sync: first copy queued %.3f ms after the "
+           "request, GPU idle between buckets %.3f ms, copies %.3f ms, last copy to the stream "
+           "synced on the host %.3f ms\n",
+           D->line[0] / iters, D->line[1] / iters, D->line[2] / iters, D->line[3] / iters);
     fflush(stdout);
     free(t);
     free(g);
@@ -287,12 +330,26 @@ unsigned long long wb_direct_run(wb_engine_t *E, int fd, uint64_t bucket, unsign
 {
     wb_direct_t D = {.E = E, .fd = fd, .bucket = bucket};
     if (wb_plan_build(&E->l, bucket, WB_DIRECT_RAMP, &D.plan) != 0 ||
-        (D.held = calloc(D.plan.nb, sizeof(*D.held))) == NULL)
+        (D.held = calloc(D.plan.nb, sizeof(*D.held))) == NULL ||
+        (D.before = calloc(D.plan.nb, sizeof(*D.before))) == NULL ||
+        (D.after = calloc(D.plan.nb, sizeof(*D.after))) == NULL)
         exit(1);
+    WB_CK(cudaEventCreate(&D.req));
+    for (size_t b = 0; b < D.plan.nb; b++) {
+        WB_CK(cudaEventCreate(&D.before[b]));
+        WB_CK(cudaEventCreate(&D.after[b]));
+    }
     unsigned long long bad = 0;
     static const char *const trainers[] = {"separate", "one"};
     for (size_t k = 0; k < 2; k++)
         bad += wb_direct_trainer(&D, trainers[k], iters, ms_flat, ms_staged, bad_dev);
+    for (size_t b = 0; b < D.plan.nb; b++) {
+        WB_CK(cudaEventDestroy(D.before[b]));
+        WB_CK(cudaEventDestroy(D.after[b]));
+    }
+    WB_CK(cudaEventDestroy(D.req));
+    free(D.before);
+    free(D.after);
     free(D.held);
     wb_plan_free(&D.plan);
     return bad;

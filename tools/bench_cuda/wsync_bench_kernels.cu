@@ -4,6 +4,7 @@
 #include "wsync_bench_kernels.h"
 
 #include <stdint.h>
+#include <cuda_fp8.h>
 
 namespace
 {
@@ -95,6 +96,170 @@ __global__ void __launch_bounds__(WK_THREADS) wk_write(uint4 *dst, uint64_t n16)
         wk_store<0>(dst + i, make_uint4(1, 2, 3, 4));
 }
 
+/* The FP8 copy's memory traffic without its reduction: 16 bytes (8 16-bit values) read, 8 bytes
+ * written per thread step. CAST 0: each value's high byte (no arithmetic); 1: each bf16 value
+ * cast to e4m3fn by the hardware conversion, saturating (an elementwise cast, no scale). */
+template <int CAST> __device__ __forceinline__ uint2 wk_narrow(uint4 v)
+{
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    uint32_t o[2] = {0, 0};
+#pragma unroll
+    for (int h = 0; h < 4; h++) {
+        uint32_t q;
+        if (CAST) {
+            float2 f;
+            f.x = __uint_as_float(w[h] << 16);
+            f.y = __uint_as_float(w[h] & 0xffff0000u);
+            q = __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3);
+        } else {
+            q = __byte_perm(w[h], 0, 0x0031);
+        }
+        o[h / 2] |= (q & 0xffffu) << (16 * (h % 2));
+    }
+    return make_uint2(o[0], o[1]);
+}
+
+template <int CAST>
+__global__ void __launch_bounds__(WK_THREADS) wk_mix(const uint4 *src, uint2 *dst, uint64_t n16)
+{
+    enum { UNROLL = 8 };
+    const uint64_t per = ((n16 + gridDim.x - 1) / gridDim.x + 255) & ~255ull; /* 4 KiB aligned */
+    const uint64_t begin = per * blockIdx.x < n16 ? per * blockIdx.x : n16;
+    const uint64_t end = begin + per < n16 ? begin + per : n16;
+    const uint64_t step = (uint64_t)WK_THREADS * UNROLL;
+    uint64_t i = begin;
+    for (; i + step <= end; i += step) {
+        uint4 v[UNROLL];
+#pragma unroll
+        for (int k = 0; k < UNROLL; k++)
+            v[k] = src[i + (uint64_t)k * WK_THREADS + threadIdx.x];
+#pragma unroll
+        for (int k = 0; k < UNROLL; k++)
+            dst[i + (uint64_t)k * WK_THREADS + threadIdx.x] = wk_narrow<CAST>(v[k]);
+    }
+    for (uint64_t j = i + threadIdx.x; j < end; j += WK_THREADS)
+        dst[j] = wk_narrow<CAST>(src[j]);
+}
+
+/* The block quantizer's memory pattern on a bf16 [rows, cols] matrix (cols a multiple of 128)
+ * into an 8-bit one: 128 x 128 blocks in row-major order, each CTA of 256 threads a contiguous
+ * run of them, a thread 8 vectors of 16 bytes (16 threads a 256-byte block row), as the
+ * plugin's block quantizer lays them out. MODE 0: each value cast, no reduction; 1: the block's
+ * amax over the CTA (two barriers), then each value x 448 / amax cast; 2: as 1 with the next
+ * block's vectors loaded before this block's reduction (two register sets). CS: streaming
+ * (evict-first) loads and stores, as the plugin's quantizer issues them. */
+enum { WQ_T = 256, WQ_V = 8 };
+
+template <int CS> __device__ __forceinline__ uint4 wq_ld(const uint4 *p)
+{
+    return CS ? __ldcs(p) : *p;
+}
+
+template <int CS> __device__ __forceinline__ void wq_st(uint2 *p, uint2 v)
+{
+    if (CS)
+        __stcs(p, v);
+    else
+        *p = v;
+}
+
+__device__ __forceinline__ uint2 wq_cvt(uint4 v, float s)
+{
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    uint32_t o[2] = {0, 0};
+#pragma unroll
+    for (int h = 0; h < 4; h++) {
+        float2 f;
+        f.x = __uint_as_float(w[h] << 16) * s;
+        f.y = __uint_as_float(w[h] & 0xffff0000u) * s;
+        o[h / 2] |= (__nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3) & 0xffffu)
+                    << (16 * (h % 2));
+    }
+    return make_uint2(o[0], o[1]);
+}
+
+template <int CS>
+__device__ __forceinline__ void wq_load(const unsigned char *src, uint64_t pitch, uint64_t b,
+                                        uint32_t bcols, uint4 *x)
+{
+    const uint64_t r0 = b / bcols * 128, c0 = b % bcols * 128;
+#pragma unroll
+    for (int j = 0; j < WQ_V; j++) {
+        const uint32_t e = threadIdx.x + (uint32_t)j * WQ_T;
+        x[j] = wq_ld<CS>(reinterpret_cast<const uint4 *>(src + (r0 + e / 16u) * pitch +
+                                                         2u * (c0 + 8u * (e % 16u))));
+    }
+}
+
+template <int CS>
+__device__ __forceinline__ void wq_store(unsigned char *dst, uint64_t cols, uint64_t b,
+                                         uint32_t bcols, const uint4 *x, float s)
+{
+    const uint64_t r0 = b / bcols * 128, c0 = b % bcols * 128;
+#pragma unroll
+    for (int j = 0; j < WQ_V; j++) {
+        const uint32_t e = threadIdx.x + (uint32_t)j * WQ_T;
+        wq_st<CS>(reinterpret_cast<uint2 *>(dst + (r0 + e / 16u) * cols + c0 + 8u * (e % 16u)),
+                  wq_cvt(x[j], s));
+    }
+}
+
+__device__ __forceinline__ float wq_amax(const uint4 *x, float *smax)
+{
+    uint32_t top = 0;
+#pragma unroll
+    for (int j = 0; j < WQ_V; j++) {
+        const uint32_t w[4] = {x[j].x, x[j].y, x[j].z, x[j].w};
+#pragma unroll
+        for (int h = 0; h < 8; h++)
+            top = max(top, (w[h / 2] >> (16 * (h % 2))) & 0x7fffu);
+    }
+    float a = __uint_as_float(top << 16);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    if ((threadIdx.x & 31u) == 0)
+        smax[threadIdx.x / 32] = a;
+    __syncthreads();
+    a = smax[0];
+#pragma unroll
+    for (int w = 1; w < WQ_T / 32; w++)
+        a = fmaxf(a, smax[w]);
+    __syncthreads();
+    return a;
+}
+
+template <int MODE, int CS>
+__global__ void __launch_bounds__(WQ_T, MODE == 2 ? 2 : 4)
+    wq_blocks(const unsigned char *src, unsigned char *dst, uint64_t cols, uint64_t nblocks)
+{
+    __shared__ float smax[WQ_T / 32];
+    const uint32_t bcols = (uint32_t)(cols / 128);
+    const uint64_t per = (nblocks + gridDim.x - 1) / gridDim.x;
+    uint64_t b = (uint64_t)blockIdx.x * per;
+    const uint64_t end = min(nblocks, b + per);
+    if (b >= end)
+        return;
+    uint4 x[WQ_V], y[WQ_V];
+    if (MODE == 2)
+        wq_load<CS>(src, 2 * cols, b, bcols, y);
+    for (; b < end; b++) {
+        if (MODE == 2) {
+#pragma unroll
+            for (int j = 0; j < WQ_V; j++)
+                x[j] = y[j];
+            if (b + 1 < end)
+                wq_load<CS>(src, 2 * cols, b + 1, bcols, y);
+        } else {
+            wq_load<CS>(src, 2 * cols, b, bcols, x);
+        }
+        float s = 1.0f;
+        if (MODE != 0)
+            s = 448.0f / fmaxf(wq_amax(x, smax), 1e-4f);
+        wq_store<CS>(dst, cols, b, bcols, x, s);
+    }
+}
+
 template <int UNROLL, int HINT>
 cudaError_t wk_launch_copy(const void *src, void *dst, uint64_t bytes, int blocks, cudaStream_t s)
 {
@@ -131,4 +296,35 @@ extern "C" cudaError_t wb_kernel_write(void *dst, uint64_t bytes, int blocks, cu
 {
     wk_write<<<blocks, WK_THREADS, 0, s>>>((uint4 *)dst, bytes / 16);
     return cudaGetLastError();
+}
+
+extern "C" cudaError_t wb_kernel_mix(int cast, const void *src, uint64_t src_bytes, void *dst,
+                                     int blocks, cudaStream_t s)
+{
+    if (cast)
+        wk_mix<1><<<blocks, WK_THREADS, 0, s>>>((const uint4 *)src, (uint2 *)dst, src_bytes / 16);
+    else
+        wk_mix<0><<<blocks, WK_THREADS, 0, s>>>((const uint4 *)src, (uint2 *)dst, src_bytes / 16);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t wb_kernel_blockq(int mode, int cs, const void *src, uint64_t rows,
+                                        uint64_t cols, void *dst, int blocks, cudaStream_t s)
+{
+    const uint64_t nb = rows / 128 * (cols / 128);
+    const unsigned char *a = (const unsigned char *)src;
+    unsigned char *c = (unsigned char *)dst;
+#define WQ_CASE(M, C)                                                                              \
+    if (mode == M && cs == C) {                                                                    \
+        wq_blocks<M, C><<<blocks, WQ_T, 0, s>>>(a, c, cols, nb);                                   \
+        return cudaGetLastError();                                                                 \
+    }
+    WQ_CASE(0, 0)
+    WQ_CASE(0, 1)
+    WQ_CASE(1, 0)
+    WQ_CASE(1, 1)
+    WQ_CASE(2, 0)
+    WQ_CASE(2, 1)
+#undef WQ_CASE
+    return cudaErrorInvalidValue;
 }

@@ -20,6 +20,18 @@ cudaError_t wb_kernel_read(const void *src, uint64_t bytes, void *sink, int bloc
 /* Writes every byte (plain 16-byte stores). */
 cudaError_t wb_kernel_write(void *dst, uint64_t bytes, int blocks, cudaStream_t s);
 
+/* Reads src_bytes (a multiple of 16) and writes half as many: per 16-bit value its high byte
+ * (cast 0) or its bf16 value cast to e4m3fn (cast 1) -- the FP8 copy's read/write mix. */
+cudaError_t wb_kernel_mix(int cast, const void *src, uint64_t src_bytes, void *dst, int blocks,
+                          cudaStream_t s);
+
+/* The FP8 block quantizer's memory pattern on a bf16 [rows, cols] matrix (both multiples of
+ * 128) into an 8-bit [rows, cols] one, `blocks` CTAs of 256 threads: mode 0 a cast alone, 1 with
+ * each block's amax over the CTA, 2 the same with the next block's loads issued first; cs: the
+ * plugin's streaming loads and stores instead of plain ones. */
+cudaError_t wb_kernel_blockq(int mode, int cs, const void *src, uint64_t rows, uint64_t cols,
+                             void *dst, int blocks, cudaStream_t s);
+
 #ifdef __cplusplus
 }
 #endif

@@ -13,6 +13,7 @@
 #include "wsync_bench_layout.h"
 #include "wsync_copy_kernel.h"
 #include "wsync_cuda_harness.h"
+#include "wsync_quant_kernel.h"
 
 #define WL_MAX_LANES 8
 #define WL_WARMUP 2
@@ -465,7 +466,11 @@ typedef struct wl_karg {
     unsigned char *a, *c;
     uint64_t bytes;
     int what; /* 0 memcpy, 1 memset, 2 read kernel, 3 write kernel, 4 copy kernel, 5 the
-               * plugin's kernel (variant 0, table in dops) */
+               * plugin's kernel (variant 0, table in dops), 6 the 2:1 mix kernel (unroll:
+               * its cast), 7 the block-quantizer pattern (unroll: its mode, hint: cs, cols), 8 the
+               * plugin's block quantizer (one op, table in qops) */
+    uint64_t cols;
+    const wsync_cuda_qop_t *qops;
     int unroll, hint, blocks;
     const wsync_cuda_op_t *dops;
     uint64_t chunks;
@@ -484,10 +489,51 @@ static void wl_kfn(void *arg, cudaStream_t s)
         WL_CK(wb_kernel_write(k->c, k->bytes, k->blocks, s));
     else if (k->what == 4)
         WL_CK(wb_kernel_copy(k->unroll, k->hint, k->a, k->c, k->bytes, k->blocks, s));
+    else if (k->what == 6)
+        WL_CK(wb_kernel_mix(k->unroll, k->a, k->bytes, k->c, k->blocks, s));
+    else if (k->what == 7)
+        WL_CK(wb_kernel_blockq(k->unroll, k->hint, k->a, k->bytes / 2 / k->cols, k->cols, k->c,
+                               k->blocks, s));
+    else if (k->what == 8)
+        WL_CK(wsync_cuda_quant_blocks(k->qops, 1, k->bytes / 2 / k->cols / 128 * (k->cols / 128),
+                                      NULL, NULL, (uint32_t)k->hint, s));
     else {
         const wsync_cuda_launch_cfg_t cfg = {.variant = WSYNC_CUDA_VMM_VARIANT, .flat = 1};
         WL_CK(wsync_cuda_launch_copy(k->dops, 1, k->chunks, NULL, 0, k->blocks, &cfg, s));
     }
+}
+
+/* The plugin's block quantizer on the same matrix (one BLOCK op, bf16 in, its scales past the
+ * FP8 output), beside the pattern rows: what the plugin's own kernel adds to the pattern. */
+static void wl_plugin_quant(wl_env_t *x, wl_karg_t *k, double copy)
+{
+    const uint64_t rows = k->bytes / 2 / k->cols;
+    const wsync_cuda_qop_t op = {.src = k->a,
+                                 .dst = k->c,
+                                 .scales = k->c + k->bytes / 2,
+                                 .src_pitch = 2 * k->cols,
+                                 .dst_pitch = k->cols,
+                                 .scale_pitch = 4 * (k->cols / 128),
+                                 .rows = (uint32_t)rows,
+                                 .cols = (uint32_t)k->cols,
+                                 .src_dtype = WSYNC_DTYPE_BF16,
+                                 .brows = (uint32_t)(rows / 128),
+                                 .bcols = (uint32_t)(k->cols / 128),
+                                 .kind = WSYNC_QUANT_FP8_BLOCK};
+    wsync_cuda_qop_t *dev;
+    WL_CK(cudaMalloc((void **)&dev, sizeof(op)));
+    WL_CK(cudaMemcpy(dev, &op, sizeof(op), cudaMemcpyHostToDevice));
+    wl_karg_t q = *k;
+    q.what = 8;
+    q.qops = dev;
+    q.hint = 0;
+    const double t = wl_time_fn(x, wl_kfn, &q);
+    q.hint = WSYNC_CUDA_QUANT_VEC_BLOCKS;
+    const double ta = wl_time_fn(x, wl_kfn, &q);
+    printf("  128 x 128 blocks, %llu columns, the plugin's block quantizer: %.3f ms (%.3f), with "
+           "the next block loaded first %.3f ms (%.3f)\n",
+           (unsigned long long)k->cols, t, 0.75 * copy / t, ta, 0.75 * copy / ta);
+    WL_CK(cudaFree(dev));
 }
 
 /* SM copies of one 4 GiB buffer by bytes in flight and cache hints; one direction at a time. */
@@ -530,6 +576,41 @@ static void wl_kernel_sweep(unsigned iters)
                k.blocks, k.bytes / rd / 1e6, k.bytes / wr / 1e6, 2 * k.bytes / copy / 1e6,
                copy / (rd + wr));
     }
+    /* what a copy that reads two bytes for each one it writes (bf16 in, FP8 out) can reach: the
+     * limit for its traffic is a cudaMemcpyAsync of (reads + writes) / 2 = 3/4 of the buffer */
+    k.what = 6;
+    for (int m = 1; m <= 4; m *= 2) {
+        k.blocks = x.sm * m;
+        k.unroll = 0;
+        const double pick = wl_time_fn(&x, wl_kfn, &k);
+        k.unroll = 1;
+        const double cast = wl_time_fn(&x, wl_kfn, &k);
+        printf("  2:1 read/write mix (16 B read, 8 B written a step), %d blocks x 512: high byte "
+               "%.3f ms (%.3f of one cudaMemcpyAsync of the same traffic), e4m3fn cast %.3f ms "
+               "(%.3f)\n",
+               k.blocks, pick, 0.75 * copy / pick, cast, 0.75 * copy / cast);
+    }
+    /* the same mix in the block quantizer's pattern: what its blocks, its reduction and its cache
+     * hints each cost (docs/PERFORMANCE.md) */
+    static const char *modes[] = {"cast alone", "+ block amax", "+ amax, next block loaded first"};
+    static const uint64_t widths[] = {4096, 2048};
+    for (int w = 0; w < 2; w++)
+        for (int m = 0; m < 3; m++) {
+            k.what = 7;
+            k.cols = widths[w];
+            k.unroll = m;
+            k.blocks = x.sm * (m == 2 ? 2 : 4);
+            printf("  128 x 128 blocks, %llu columns, %d CTAs x 256, %s:",
+                   (unsigned long long)k.cols, k.blocks, modes[m]);
+            for (int h = 0; h < 2; h++) {
+                k.hint = h;
+                const double t = wl_time_fn(&x, wl_kfn, &k);
+                printf("  %s %.3f ms (%.3f)", h ? "streaming" : "plain", t, 0.75 * copy / t);
+            }
+            printf("\n");
+            if (m == 1)
+                wl_plugin_quant(&x, &k, copy);
+        }
     k.what = 5;
     k.blocks = x.sm;
     printf("  the plugin's kernel (variant 0, 1 x 512 threads per SM): %.3f\n",
@@ -658,6 +739,8 @@ int wb_lanes_main(const char *layout, unsigned iters)
     WL_CK(cudaDeviceGetAttribute(&ce, cudaDevAttrAsyncEngineCount, 0));
     printf("wsync-bench-cuda --lanes: asyncEngineCount %d\n", ce);
     wl_kernel_sweep(iters);
+    if (strcmp(layout, "none") == 0) /* the one-buffer kernel rows alone */
+        return 0;
     wl_size_sweep(iters);
     int rc = 0;
     if (strcmp(layout, "moe") != 0)

@@ -3,7 +3,8 @@
  * tensor) and prints its ratio to one cudaMemcpyAsync of the whole payload and to the
  * per-tensor loop, both run in the same process:
  *   - SM kernels on one 4 GiB buffer (after a second of warm-up): read only, write only, the
- *     plugin's kernel, and copies by bytes in flight and cache hints (wsync_bench_kernels.h);
+ *     plugin's kernel, copies by bytes in flight and cache hints, and the FP8 copy's 2:1
+ *     read/write mix without its reduction (wsync_bench_kernels.h);
  *   - op-size sweep: 4 GiB cut into ops of S bytes, one cudaMemcpyAsync each, over K streams;
  *   - all ops on the copy engines over K streams (a cudaMemcpyAsync each, or one
  *     cudaMemcpyBatchAsync per stream);
@@ -15,7 +16,8 @@
 #ifndef WSYNC_BENCH_LANES_H
 #define WSYNC_BENCH_LANES_H
 
-/* layout "dense", "moe" or "both". Returns the exit status. */
+/* layout "dense", "moe" or "both"; "none": the one-buffer kernel rows alone (with the 2:1
+ * read/write mix of the FP8 copy). Returns the exit status. */
 int wb_lanes_main(const char *layout, unsigned iters);
 
 #endif
