@@ -78,8 +78,9 @@ static wsync_result_t host_ready(struct wsync_consumer *c, wsync_cuda_mapping_t 
                                     err);
 }
 
-/* More work of the same call, enqueued on s after the copies and before the events that
- * *consumed* and close_handle wait on (copy_quantized's quantizing kernel). */
+/* More work of the same call, enqueued on s before the copies (after the copy engines' fork) and
+ * before the events that *consumed* and close_handle wait on (copy_quantized's quantizing
+ * kernel). */
 typedef struct copy_extra {
     cudaError_t (*fn)(void *arg, cudaStream_t s);
     void *arg;
@@ -171,6 +172,17 @@ static wsync_result_t copy_locked_with(struct wsync_consumer *c, struct wsync_ha
         /* with verify, n_k == n_ops and the zeroed sums follow the table */
         const size_t up =
             verify ? ops_bytes + n_ops * sizeof(uint64_t) : wsync_cuda_slot_ops_bytes(n_k);
+        /* more work of the call (the quantizing kernel, the call's largest) first: queued behind
+         * the copy engines' share it started 0.6-1.2 ms late (docs/PERFORMANCE.md); the fork is
+         * recorded, so the copy engines' share does not wait for it */
+        cudaError_t xe = cudaSuccess;
+        if (extra != NULL)
+            xe = extra->fn(extra->arg, s);
+        extra = NULL;
+        if (xe != cudaSuccess) {
+            wsync_cuda_lane_drop(&sp);
+            return wsync_cuda_fail(err, xe, "copy_quantized", "launching the quantizing kernel");
+        }
         cudaError_t e = cudaSuccess;
         if (n_k > 0) {
             e = cudaMemcpyAsync(slot->dev, slot->host, up, cudaMemcpyHostToDevice, s);
@@ -184,17 +196,10 @@ static wsync_result_t copy_locked_with(struct wsync_consumer *c, struct wsync_ha
         }
         /* the copy engines' share after the kernel's launch, so the GPU starts at once */
         rc = wsync_cuda_lane_run(&c->lane, &sp, "copy_weights", err);
-        /* more work of the call (the quantizing kernel) beside the copy engines' share */
-        cudaError_t xe = cudaSuccess;
-        if (extra != NULL && rc == WSYNC_OK)
-            xe = extra->fn(extra->arg, s);
-        extra = NULL;
         /* the caller's stream carries both shares from here on, whatever was enqueued */
         e = wsync_cuda_lane_join(&c->lane, &sp, s);
         if (rc != WSYNC_OK)
             return rc;
-        if (xe != cudaSuccess)
-            return wsync_cuda_fail(err, xe, "copy_quantized", "launching the quantizing kernel");
         if (e != cudaSuccess)
             return wsync_cuda_fail(err, e, "copy_weights", "joining the copy engines' share");
         atomic_fetch_add(&wsync_cuda_stats.launches, 1);
@@ -454,12 +459,35 @@ typedef struct quant_launch {
     uint64_t blocks;
     unsigned long long *flag; /* one pass: the first bad value's key (device) */
     unsigned int *amax;       /* per per-tensor scale: its amax (device), taken by the scan */
+    uint32_t flags;           /* WSYNC_CUDA_QUANT_VEC_BLOCKS */
+    wsync_cuda_slot_t *slot;  /* the ring slot holding dev */
 } quant_launch_t;
+
+/* The call's last use of its ring slot: reusable once the stream has passed here. */
+static void quant_release(wsync_cuda_slot_t *slot, cudaStream_t s)
+{
+    if (slot != NULL && cudaEventRecord(slot->done, s) == cudaSuccess)
+        slot->used = 1;
+}
 
 static cudaError_t quant_run(void *arg, cudaStream_t s)
 {
     const quant_launch_t *q = arg;
-    return wsync_cuda_quant_blocks(q->dev, q->n, q->blocks, q->flag, q->amax, s);
+    return wsync_cuda_quant_blocks(q->dev, q->n, q->blocks, q->flag, q->amax, q->flags, s);
+}
+
+/* WSYNC_CUDA_QUANT_VEC_BLOCKS when every op of the table is a BLOCK op read in vectors, unless
+ * the tuning knob WSYNC_CUDA_QUANT_AHEAD=0 (read per call) asks for the kernel without the
+ * look-ahead (docs/PERFORMANCE.md). */
+static uint32_t quant_flags(const wsync_cuda_qop_t *t, size_t n)
+{
+    const char *v = getenv("WSYNC_CUDA_QUANT_AHEAD");
+    if (v != NULL && atoi(v) == 0)
+        return 0;
+    for (size_t k = 0; k < n; k++)
+        if (t[k].kind != WSYNC_QUANT_FP8_BLOCK || !wsync_cuda_qop_vectors(&t[k]))
+            return 0;
+    return WSYNC_CUDA_QUANT_VEC_BLOCKS;
 }
 
 /* The call's quantized ops in launch order: the per-tensor ones first, each scale's ops together
@@ -567,18 +595,29 @@ static wsync_result_t quant_prepare(struct wsync_consumer *c, struct wsync_handl
     }
     free(group);
     void *dev = NULL;
+    wsync_cuda_slot_t *slot = NULL;
     unsigned long long bad = WSYNC_CUDA_QUANT_NO_BAD;
     const size_t table = nq * sizeof(*t);
     const size_t amax_bytes = ng * sizeof(unsigned int);
     if (rc == WSYNC_OK)
         rc = host_ready(c, m, generation, err);
+    /* The table, the bad-value key and the amax entries in a slot of the op-table ring: pinned,
+     * so the upload is queued behind the stream's work (an upload from pageable memory may wait
+     * for it on the host), and reserved at consumer create (no allocation per call). */
+    if (rc == WSYNC_OK)
+        rc = wsync_cuda_ring_take(&c->ring,
+                                  (table + sizeof(bad) + amax_bytes + sizeof(wsync_cuda_op_t) - 1) /
+                                      sizeof(wsync_cuda_op_t),
+                                  &slot, err);
     cudaError_t e = cudaSuccess;
-    if (rc == WSYNC_OK && m->has_ready)
-        e = cudaStreamWaitEvent(s, m->ready, 0);
+    if (rc == WSYNC_OK) {
+        dev = slot->dev;
+        memcpy(slot->host, t, table);
+        if (m->has_ready)
+            e = cudaStreamWaitEvent(s, m->ready, 0);
+    }
     if (rc == WSYNC_OK && e == cudaSuccess)
-        e = cudaMallocAsync(&dev, table + sizeof(bad) + amax_bytes, s);
-    if (rc == WSYNC_OK && e == cudaSuccess)
-        e = cudaMemcpyAsync(dev, t, table, cudaMemcpyHostToDevice, s);
+        e = cudaMemcpyAsync(dev, slot->host, table, cudaMemcpyHostToDevice, s);
     unsigned long long *flag = dev != NULL ? (unsigned long long *)((char *)dev + table) : NULL;
     unsigned int *amax = dev != NULL ? (unsigned int *)((char *)dev + table + sizeof(bad)) : NULL;
     if (rc == WSYNC_OK && e == cudaSuccess)
@@ -600,18 +639,20 @@ static wsync_result_t quant_prepare(struct wsync_consumer *c, struct wsync_handl
         rc = wsync_cuda_fail(err, e, "copy_quantized", "checking the sources for NaN");
     if (rc == WSYNC_OK && bad != WSYNC_CUDA_QUANT_NO_BAD)
         rc = quant_bad(err, from, bad, "nothing of the bucket was written");
+    const uint32_t flags = quant_flags(t, nq);
     free(t);
     if (rc != WSYNC_OK) {
         free(from);
-        if (dev != NULL)
-            (void)cudaFreeAsync(dev, s);
+        quant_release(slot, s);
         return rc;
     }
     *out = (quant_launch_t){.dev = dev,
+                            .slot = slot,
                             .n = (uint32_t)nq,
                             .blocks = blocks,
                             .flag = one_pass ? flag : NULL,
-                            .amax = amax};
+                            .amax = amax,
+                            .flags = flags};
     *from_out = from;
     return WSYNC_OK;
 }
@@ -681,7 +722,7 @@ wsync_result_t wsync_cuda_copy_quantized(struct wsync_consumer *c, struct wsync_
         rc = copy_locked_with(c, h, s, generation, plain, np, flags, base, NULL, &extra, err);
         if (rc == WSYNC_OK && one_pass)
             rc = quant_settle(h->entry->mapping, &q, from, quant, s, err);
-        (void)cudaFreeAsync((void *)q.dev, s);
+        quant_release(q.slot, s);
     }
     free(from);
     pthread_mutex_unlock(&c->lock);

@@ -264,21 +264,29 @@ static __device__ __forceinline__ void wsync_q_vstore(const wsync_cuda_qop_t &op
  * read once. |x| of bf16 / f16 orders as its bits with the sign cleared, and a value is NaN or
  * infinite exactly when those bits reach the exponent's all-ones pattern. */
 template <int kQuantize>
-static __device__ void wsync_q_block_vec(const wsync_cuda_qop_t &op, uint32_t i,
-                                         const wsync_q_block_t &k, unsigned long long *first_bad,
-                                         float *smax, int *sbad)
+static __device__ __forceinline__ void
+wsync_q_block_held(const wsync_cuda_qop_t &op, uint32_t i, const wsync_q_block_t &k,
+                   const wsync_q_vecs_t *x, unsigned long long *first_bad, float *smax, int *sbad)
 {
-    wsync_q_vecs_t x;
     int bad;
-    wsync_q_vload(op, k, &x);
-    const float mine = wsync_q_vcheck(op, i, k, &x, first_bad, &bad);
+    const float mine = wsync_q_vcheck(op, i, k, x, first_bad, &bad);
     if (!kQuantize)
         return;
     const float amax = wsync_q_reduce(mine, bad, smax, sbad);
     if (amax < 0.0f)
         return;
-    wsync_q_vstore<0>(op, k, &x, wsync_q_inv(amax));
+    wsync_q_vstore<0>(op, k, x, wsync_q_inv(amax));
     wsync_q_scale(op, k, amax);
+}
+
+template <int kQuantize>
+static __device__ void wsync_q_block_vec(const wsync_cuda_qop_t &op, uint32_t i,
+                                         const wsync_q_block_t &k, unsigned long long *first_bad,
+                                         float *smax, int *sbad)
+{
+    wsync_q_vecs_t x;
+    wsync_q_vload(op, k, &x);
+    wsync_q_block_held<kQuantize>(op, i, k, &x, first_bad, smax, sbad);
 }
 
 /* A 128 x 128 block of a TENSOR op. kQuantize 0 (the scan): its amax into the group's entry (or
@@ -495,24 +503,64 @@ __global__ void __launch_bounds__(WSYNC_Q_THREADS, 4)
     }
 }
 
+/* A table of vectored BLOCK ops alone (WSYNC_CUDA_QUANT_VEC_BLOCKS): as wsync_q_kernel<1>, with
+ * block b + 1's vectors loaded before block b's reduction, so a CTA's loads stay in flight across
+ * its barriers; two register sets, two CTAs of 256 per SM. */
+__global__ void __launch_bounds__(WSYNC_Q_THREADS, 2)
+    wsync_q_ahead_kernel(const wsync_cuda_qop_t *__restrict__ ops, uint32_t n,
+                         uint64_t total_blocks, unsigned long long *first_bad)
+{
+    __shared__ float smax[WSYNC_Q_THREADS / 32];
+    __shared__ int sbad[WSYNC_Q_THREADS / 32];
+    const uint64_t per = (total_blocks + gridDim.x - 1) / gridDim.x;
+    uint64_t b = (uint64_t)blockIdx.x * per;
+    const uint64_t end = min(total_blocks, b + per);
+    if (b >= end)
+        return;
+    uint32_t i = wsync_q_find(ops, n, b);
+    uint64_t next = i + 1 < n ? ops[i + 1].block_begin : ~0ull;
+    wsync_q_block_t k = wsync_q_geom(ops[i], b);
+    wsync_q_vecs_t x, y;
+    wsync_q_vload(ops[i], k, &y);
+    for (; b < end; b++) {
+        const uint32_t ci = i;
+        const wsync_q_block_t ck = k;
+        x = y;
+        if (b + 1 < end) {
+            if (b + 1 >= next) {
+                i = wsync_q_find(ops, n, b + 1);
+                next = i + 1 < n ? ops[i + 1].block_begin : ~0ull;
+            }
+            k = wsync_q_geom(ops[i], b + 1);
+            wsync_q_vload(ops[i], k, &y);
+        }
+        wsync_q_block_held<1>(ops[ci], ci, ck, &x, first_bad, smax, sbad);
+    }
+}
+
 /* Launch kernel<kQuantize> in one wave: as many CTAs as the device holds at once (each takes a
  * contiguous run of blocks, so any grid is correct). The CTAs per SM a kernel fits are asked
  * once; the SM count per call (its device). */
+template <typename F> static int wsync_q_per_sm(F kernel, int fallback)
+{
+    int k = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k, kernel, WSYNC_Q_THREADS, 0) !=
+            cudaSuccess ||
+        k <= 0) {
+        (void)cudaGetLastError();
+        k = fallback;
+    }
+    return k;
+}
+
 template <int kQuantize>
 static cudaError_t wsync_q_launch(const wsync_cuda_qop_t *ops, uint32_t n, uint64_t total_blocks,
-                                  unsigned long long *first_bad, unsigned int *amax, cudaStream_t s)
+                                  unsigned long long *first_bad, unsigned int *amax, int ahead,
+                                  cudaStream_t s)
 {
-    /* asked once (a function-local static: initialised once, thread safe) */
-    static const int per_sm = [] {
-        int k = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k, wsync_q_kernel<kQuantize>,
-                                                          WSYNC_Q_THREADS, 0) != cudaSuccess ||
-            k <= 0) {
-            (void)cudaGetLastError();
-            k = 4;
-        }
-        return k;
-    }();
+    /* asked once (function-local statics: initialised once, thread safe) */
+    static const int per_sm = wsync_q_per_sm(wsync_q_kernel<kQuantize>, 4);
+    static const int per_sm_ahead = wsync_q_per_sm(wsync_q_ahead_kernel, 2);
     int dev = 0, sms = 0;
     if (n == 0 || total_blocks == 0)
         return cudaSuccess;
@@ -522,10 +570,14 @@ static cudaError_t wsync_q_launch(const wsync_cuda_qop_t *ops, uint32_t n, uint6
         (void)cudaGetLastError();
         sms = 132;
     }
-    const uint64_t wave = (uint64_t)sms * (uint64_t)per_sm;
+    ahead = ahead && kQuantize;
+    const uint64_t wave = (uint64_t)sms * (uint64_t)(ahead ? per_sm_ahead : per_sm);
     const unsigned grid = (unsigned)(total_blocks < wave ? total_blocks : wave);
-    wsync_q_kernel<kQuantize>
-        <<<grid, WSYNC_Q_THREADS, 0, s>>>(ops, n, total_blocks, first_bad, amax);
+    if (ahead)
+        wsync_q_ahead_kernel<<<grid, WSYNC_Q_THREADS, 0, s>>>(ops, n, total_blocks, first_bad);
+    else
+        wsync_q_kernel<kQuantize>
+            <<<grid, WSYNC_Q_THREADS, 0, s>>>(ops, n, total_blocks, first_bad, amax);
     return cudaGetLastError();
 }
 
@@ -533,12 +585,14 @@ extern "C" cudaError_t wsync_cuda_quant_scan(const wsync_cuda_qop_t *ops, uint32
                                              uint64_t total_blocks, unsigned long long *first_bad,
                                              unsigned int *amax, cudaStream_t s)
 {
-    return wsync_q_launch<0>(ops, n, total_blocks, first_bad, amax, s);
+    return wsync_q_launch<0>(ops, n, total_blocks, first_bad, amax, 0, s);
 }
 
 extern "C" cudaError_t wsync_cuda_quant_blocks(const wsync_cuda_qop_t *ops, uint32_t n,
                                                uint64_t total_blocks, unsigned long long *first_bad,
-                                               const unsigned int *amax, cudaStream_t s)
+                                               const unsigned int *amax, uint32_t flags,
+                                               cudaStream_t s)
 {
-    return wsync_q_launch<1>(ops, n, total_blocks, first_bad, const_cast<unsigned int *>(amax), s);
+    return wsync_q_launch<1>(ops, n, total_blocks, first_bad, const_cast<unsigned int *>(amax),
+                             (flags & WSYNC_CUDA_QUANT_VEC_BLOCKS) != 0, s);
 }

@@ -78,6 +78,11 @@ static inline WSYNC_CUDA_QHD uint32_t wsync_cuda_qop_row_warps(const wsync_cuda_
 cudaError_t wsync_cuda_quant_scan(const wsync_cuda_qop_t *ops, uint32_t n, uint64_t total_blocks,
                                   unsigned long long *first_bad, unsigned int *amax,
                                   cudaStream_t s);
+/* flags of wsync_cuda_quant_blocks: every op of the table is a BLOCK op whose rows are read in
+ * vectors (wsync_cuda_qop_vectors); such a table runs the kernel that loads each block while the
+ * one before it is reduced */
+#define WSYNC_CUDA_QUANT_VEC_BLOCKS 1u
+
 /* Quantize every unit of every op (total_blocks = the last op's block_begin + its units) in one
  * pass over the sources (16-bit sources with 16-byte aligned rows and 8-byte aligned destination
  * rows are read once, in vectors; TENSOR ops with the scale of amax, which the scan took). A block
@@ -85,7 +90,7 @@ cudaError_t wsync_cuda_quant_scan(const wsync_cuda_qop_t *ops, uint32_t n, uint6
  * bad; first_bad (optional, as for the scan) then gets the least key of such a value. */
 cudaError_t wsync_cuda_quant_blocks(const wsync_cuda_qop_t *ops, uint32_t n, uint64_t total_blocks,
                                     unsigned long long *first_bad, const unsigned int *amax,
-                                    cudaStream_t s);
+                                    uint32_t flags, cudaStream_t s);
 
 #ifdef __cplusplus
 }
