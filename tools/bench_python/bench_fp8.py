@@ -18,8 +18,11 @@ expert parallelism 8: each EP rank's bytes and time against the EP 1 sync.
 Scale layouts (--scales, default all three): 128 x 128 blocks (weight_scale_inv), and vLLM's
 per-channel [R, 1] and per-tensor [1] weight_scale, each against its own torch loop.
 
+With --profile, each fp8_one_pass row is followed by the GPU timeline of one more request (queued
+behind a sleep), from torch's profiler: every kernel and copy, its start and its time.
+
   usage: python tools/bench_python/bench_fp8.py [--iters N] [--layout dense|moe|both]
-                                                [--scales block,channel,tensor]
+                                                [--scales block,channel,tensor] [--profile]
 """
 
 from __future__ import annotations
@@ -217,12 +220,29 @@ SCHEMES = {"block": "128 x 128 block scales (weight_scale_inv), DeepGEMM's per_b
            "tensor": "per-tensor scales (weight_scale [1] per parameter), vLLM's scaled_fp8_quant"}
 
 
-def run_layout(layout, iters, schemes):
+def timeline(w, msg):
+    """The GPU work of one request queued behind a sleep: (name, start ms, ms) per kernel or copy."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda._sleep(200_000_000)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        w.apply(msg)
+        w.drain()
+    ev = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA and "sleep" not in e.name),
+                key=lambda e: e.time_range.start)
+    if not ev:
+        return []
+    t0 = ev[0].time_range.start
+    return [(e.name, (e.time_range.start - t0) / 1e3, (e.time_range.end - e.time_range.start) / 1e3) for e in ev]
+
+
+def run_layout(layout, iters, schemes, profile=False):
     import wsync
 
     ctx = mp.get_context("spawn")
     a, b = ctx.Pipe()
-    per_mode = 2 * iters + 2
+    per_mode = 2 * iters + 3
     p = ctx.Process(target=trainer, args=(b, layout, per_mode * 2 * len(schemes) + 4 * 8), daemon=True)
     p.start()
     msgs, red = a.recv()
@@ -282,6 +302,12 @@ def run_layout(layout, iters, schemes):
             print(f"  wsync, {what:40s}\n    {ms:8.2f} ms  ({limit_ms / ms:.3f} of the limit; "
                   f"{loop_ms / ms:.2f}x faster than the torch loop); GPU alone {g:.2f} ms ({limit_ms / g:.3f}); {same}")
             results.setdefault(one_pass, ms)
+            if profile and one_pass:
+                rows = timeline(w, next(it))
+                end = max((t + d for _, t, d in rows), default=0.0)
+                print(f"    timeline of one more request ({len(rows)} GPU operations, {end:.3f} ms first start to last end):")
+                for name, t, d in rows:
+                    print(f"      {t:8.3f} ms  {d:8.3f} ms  {name[:90]}")
             w.release()
             w.close()
             del params
@@ -313,6 +339,7 @@ def main():
     ap.add_argument("--layout", default="both", choices=("dense", "moe", "both"))
     ap.add_argument("--scales", default="block,channel,tensor",
                     help="comma-separated scale layouts of the fp8 parameters: block, channel, tensor")
+    ap.add_argument("--profile", action="store_true", help="the GPU timeline of one fp8_one_pass request")
     args = ap.parse_args()
     schemes = [x for x in args.scales.split(",") if x]
     bad = [x for x in schemes if x not in SCHEMES]
@@ -320,7 +347,7 @@ def main():
         ap.error(f"--scales: unknown layout(s) {bad}; use {sorted(SCHEMES)}")
     for layout in ("dense", "moe"):
         if args.layout in (layout, "both"):
-            run_layout(layout, args.iters, schemes)
+            run_layout(layout, args.iters, schemes, args.profile)
 
 
 if __name__ == "__main__":
