@@ -18,8 +18,10 @@ expert parallelism 8: each EP rank's bytes and time against the EP 1 sync.
 Scale layouts (--scales, default all three): 128 x 128 blocks (weight_scale_inv), and vLLM's
 per-channel [R, 1] and per-tensor [1] weight_scale, each against its own torch loop.
 
-With --profile, each fp8_one_pass row is followed by the GPU timeline of one more request (queued
-behind a sleep), from torch's profiler: every kernel and copy, its start and its time.
+With --profile, each fp8_one_pass row is followed by the GPU timelines of three more requests
+(each queued behind a sleep), from torch's profiler: the median span from the first operation's
+start to the last one's end, as a ratio to the limit, and the first request's kernels and copies,
+each with its start and its time.
 
   usage: python tools/bench_python/bench_fp8.py [--iters N] [--layout dense|moe|both]
                                                 [--scales block,channel,tensor] [--profile]
@@ -220,6 +222,9 @@ SCHEMES = {"block": "128 x 128 block scales (weight_scale_inv), DeepGEMM's per_b
            "tensor": "per-tensor scales (weight_scale [1] per parameter), vLLM's scaled_fp8_quant"}
 
 
+PROFILED = 3  # requests profiled per fp8_one_pass row with --profile
+
+
 def timeline(w, msg):
     """The GPU work of one request queued behind a sleep: (name, start ms, ms) per kernel or copy."""
     from torch.autograd import DeviceType
@@ -242,7 +247,7 @@ def run_layout(layout, iters, schemes, profile=False):
 
     ctx = mp.get_context("spawn")
     a, b = ctx.Pipe()
-    per_mode = 2 * iters + 3
+    per_mode = 2 * iters + 2 + PROFILED
     p = ctx.Process(target=trainer, args=(b, layout, per_mode * 2 * len(schemes) + 4 * 8), daemon=True)
     p.start()
     msgs, red = a.recv()
@@ -303,10 +308,12 @@ def run_layout(layout, iters, schemes, profile=False):
                   f"{loop_ms / ms:.2f}x faster than the torch loop); GPU alone {g:.2f} ms ({limit_ms / g:.3f}); {same}")
             results.setdefault(one_pass, ms)
             if profile and one_pass:
-                rows = timeline(w, next(it))
-                end = max((t + d for _, t, d in rows), default=0.0)
-                print(f"    timeline of one more request ({len(rows)} GPU operations, {end:.3f} ms first start to last end):")
-                for name, t, d in rows:
+                runs = [timeline(w, next(it)) for _ in range(PROFILED)]
+                spans = [max((t + d for _, t, d in r), default=0.0) for r in runs]
+                span = statistics.median(spans)
+                print(f"    GPU timeline, first start to last end, median of {PROFILED} requests: {span:.3f} ms "
+                      f"({limit_ms / span:.3f} of the limit; each {', '.join(f'{x:.3f}' for x in spans)} ms); the first:")
+                for name, t, d in runs[0]:
                     print(f"      {t:8.3f} ms  {d:8.3f} ms  {name[:90]}")
             w.release()
             w.close()
