@@ -463,8 +463,33 @@ static __device__ __forceinline__ wsync_q_block_t wsync_q_geom(const wsync_cuda_
     return k;
 }
 
-/* Each CTA takes a contiguous run of blocks, so the op it is in changes rarely: it is looked up
- * again only when the run crosses into the next op. */
+/* A CTA's contiguous run of blocks [b, end), so the op it is in changes rarely: op i holds the
+ * block last sought, and is looked up again only when the run crosses into the next op. */
+typedef struct wsync_q_run {
+    uint64_t b, end, next;
+    uint32_t i;
+} wsync_q_run_t;
+
+static __device__ __forceinline__ void wsync_q_seek(const wsync_cuda_qop_t *ops, uint32_t n,
+                                                    uint64_t b, wsync_q_run_t *r)
+{
+    r->i = wsync_q_find(ops, n, b);
+    r->next = r->i + 1 < n ? ops[r->i + 1].block_begin : ~0ull;
+}
+
+/* This CTA's run of total_blocks; 0 when it has none. */
+static __device__ __forceinline__ int wsync_q_run(const wsync_cuda_qop_t *ops, uint32_t n,
+                                                  uint64_t total_blocks, wsync_q_run_t *r)
+{
+    const uint64_t per = (total_blocks + gridDim.x - 1) / gridDim.x;
+    r->b = (uint64_t)blockIdx.x * per;
+    r->end = min(total_blocks, r->b + per);
+    if (r->b >= r->end)
+        return 0;
+    wsync_q_seek(ops, n, r->b, r);
+    return 1;
+}
+
 template <int kQuantize>
 __global__ void __launch_bounds__(WSYNC_Q_THREADS, 4)
     wsync_q_kernel(const wsync_cuda_qop_t *__restrict__ ops, uint32_t n, uint64_t total_blocks,
@@ -472,18 +497,13 @@ __global__ void __launch_bounds__(WSYNC_Q_THREADS, 4)
 {
     __shared__ float smax[WSYNC_Q_THREADS / 32];
     __shared__ int sbad[WSYNC_Q_THREADS / 32];
-    const uint64_t per = (total_blocks + gridDim.x - 1) / gridDim.x;
-    uint64_t b = (uint64_t)blockIdx.x * per;
-    const uint64_t end = min(total_blocks, b + per);
-    if (b >= end)
+    wsync_q_run_t r;
+    if (!wsync_q_run(ops, n, total_blocks, &r))
         return;
-    uint32_t i = wsync_q_find(ops, n, b);
-    uint64_t next = i + 1 < n ? ops[i + 1].block_begin : ~0ull;
-    for (; b < end; b++) {
-        if (b >= next) {
-            i = wsync_q_find(ops, n, b);
-            next = i + 1 < n ? ops[i + 1].block_begin : ~0ull;
-        }
+    for (uint64_t b = r.b; b < r.end; b++) {
+        if (b >= r.next)
+            wsync_q_seek(ops, n, b, &r);
+        const uint32_t i = r.i;
         const wsync_cuda_qop_t &op = ops[i];
         if (op.kind == WSYNC_QUANT_FP8_CHANNEL) {
             const uint32_t u = (uint32_t)(b - op.block_begin);
@@ -512,27 +532,21 @@ __global__ void __launch_bounds__(WSYNC_Q_THREADS, 2)
 {
     __shared__ float smax[WSYNC_Q_THREADS / 32];
     __shared__ int sbad[WSYNC_Q_THREADS / 32];
-    const uint64_t per = (total_blocks + gridDim.x - 1) / gridDim.x;
-    uint64_t b = (uint64_t)blockIdx.x * per;
-    const uint64_t end = min(total_blocks, b + per);
-    if (b >= end)
+    wsync_q_run_t r;
+    if (!wsync_q_run(ops, n, total_blocks, &r))
         return;
-    uint32_t i = wsync_q_find(ops, n, b);
-    uint64_t next = i + 1 < n ? ops[i + 1].block_begin : ~0ull;
-    wsync_q_block_t k = wsync_q_geom(ops[i], b);
+    wsync_q_block_t k = wsync_q_geom(ops[r.i], r.b);
     wsync_q_vecs_t x, y;
-    wsync_q_vload(ops[i], k, &y);
-    for (; b < end; b++) {
-        const uint32_t ci = i;
+    wsync_q_vload(ops[r.i], k, &y);
+    for (uint64_t b = r.b; b < r.end; b++) {
+        const uint32_t ci = r.i;
         const wsync_q_block_t ck = k;
         x = y;
-        if (b + 1 < end) {
-            if (b + 1 >= next) {
-                i = wsync_q_find(ops, n, b + 1);
-                next = i + 1 < n ? ops[i + 1].block_begin : ~0ull;
-            }
-            k = wsync_q_geom(ops[i], b + 1);
-            wsync_q_vload(ops[i], k, &y);
+        if (b + 1 < r.end) {
+            if (b + 1 >= r.next)
+                wsync_q_seek(ops, n, b + 1, &r);
+            k = wsync_q_geom(ops[r.i], b + 1);
+            wsync_q_vload(ops[r.i], k, &y);
         }
         wsync_q_block_held<1>(ops[ci], ci, ck, &x, first_bad, smax, sbad);
     }

@@ -43,13 +43,20 @@ template <int HINT> __device__ __forceinline__ void wk_store(uint4 *p, uint4 v)
         *p = v;
 }
 
+/* Block b's contiguous share [*begin, *end) of n16 16-byte words, 4 KiB aligned. */
+__device__ __forceinline__ void wk_share(uint64_t n16, uint64_t *begin, uint64_t *end)
+{
+    const uint64_t per = ((n16 + gridDim.x - 1) / gridDim.x + 255) & ~255ull;
+    *begin = per * blockIdx.x < n16 ? per * blockIdx.x : n16;
+    *end = *begin + per < n16 ? *begin + per : n16;
+}
+
 /* Block b copies its contiguous share of n16 16-byte words; UNROLL words per thread in flight. */
 template <int UNROLL, int HINT>
 __global__ void __launch_bounds__(WK_THREADS) wk_copy(const uint4 *src, uint4 *dst, uint64_t n16)
 {
-    const uint64_t per = ((n16 + gridDim.x - 1) / gridDim.x + 255) & ~255ull; /* 4 KiB aligned */
-    const uint64_t begin = per * blockIdx.x < n16 ? per * blockIdx.x : n16;
-    const uint64_t end = begin + per < n16 ? begin + per : n16;
+    uint64_t begin, end;
+    wk_share(n16, &begin, &end);
     const uint64_t step = (uint64_t)WK_THREADS * UNROLL;
     uint64_t i = begin;
     for (; i + step <= end; i += step) {
@@ -68,9 +75,8 @@ __global__ void __launch_bounds__(WK_THREADS) wk_copy(const uint4 *src, uint4 *d
 template <int UNROLL>
 __global__ void __launch_bounds__(WK_THREADS) wk_read(const uint4 *src, uint64_t n16, uint4 *sink)
 {
-    const uint64_t per = ((n16 + gridDim.x - 1) / gridDim.x + 255) & ~255ull; /* 4 KiB aligned */
-    const uint64_t begin = per * blockIdx.x < n16 ? per * blockIdx.x : n16;
-    const uint64_t end = begin + per < n16 ? begin + per : n16;
+    uint64_t begin, end;
+    wk_share(n16, &begin, &end);
     uint32_t acc = 0;
     for (uint64_t i = begin + threadIdx.x; i < end; i += (uint64_t)WK_THREADS * UNROLL) {
         uint4 v[UNROLL];
@@ -89,27 +95,30 @@ __global__ void __launch_bounds__(WK_THREADS) wk_read(const uint4 *src, uint64_t
 
 __global__ void __launch_bounds__(WK_THREADS) wk_write(uint4 *dst, uint64_t n16)
 {
-    const uint64_t per = ((n16 + gridDim.x - 1) / gridDim.x + 255) & ~255ull; /* 4 KiB aligned */
-    const uint64_t begin = per * blockIdx.x < n16 ? per * blockIdx.x : n16;
-    const uint64_t end = begin + per < n16 ? begin + per : n16;
+    uint64_t begin, end;
+    wk_share(n16, &begin, &end);
     for (uint64_t i = begin + threadIdx.x; i < end; i += WK_THREADS)
         wk_store<0>(dst + i, make_uint4(1, 2, 3, 4));
 }
 
-/* The FP8 copy's memory traffic without its reduction: 16 bytes (8 16-bit values) read, 8 bytes
- * written per thread step. CAST 0: each value's high byte (no arithmetic); 1: each bf16 value
- * cast to e4m3fn by the hardware conversion, saturating (an elementwise cast, no scale). */
-template <int CAST> __device__ __forceinline__ uint2 wk_narrow(uint4 v)
+/* 8 16-bit values (one 16-byte vector) into 8 bytes. MODE 0: each value's high byte (no
+ * arithmetic); 1: each bf16 value cast to e4m3fn by the hardware conversion, saturating (an
+ * elementwise cast, no scale); 2: each bf16 value x s, cast so. */
+template <int MODE> __device__ __forceinline__ uint2 wk_narrow(uint4 v, float s = 1.0f)
 {
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
     uint32_t o[2] = {0, 0};
 #pragma unroll
     for (int h = 0; h < 4; h++) {
         uint32_t q;
-        if (CAST) {
+        if (MODE) {
             float2 f;
             f.x = __uint_as_float(w[h] << 16);
             f.y = __uint_as_float(w[h] & 0xffff0000u);
+            if (MODE == 2) {
+                f.x *= s;
+                f.y *= s;
+            }
             q = __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3);
         } else {
             q = __byte_perm(w[h], 0, 0x0031);
@@ -119,13 +128,14 @@ template <int CAST> __device__ __forceinline__ uint2 wk_narrow(uint4 v)
     return make_uint2(o[0], o[1]);
 }
 
+/* The FP8 copy's memory traffic without its reduction: 16 bytes read, 8 bytes written per
+ * thread step, each vector narrowed by wk_narrow<CAST>. */
 template <int CAST>
 __global__ void __launch_bounds__(WK_THREADS) wk_mix(const uint4 *src, uint2 *dst, uint64_t n16)
 {
     enum { UNROLL = 8 };
-    const uint64_t per = ((n16 + gridDim.x - 1) / gridDim.x + 255) & ~255ull; /* 4 KiB aligned */
-    const uint64_t begin = per * blockIdx.x < n16 ? per * blockIdx.x : n16;
-    const uint64_t end = begin + per < n16 ? begin + per : n16;
+    uint64_t begin, end;
+    wk_share(n16, &begin, &end);
     const uint64_t step = (uint64_t)WK_THREADS * UNROLL;
     uint64_t i = begin;
     for (; i + step <= end; i += step) {
@@ -163,21 +173,6 @@ template <int CS> __device__ __forceinline__ void wq_st(uint2 *p, uint2 v)
         *p = v;
 }
 
-__device__ __forceinline__ uint2 wq_cvt(uint4 v, float s)
-{
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-    uint32_t o[2] = {0, 0};
-#pragma unroll
-    for (int h = 0; h < 4; h++) {
-        float2 f;
-        f.x = __uint_as_float(w[h] << 16) * s;
-        f.y = __uint_as_float(w[h] & 0xffff0000u) * s;
-        o[h / 2] |= (__nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3) & 0xffffu)
-                    << (16 * (h % 2));
-    }
-    return make_uint2(o[0], o[1]);
-}
-
 template <int CS>
 __device__ __forceinline__ void wq_load(const unsigned char *src, uint64_t pitch, uint64_t b,
                                         uint32_t bcols, uint4 *x)
@@ -200,7 +195,7 @@ __device__ __forceinline__ void wq_store(unsigned char *dst, uint64_t cols, uint
     for (int j = 0; j < WQ_V; j++) {
         const uint32_t e = threadIdx.x + (uint32_t)j * WQ_T;
         wq_st<CS>(reinterpret_cast<uint2 *>(dst + (r0 + e / 16u) * cols + c0 + 8u * (e % 16u)),
-                  wq_cvt(x[j], s));
+                  wk_narrow<2>(x[j], s));
     }
 }
 
