@@ -5,50 +5,17 @@
 #include <string.h>
 
 #include "wsync_request.h"
-
-typedef struct text_buf {
-    char *p;
-    size_t len, cap;
-    int failed;
-} text_buf_t;
-
-/* Room for n more bytes and a NUL; 0 when there is none (b->failed). */
-static int grow(text_buf_t *b, size_t n)
-{
-    if (b->failed)
-        return 0;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (p == NULL) {
-            b->failed = 1;
-            return 0;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    return 1;
-}
-
-static void put(text_buf_t *b, const char *s, size_t n)
-{
-    if (!grow(b, n))
-        return;
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
+#include "wsync_swar.h"
+#include "wsync_text.h"
 
 /* v as json_dumps writes it (a scalar, or a container with no long string). */
-static void put_jansson(text_buf_t *b, const json_t *v)
+static void put_jansson(wsync_text_t *b, const json_t *v)
 {
     char *s = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
     if (s == NULL)
-        b->failed = 1;
+        b->bad = 1;
     else
-        put(b, s, strlen(s));
+        wsync_text_put(b, s, strlen(s));
     free(s);
 }
 
@@ -56,16 +23,12 @@ static void put_jansson(text_buf_t *b, const json_t *v)
  * characters, DEL, non-ASCII), or n: eight bytes a step (the lowest marked byte is exact). */
 static size_t escape_at(const char *s, size_t i, size_t n)
 {
-    const uint64_t ones = 0x0101010101010101ull, high = 0x8080808080808080ull;
     for (; i + 8 <= n; i += 8) {
-        uint64_t x;
-        memcpy(&x, s + i, 8);
-        const uint64_t q = x ^ (ones * '"'), bs = x ^ (ones * '\\'), del = x ^ (ones * 0x7f);
-        const uint64_t m = (((q - ones) & ~q) | ((bs - ones) & ~bs) | ((del - ones) & ~del) |
-                            ((x - ones * 0x20) & ~x) | x) &
-                           high;
+        const uint64_t x = wsync_swar_load(s + i);
+        const uint64_t m = wsync_swar_eq(x, '"') | wsync_swar_eq(x, '\\') | wsync_swar_eq(x, 0x7f) |
+                           wsync_swar_below(x, 0x20) | wsync_swar_high(x);
         if (m != 0)
-            return i + (size_t)__builtin_ctzll(m) / 8;
+            return i + wsync_swar_first(m);
     }
     for (; i < n; i++) {
         const unsigned char c = (unsigned char)s[i];
@@ -77,10 +40,10 @@ static size_t escape_at(const char *s, size_t i, size_t n)
 
 /* A long string of printable ASCII: quoted, '"' and '\\' escaped, as jansson writes it; 0 when
  * it holds anything else (control characters, non-ASCII), which jansson's writer then takes. */
-static int put_long_string(text_buf_t *b, const char *s, size_t n)
+static int put_long_string(wsync_text_t *b, const char *s, size_t n)
 {
-    if (!grow(b, 2 * n + 2)) /* every byte escaped, and the quotes */
-        return 1;            /* b->failed says it */
+    if (wsync_text_room(b, 2 * n + 2) == NULL) /* every byte escaped, and the quotes */
+        return 1;                              /* b->bad says it */
     char *const start = b->p + b->len, *o = start;
     *o++ = '"';
     for (size_t i = 0; i < n;) {
@@ -125,7 +88,7 @@ static int long_inside(const json_t *v, int depth)
     return 0;
 }
 
-static void put_value(text_buf_t *b, const json_t *v, int depth)
+static void put_value(wsync_text_t *b, const json_t *v, int depth)
 {
     const char *k;
     const json_t *e;
@@ -137,43 +100,43 @@ static void put_value(text_buf_t *b, const json_t *v, int depth)
         return;
     }
     if (json_is_array(v)) {
-        put(b, "[", 1);
+        wsync_text_put(b, "[", 1);
         json_array_foreach(v, i, e)
         {
             if (i > 0)
-                put(b, ",", 1);
+                wsync_text_put(b, ",", 1);
             put_value(b, e, depth - 1);
         }
-        put(b, "]", 1);
+        wsync_text_put(b, "]", 1);
         return;
     }
     int first = 1;
-    put(b, "{", 1);
+    wsync_text_put(b, "{", 1);
     json_object_foreach((json_t *)v, k, e)
     {
         json_t *key = json_string_nocheck(k);
         if (!first)
-            put(b, ",", 1);
+            wsync_text_put(b, ",", 1);
         first = 0;
         if (key == NULL)
-            b->failed = 1;
+            b->bad = 1;
         else
             put_jansson(b, key);
         json_decref(key);
-        put(b, ":", 1);
+        wsync_text_put(b, ":", 1);
         put_value(b, e, depth - 1);
     }
-    put(b, "}", 1);
+    wsync_text_put(b, "}", 1);
 }
 
 char *wsync_req_dumps(const json_t *v)
 {
-    text_buf_t b = {0};
+    wsync_text_t b = {0};
     if (v == NULL)
         return NULL;
     put_value(&b, v, 4);
-    put(&b, "", 0);
-    if (b.failed) {
+    wsync_text_put(&b, "", 0);
+    if (b.bad) {
         free(b.p);
         return NULL;
     }

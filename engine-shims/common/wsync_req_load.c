@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "wsync_request.h"
+#include "wsync_swar.h"
 
 #define WSYNC_REQ_MAX_LONG 16 /* long values per request; more: json_loadb whole */
 
@@ -26,20 +27,17 @@ static size_t skip_ws(const char *s, size_t i, size_t n)
  * 0x80. The lowest set bit is exact (a borrow only marks bytes above a true match). */
 static uint64_t stop_bits(uint64_t x)
 {
-    const uint64_t ones = 0x0101010101010101ull, high = 0x8080808080808080ull;
-    const uint64_t q = x ^ (ones * '"'), b = x ^ (ones * '\\');
-    return (((q - ones) & ~q) | ((b - ones) & ~b) | ((x - ones * 0x20) & ~x) | x) & high;
+    return wsync_swar_eq(x, '"') | wsync_swar_eq(x, '\\') | wsync_swar_below(x, 0x20) |
+           wsync_swar_high(x);
 }
 
 /* The index of the first stop byte in s[i, n), or n: eight bytes a step. */
 static size_t next_stop(const char *s, size_t i, size_t n)
 {
     for (; i + 8 <= n; i += 8) {
-        uint64_t x;
-        memcpy(&x, s + i, 8);
-        const uint64_t m = stop_bits(x);
+        const uint64_t m = stop_bits(wsync_swar_load(s + i));
         if (m != 0)
-            return i + (size_t)__builtin_ctzll(m) / 8;
+            return i + wsync_swar_first(m);
     }
     while (i < n && !stop_byte((unsigned char)s[i]))
         i++;

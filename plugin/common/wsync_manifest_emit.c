@@ -12,46 +12,12 @@
 #include "wsync_dtype.h"
 #include "wsync_error.h"
 #include "wsync_manifest.h"
+#include "wsync_text.h"
 #include "wsync_utf8.h"
 
 #define WSYNC_JSON_INT_MAX ((uint64_t)INT64_MAX)
 
 /* ------------------------------------------------------------- text buffer */
-
-typedef struct wsync_text {
-    char *p;
-    size_t len, cap;
-    int bad; /* out of memory */
-} wsync_text_t;
-
-static char *wsync_text_room(wsync_text_t *t, size_t n)
-{
-    if (t->bad)
-        return NULL;
-    if (t->len + n + 1 > t->cap) {
-        size_t cap = t->cap ? t->cap : 4096;
-        while (cap < t->len + n + 1)
-            cap *= 2;
-        char *p = realloc(t->p, cap);
-        if (p == NULL) {
-            t->bad = 1;
-            return NULL;
-        }
-        t->p = p;
-        t->cap = cap;
-    }
-    return t->p + t->len;
-}
-
-static void wsync_text_put(wsync_text_t *t, const char *s, size_t n)
-{
-    char *w = wsync_text_room(t, n);
-    if (w != NULL) {
-        memcpy(w, s, n);
-        t->len += n;
-        t->p[t->len] = '\0';
-    }
-}
 
 static void wsync_text_str(wsync_text_t *t, const char *s)
 {

@@ -1,5 +1,6 @@
 /* UTF-8 validation (see wsync_utf8.h). */
 #include "wsync_utf8.h"
+#include "wsync_swar.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -34,29 +35,14 @@ size_t wsync_utf8_len(const unsigned char *s)
     return n;
 }
 
-size_t wsync_utf8_invalid_at(const char *s)
-{
-    const unsigned char *u = (const unsigned char *)s;
-    size_t i = 0;
-    while (u[i] != '\0') {
-        size_t n = wsync_utf8_len(u + i);
-        if (n == 0)
-            return i;
-        i += n;
-    }
-    return (size_t)-1;
-}
-
 size_t wsync_utf8_invalid_n(const char *s, size_t len)
 {
     const unsigned char *u = (const unsigned char *)s;
-    const uint64_t ones = 0x0101010101010101ull, high = 0x8080808080808080ull;
     size_t i = 0;
     while (i < len) {
         if (len - i >= 8) {
-            uint64_t x;
-            memcpy(&x, u + i, 8);
-            if (((x | ((x - ones) & ~x)) & high) == 0) { /* eight ASCII bytes, none NUL */
+            const uint64_t x = wsync_swar_load(u + i);
+            if ((wsync_swar_high(x) | wsync_swar_eq(x, 0)) == 0) { /* eight ASCII bytes, none NUL */
                 i += 8;
                 continue;
             }
@@ -71,4 +57,9 @@ size_t wsync_utf8_invalid_n(const char *s, size_t len)
         i += n;
     }
     return (size_t)-1;
+}
+
+size_t wsync_utf8_invalid_at(const char *s)
+{
+    return wsync_utf8_invalid_n(s, strlen(s));
 }
