@@ -21,7 +21,8 @@
 #include "wsync_manifest_cache.h"
 #include "wsync_shm.h"
 
-#define WSYNC_CUDA_RING_SLOTS 8 /* op tables in flight per consumer */
+/* op tables in flight per consumer (copy_quantized takes two a call) */
+#define WSYNC_CUDA_RING_SLOTS 8
 #define WSYNC_CUDA_DEFAULT_TIMEOUT_MS 30000u
 #define WSYNC_CUDA_NO_DIGEST UINT64_MAX /* slot nbytes[] value: op has no digest to check */
 
