@@ -96,14 +96,33 @@ def _gc_paused() -> Iterator[None]:
         gc.enable()
 
 
-def _signature(pairs: list) -> tuple:
-    """What a sync's plan and StageTensor arrays depend on: each tensor's name, storage address,
-    dtype, shape and contiguity (a contiguous tensor's strides follow from its shape; its device
-    from its address). Built with C-level maps: about 0.4 us a tensor."""
-    ts = [t for _, t in pairs]
+def _signature(ts: list) -> tuple:
+    """What a bucket's StageTensor arrays depend on: each tensor's storage address, dtype, shape
+    and contiguity (a contiguous tensor's strides follow from its shape; its device from its
+    address). Built with C-level maps: about 0.3 us a tensor."""
     T = torch.Tensor
-    return ([n for n, _ in pairs], list(map(T.data_ptr, ts)), [t.dtype for t in ts],
-            [t.shape for t in ts], list(map(T.is_contiguous, ts)))
+    return (list(map(T.data_ptr, ts)), [t.dtype for t in ts], [t.shape for t in ts],
+            list(map(T.is_contiguous, ts)))
+
+
+class _SyncCheck:
+    """A cached sync plan's check, bucket by bucket: the caller's tensors (indices into the
+    sync's pairs) each bucket reads, and their signature when the plan was made. A steady sync
+    checks a bucket just before it is staged, so the first bucket leaves after its own tensors'
+    check instead of the whole model's, and the rest is checked while the engines copy."""
+
+    def __init__(self, raw: list, owner: List[int], bucket_names: List[List[str]], pos: dict) -> None:
+        self.idx = [sorted({owner[pos[n]] for n in names}) for names in bucket_names]
+        seen = {i for ix in self.idx for i in ix}
+        if self.idx:  # a tensor no bucket reads (no checkpoint tensors) is checked with the first
+            self.idx[0] = sorted(set(self.idx[0]) | (set(range(len(raw))) - seen))
+        self.names = [t for t, _ in raw]
+        self.bucket_names = bucket_names
+        self.sig = [_signature([raw[i][1] for i in ix]) for ix in self.idx]
+
+    def holds(self, b: int, raw: list) -> bool:
+        """Whether bucket b's tensors are where, and as, they were."""
+        return _signature([raw[i][1] for i in self.idx[b]]) == self.sig[b]
 
 
 class _SyncPlan:
@@ -196,8 +215,8 @@ class Producer:
         self._plan_cache: Optional[tuple] = None
         # per bucket (its names): the tensors' signature and the StageTensor array built for it
         self._stage_cache: dict = {}
-        # sync(): the last sync's signature (_signature) and its _SyncPlan, so a steady trainer's
-        # sync reads each tensor's address, dtype and shape and builds nothing
+        # sync(): the last sync's _SyncPlan and its _SyncCheck, so a steady trainer's sync reads
+        # each tensor's address, dtype and shape (bucket by bucket, as each goes) and builds nothing
         self._sync_cache: Optional[tuple] = None
         try:
             for _ in range(buffers):
@@ -511,16 +530,34 @@ class Producer:
         self._turn = (self._turn + 1) % len(self._sets)
         return msgs
 
-    def _sync_plan(self, raw: list) -> _SyncPlan:
-        """The buckets of a sync of `raw` (the caller's pairs): from the cache when every tensor
-        is where, and as, it was at the last sync; else planned and built (and cached when every
-        tensor is contiguous and no direct-mode cast must be refreshed per sync)."""
-        sig = _signature(raw)
+    def _sync_plan(self, raw: list) -> Tuple[_SyncPlan, Optional[_SyncCheck]]:
+        """The buckets of a sync of `raw` (the caller's pairs): from the cache when the names are
+        those of the last sync, with the check each bucket must pass before it is staged (every
+        tensor it reads where, and as, it was); else planned and built (and cached when every
+        tensor is contiguous and no direct-mode cast must be refreshed per sync), with no check."""
         hit = self._sync_cache
-        if hit is not None and hit[0] == sig:
-            return hit[1]
+        if hit is not None and hit[1].names == [n for n, _ in raw]:
+            return hit[0], hit[1]
+        return self._sync_plan_new(raw), None
+
+    def _sync_rest(self, plan: _SyncPlan, b: int, fresh: _SyncPlan, sent: set) -> _SyncPlan:
+        """A sync whose cached plan failed its check at bucket b, after b buckets were sent: those,
+        then the buckets of the plan made again (`fresh`) less the tensors already sent."""
+        buckets, pairs = plan.buckets[:b], [None] * b
+        for bp in fresh.pairs:
+            rest = [(n, t) for n, t in bp if n not in sent]
+            if rest:
+                buckets.append(self._bucket_arrays(rest))
+                pairs.append(rest)
+        return _SyncPlan(buckets, pairs, fresh.names, fresh.nbytes)
+
+    def _sync_plan_new(self, raw: list) -> _SyncPlan:
         self._sync_cache = None
-        pairs = list(checkpoint_tensors(raw))
+        pairs, owner = [], []
+        for i, item in enumerate(raw):
+            for p in checkpoint_tensors([item]):
+                pairs.append(p)
+                owner.append(i)
         if self.ep_size > 1 and self.experts is None:
             self._ep_owners([n for n, _ in pairs])  # learns the expert count from the names
         by_name = dict(pairs)
@@ -532,9 +569,11 @@ class Producer:
         names, nbytes = _expect(pairs, self.cast_to)
         plan = _SyncPlan(buckets, bucket_pairs, names, nbytes)
         casts = self.direct and self.cast_to is not None
-        if not casts and all(sig[4]) and all(t.is_contiguous() for _, t in pairs):
+        if not casts and all(t.is_contiguous() for _, t in raw) and all(t.is_contiguous() for _, t in pairs):
             # the arrays point into the callers' tensors only: a sync keeps those (`raw`) alive
-            self._sync_cache = (sig, _SyncPlan([(a, []) for a, _ in buckets], None, names, nbytes))
+            pos = {n: k for k, (n, _) in enumerate(pairs)}
+            check = _SyncCheck(raw, owner, [[n for n, _ in bp] for bp in bucket_pairs], pos)
+            self._sync_cache = (_SyncPlan([(a, []) for a, _ in buckets], None, names, nbytes), check)
         return plan
 
     def _ep_owners(self, names: Sequence[str]) -> List[int]:
@@ -609,22 +648,33 @@ class Producer:
         self._finish_inflight(stream)
         if not wait and not self.direct:
             raise InvalidArgument(1, "sync", "wait=False is for direct mode: staged buffers are reused within a sync")
-        plan = self._sync_plan(raw)
+        plan, check = self._sync_plan(raw)
+        if check is not None and version is not None and not all(check.holds(b, raw) for b in range(len(plan.buckets))):
+            plan, check = self._sync_plan_new(raw), None  # a transaction declares the whole sync first
         if version is not None:
             check_replies(_resolve(send(_begin_text(version, plan.names, plan.nbytes))))
         pending: deque = deque()  # (buffer set, replies to check), oldest first
+        sent: set = set()  # names staged so far (a plan that fails its check is made again for the rest)
         try:
-            for b, (per_rank, keep) in enumerate(plan.buckets):
+            b = 0
+            while b < len(plan.buckets):
+                if check is not None and not check.holds(b, raw):
+                    # a tensor of this bucket moved or changed: plan what is left afresh
+                    fresh = self._sync_plan_new(raw)
+                    plan = fresh if b == 0 else self._sync_rest(plan, b, fresh, sent)
+                    check = None
+                per_rank, keep = plan.buckets[b]
                 # a staged set's replies are checked before the set is reused; direct buckets
                 # reuse nothing, so their replies are read at the end
                 while not self.direct and pending and (len(pending) >= len(self._sets) or pending[0][0] == self._turn):
                     check_replies(pending.popleft()[1]())
                 turn = self._turn
                 # the sources are views of the caller's tensors (`raw`): alive until consumed
-                msgs = self._stage_publish(per_rank, [raw, *keep] if b == 0 or not self.direct else keep,
-                                           plan.pairs[b] if plan.pairs is not None else None,
+                bp = plan.pairs[b] if plan.pairs is not None else None
+                msgs = self._stage_publish(per_rank, [raw, *keep] if b == 0 or not self.direct else keep, bp,
                                            finished=b == len(plan.buckets) - 1,
                                            weight_version=weight_version, stream=stream)
+                sent.update(check.bucket_names[b] if bp is None else (n for n, _ in bp))
                 for m in msgs:
                     r = send(m)
                     if callable(r):
@@ -633,6 +683,7 @@ class Producer:
                         pending.append((turn, r.result))
                     else:
                         check_replies(r)
+                b += 1
             if not wait:
                 self._inflight = [r for _, r in pending]
                 pending.clear()

@@ -94,6 +94,45 @@ def test_direct_sync_casts_fp32_master_weights(engine_ranks):
         ranks.release()
 
 
+@pytest.mark.parametrize("direct", [True, False])
+def test_steady_sync_checks_each_bucket_before_it_goes(engine_ranks, direct):
+    """A steady sync checks each bucket's tensors just before the bucket is staged: when a tensor
+    of a later bucket has new storage, the buckets before it go from the cached plan, the rest is
+    planned again, and every tensor is sent exactly once and read from where it now is."""
+    model = models.tiny_model("moe")
+    ranks = engine_ranks("sglang", "moe", 1)
+    names_sent = []
+
+    def send(msg):
+        for m in json.loads(msg).get("serialized_named_tensors", []):
+            names_sent.extend(t["name"] for t in json.loads(m)["tensors"])
+        return ranks.send(msg)
+
+    with wsync.Producer("sglang", direct=direct, bucket_bytes=96 << 10, plugin=plugin_for("cpu")) as prod:
+        for k in range(2):
+            prod.sync(models.step(model, k), send)
+        plan = prod.plan(dict(wsync.checkpoint.checkpoint_tensors(model.state_dict())))
+        assert len(plan) >= 3, [len(b) for b in plan]
+        late = plan[-1][0]  # a tensor of the last bucket (a per-expert view or a whole tensor)
+        params = dict(model.named_parameters())
+        experts = late.split(".mlp.experts.")[0] + ".mlp.experts."
+        owner = late if late in params else next(  # the fused experts tensor it is a view of
+            n for n in params if n.startswith(experts) and n.endswith("down_proj") == late.endswith("down_proj.weight"))
+        params[owner].data = params[owner].data.clone() + 5  # new storage, new values
+        names_sent.clear()
+        sd = dict(model.state_dict())
+        assert prod.sync(sd, send) == len(plan)
+        _check(ranks, sd, "sglang", 1, 2)
+        everything = list(wsync.checkpoint.checkpoint_tensors(sd))
+        assert sorted(names_sent) == sorted(n for n, _ in everything), "a tensor sent twice or not at all"
+        names_sent.clear()
+        sd = dict(model.state_dict())  # steady again, from the plan made anew
+        prod.sync(sd, send)
+        _check(ranks, sd, "sglang", 1, 3)
+        assert sorted(names_sent) == sorted(n for n, _ in everything)
+        ranks.release()
+
+
 def test_direct_refuses_a_non_contiguous_tensor(engine_ranks):
     model = models.tiny_model("dense")
     ranks = engine_ranks("sglang", "dense", 1)
