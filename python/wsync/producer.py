@@ -649,12 +649,14 @@ class Producer:
         if not wait and not self.direct:
             raise InvalidArgument(1, "sync", "wait=False is for direct mode: staged buffers are reused within a sync")
         plan, check = self._sync_plan(raw)
-        if check is not None and version is not None and not all(check.holds(b, raw) for b in range(len(plan.buckets))):
-            plan, check = self._sync_plan_new(raw), None  # a transaction declares the whole sync first
+        if check is not None and version is not None:  # a transaction declares the whole sync first
+            if not all(check.holds(b, raw) for b in range(len(plan.buckets))):
+                plan = self._sync_plan_new(raw)
+            check = None
         if version is not None:
             check_replies(_resolve(send(_begin_text(version, plan.names, plan.nbytes))))
         pending: deque = deque()  # (buffer set, replies to check), oldest first
-        sent: set = set()  # names staged so far (a plan that fails its check is made again for the rest)
+        sent: set = set()  # names of the cached plan's buckets staged so far (for _sync_rest)
         try:
             b = 0
             while b < len(plan.buckets):
@@ -674,7 +676,8 @@ class Producer:
                 msgs = self._stage_publish(per_rank, [raw, *keep] if b == 0 or not self.direct else keep, bp,
                                            finished=b == len(plan.buckets) - 1,
                                            weight_version=weight_version, stream=stream)
-                sent.update(check.bucket_names[b] if bp is None else (n for n, _ in bp))
+                if check is not None:
+                    sent.update(check.bucket_names[b])
                 for m in msgs:
                     r = send(m)
                     if callable(r):

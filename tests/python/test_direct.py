@@ -130,6 +130,11 @@ def test_steady_sync_checks_each_bucket_before_it_goes(engine_ranks, direct):
         prod.sync(sd, send)
         _check(ranks, sd, "sglang", 1, 3)
         assert sorted(names_sent) == sorted(n for n, _ in everything)
+        # a transaction checks every bucket before its begin declares the sync
+        params[owner].data = params[owner].data.clone() - 1
+        sd = dict(model.state_dict())
+        assert prod.sync(sd, send, version=100) == len(plan)
+        _check(ranks, sd, "sglang", 1, 4)
         ranks.release()
 
 
