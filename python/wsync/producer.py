@@ -111,13 +111,16 @@ class _SyncCheck:
     checks a bucket just before it is staged, so the first bucket leaves after its own tensors'
     check instead of the whole model's, and the rest is checked while the engines copy."""
 
-    def __init__(self, raw: list, owner: List[int], bucket_names: List[List[str]], pos: dict) -> None:
-        self.idx = [sorted({owner[pos[n]] for n in names}) for names in bucket_names]
+    def __init__(self, raw: list, pairs: list, owner: List[int], bucket_pairs: List[list]) -> None:
+        """`pairs`: the sync's checkpoint tensors, `owner[k]` the index in `raw` that pairs[k]
+        comes from; `bucket_pairs`: the plan's buckets of those pairs."""
+        pos = {n: k for k, (n, _) in enumerate(pairs)}
+        self.bucket_names = [[n for n, _ in bp] for bp in bucket_pairs]
+        self.idx = [sorted({owner[pos[n]] for n in names}) for names in self.bucket_names]
         seen = {i for ix in self.idx for i in ix}
         if self.idx:  # a tensor no bucket reads (no checkpoint tensors) is checked with the first
             self.idx[0] = sorted(set(self.idx[0]) | (set(range(len(raw))) - seen))
-        self.names = [t for t, _ in raw]
-        self.bucket_names = bucket_names
+        self.names = [n for n, _ in raw]
         self.sig = [_signature([raw[i][1] for i in ix]) for ix in self.idx]
 
     def holds(self, b: int, raw: list) -> bool:
@@ -571,8 +574,7 @@ class Producer:
         casts = self.direct and self.cast_to is not None
         if not casts and all(t.is_contiguous() for _, t in raw) and all(t.is_contiguous() for _, t in pairs):
             # the arrays point into the callers' tensors only: a sync keeps those (`raw`) alive
-            pos = {n: k for k, (n, _) in enumerate(pairs)}
-            check = _SyncCheck(raw, owner, [[n for n, _ in bp] for bp in bucket_pairs], pos)
+            check = _SyncCheck(raw, pairs, owner, bucket_pairs)
             self._sync_cache = (_SyncPlan([(a, []) for a, _ in buckets], None, names, nbytes), check)
         return plan
 

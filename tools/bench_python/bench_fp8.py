@@ -247,7 +247,7 @@ def run_layout(layout, iters, schemes, profile=False):
 
     ctx = mp.get_context("spawn")
     a, b = ctx.Pipe()
-    per_mode = 2 * iters + 2 + PROFILED
+    per_mode = 2 * iters + 2 + (PROFILED if profile else 0)
     p = ctx.Process(target=trainer, args=(b, layout, per_mode * 2 * len(schemes) + 4 * 8), daemon=True)
     p.start()
     msgs, red = a.recv()
