@@ -20,11 +20,11 @@ from conftest import plugin_for
 FP8 = ("self_attn.qkv_proj.weight", "self_attn.o_proj.weight", "mlp.gate_up_proj.weight", "mlp.down_proj.weight")
 
 
-def _model(intermediate: int = 256):
+def _model(intermediate: int = 256, hidden: int = 256):
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=512, hidden_size=256, num_hidden_layers=2, num_attention_heads=2,
+    cfg = Qwen3Config(vocab_size=512, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=2,
                       num_key_value_heads=2, head_dim=128, intermediate_size=intermediate,
                       tie_word_embeddings=False, dtype="bfloat16")
     return AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
@@ -76,10 +76,16 @@ def _bytes_equal(a, b):
     return torch.equal(a.view(torch.uint8), b.view(torch.uint8)) if a.dtype == torch.float8_e4m3fn else torch.equal(a, b)
 
 
-def fp8_engine(engine, rank, tp):
+def fp8_engine(engine, rank, tp, hidden: int = 256):
     """An engine rank's zeroed FP8 parameters (conftest's EngineRanks layout "test_fp8:fp8_engine")."""
-    model = _model()
+    model = _model(hidden=hidden)
     return model, _zeros(_fp8_layout(models.engine_layout(dict(model.state_dict()), engine, rank, tp)))
+
+
+def fp8_engine_partial(engine, rank, tp):
+    """fp8_engine with a hidden size of 200: the last block of every linear weight's columns
+    (qkv_proj, gate_up_proj) or rows (o_proj, down_proj) is 72 wide."""
+    return fp8_engine(engine, rank, tp, hidden=200)
 
 
 def _ranks(model, engine, tp, **kw):

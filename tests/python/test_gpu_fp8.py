@@ -3,6 +3,7 @@ engine rank in its own process. Skipped with the reason on machines without a GP
 
 - a bf16 Qwen3 into SGLang's and vLLM's FP8 block layout at TP 1 and 2: every fp8 byte and every
   block scale equal to torch's per_block_cast_to_fp8 of the same tensor, 2 syncs;
+- partial blocks (a hidden size of 200: blocks of 72 rows or columns): the same, every byte;
 - a NaN in one tensor: refused naming it, with its row and column, nothing written, and the next
   sync (the buffer given back) lands whole;
 - the same with fp8_one_pass (the check inside the quantizing pass): only the NaN's block is left
@@ -35,6 +36,24 @@ def test_gpu_fp8_block_quantized_sync_equals_torch(engine_ranks, engine, tp):
                 want = _fp8_layout(models.engine_layout({n: t.cpu() for n, t in sd.items()}, engine, r, tp))
                 bad = [n for n in want if not _bytes_equal(got[n], want[n])]
                 assert not bad, f"sync {k}, rank {r}: {bad[:4]}"
+        ranks.release()
+
+
+def test_gpu_fp8_partial_blocks_equal_torch(engine_ranks):
+    """A hidden size of 200: qkv_proj [768, 200] and gate_up_proj [512, 200] end in blocks of 72
+    columns, o_proj [200, 256] and down_proj [200, 256] in blocks of 72 rows; the quantizer reads
+    and writes only inside them."""
+    model = _model(hidden=200).cuda()
+    ranks = engine_ranks("sglang", "test_fp8:fp8_engine_partial", 1, device="cuda")
+    with wsync.Producer("sglang", bucket_bytes=256 << 10, device="cuda", plugin=plugin_for("cuda")) as prod:
+        for k in (1, 2):
+            sd = models.step(model, k)
+            prod.sync(sd, ranks.send)
+            ((got, same),) = ranks.state()
+            assert same, "an engine parameter moved"
+            want = _fp8_layout(models.engine_layout({n: t.cpu() for n, t in sd.items()}, "sglang", 0, 1))
+            bad = [n for n in want if not _bytes_equal(got[n], want[n])]
+            assert not bad, f"sync {k}: {bad[:4]}"
         ranks.release()
 
 
