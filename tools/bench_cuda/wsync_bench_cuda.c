@@ -123,7 +123,7 @@ static int wb_producer_main(const wb_opts_t *o)
     wsync_staging_t *whole;
     WB_OK(p->producer->create(&cfg, &whole, err));
     wb_plan_t one;
-    if (wb_plan_build(&l, l.packed, 0, &one) != 0 || one.nb != 1)
+    if (wb_plan_build(&l, l.packed, 0, 2.0, &one) != 0 || one.nb != 1)
         return 1;
     char *m;
     /* the engine asks once its own copies are timed: the two never share the GPU's time */
@@ -142,7 +142,7 @@ static int wb_producer_main(const wb_opts_t *o)
 
     /* Phase 2: 1 GiB buckets through one reused staging buffer. */
     wb_plan_t plan;
-    if (wb_plan_build(&l, o->bucket, 0, &plan) != 0)
+    if (wb_plan_build(&l, o->bucket, 0, 2.0, &plan) != 0)
         return 1;
     cfg.bytes = o->bucket;
     cfg.flags = 0;
@@ -527,7 +527,7 @@ static int wb_consumer_main(const wb_opts_t *o)
     const char *staging_kind =
         m->buffer.kind == WSYNC_BUFFER_CUDA_VMM_FD ? "cuda_vmm_fd" : "cuda_ipc";
     wb_plan_t one;
-    if (wb_plan_build(&E.l, E.l.packed, 0, &one) != 0)
+    if (wb_plan_build(&E.l, E.l.packed, 0, 2.0, &one) != 0)
         return 1;
     A.h = h;
     A.ops = wb_bucket_ops(&E, &one, 0, m);
@@ -621,7 +621,7 @@ static int wb_consumer_main(const wb_opts_t *o)
     /* (c) + (d): full syncs through 1 GiB buckets: one staging buffer reused for every bucket,
      * then two used alternately (stage of bucket b+1 overlaps the copy of bucket b). */
     wb_plan_t plan;
-    if (wb_plan_build(&E.l, o->bucket, 0, &plan) != 0)
+    if (wb_plan_build(&E.l, o->bucket, 0, 2.0, &plan) != 0)
         return 1;
     wsync_handle_t *keep[WB_MAX_BUF] = {NULL};
     int failures = 0;

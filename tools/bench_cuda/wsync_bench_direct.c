@@ -8,8 +8,44 @@
 #include <unistd.h>
 
 #define WB_WARMUP_DIRECT 3
-/* the first buckets at 1/8, 1/4, 1/2 of the bucket size (wb_plan_build) */
-#define WB_DIRECT_RAMP 3
+
+/* The direct plan's smaller first buckets (wb_plan_build): by default 3 of them at 1/8, 1/4, 1/2
+ * of the bucket size, as Producer(direct=True) plans; WSYNC_BENCH_DIRECT_RAMP="steps:growth"
+ * (e.g. "8:1.4") sets another, read by the trainer and the engine process alike. */
+typedef struct wb_ramp {
+    unsigned steps;
+    double growth;
+} wb_ramp_t;
+
+static wb_ramp_t wb_direct_ramp(void)
+{
+    wb_ramp_t r = {3, 2.0};
+    const char *v = getenv("WSYNC_BENCH_DIRECT_RAMP");
+    if (v != NULL && *v != '\0' &&
+        (sscanf(v, "%u:%lf", &r.steps, &r.growth) != 2 || r.steps > 32 || !(r.growth >= 1.0))) {
+        fprintf(stderr,
+                "wsync-bench-cuda: WSYNC_BENCH_DIRECT_RAMP=\"%s\": want steps:growth, "
+                "steps <= 32, growth >= 1\n",
+                v);
+        exit(2);
+    }
+    return r;
+}
+
+/* The payload bytes of bucket b. */
+static uint64_t wb_bucket_bytes(const wb_layout_t *l, const wb_plan_t *p, size_t b)
+{
+    uint64_t n = 0;
+    for (size_t k = p->b[b].first; k < p->b[b].first + p->b[b].count; k++)
+        n += (uint64_t)p->p[k].rows * (uint64_t)l->t[p->p[k].tensor].cols * 2u;
+    return n;
+}
+
+static int wb_direct_plan(const wb_layout_t *l, uint64_t bucket, wb_plan_t *plan)
+{
+    const wb_ramp_t r = wb_direct_ramp();
+    return wb_plan_build(l, bucket, r.steps, r.growth, plan);
+}
 
 /* ------------------------------------------------------------------ producer */
 
@@ -36,7 +72,7 @@ int wb_direct_serve(const wsync_plugin_t *p, int fd, cudaStream_t st, const wb_l
         exit(1);
     }
     wb_plan_t plan;
-    if (wb_plan_build(l, bucket, WB_DIRECT_RAMP, &plan) != 0)
+    if (wb_direct_plan(l, bucket, &plan) != 0)
         exit(1);
     wsync_staging_config_t cfg = {
         .struct_size = sizeof(cfg), .flags = WSYNC_STAGING_DIRECT, .timeout_ms = 30000};
@@ -125,8 +161,10 @@ typedef struct wb_direct {
     /* the timed syncs' GPU timeline: an event when the request goes out (the stream is idle
      * then, so it completes at once), and per bucket one before and one after copy_segments */
     cudaEvent_t req, *before, *after;
-    double line[4]; /* summed ms: request to the first copy, idle between buckets, copies, last
-                     * copy to the stream synced on the host */
+    double line[4];  /* summed ms: request to the first copy, idle between buckets, copies, last
+                      * copy to the stream synced on the host */
+    double first[2]; /* summed ms of the first bucket: request to its manifest received (the
+                      * trainer's stage + publish and the send), then its parse + segments + ops */
 } wb_direct_t;
 
 static int wb_same_segment(const wsync_buffer_desc_t *a, const wsync_buffer_desc_t *b)
@@ -233,6 +271,8 @@ static double wb_direct_sync(wb_direct_t *D, const char *req, int gpu_only, doub
         free(ops);
         free(json);
         D->host[0] += q1 - q0, D->host[1] += q2 - q1, D->host[2] += q3 - q2;
+        if (b == 0 && line)
+            D->first[0] += q1 - t0, D->first[1] += q2 - q1;
         D->host[3] += wh_now_ms() - q3;
     }
     wh_send_str(D->fd, "ack");
@@ -272,6 +312,7 @@ static unsigned long long wb_direct_trainer(wb_direct_t *D, const char *trainer,
         wb_direct_sync(D, "dsync", 0, &gpu);
     memset(D->host, 0, sizeof(D->host));
     memset(D->line, 0, sizeof(D->line));
+    memset(D->first, 0, sizeof(D->first));
     const unsigned long long opens0 = wh_stats.ipc_mem_opens;
     for (unsigned i = 0; i < iters; i++)
         t[i] = wb_direct_sync(D, "dsync-t", 0, &gpu);
@@ -297,15 +338,16 @@ static unsigned long long wb_direct_trainer(wb_direct_t *D, const char *trainer,
     }
     free(ans);
     const double ms = wh_median(t, iters), gms = wh_median(g, iters);
-    printf("  (e) direct sync, trainer %s (%s), %zu bucket%s of <= %llu MiB (the first %d at "
-           "1/8, 1/4, 1/2), 0 staging bytes: "
+    const wb_ramp_t ramp = wb_direct_ramp();
+    printf("  (e) direct sync, trainer %s (%s), %zu bucket%s of <= %llu MiB (the first %u "
+           "growing %.2fx a bucket up to it), 0 staging bytes: "
            "median %.2f ms engine (request to its stream's last copy), %.2f ms trainer (first "
            "stage to *consumed*), first sync %.2f ms; GPU alone %.2f ms\n",
            trainer,
            strcmp(trainer, "separate") == 0 ? "one cudaMalloc per tensor"
                                             : "every tensor in one allocation",
-           D->plan.nb, D->plan.nb > 1 ? "s" : "", (unsigned long long)(D->bucket >> 20),
-           WB_DIRECT_RAMP, ms, tr, cold, gms);
+           D->plan.nb, D->plan.nb > 1 ? "s" : "", (unsigned long long)(D->bucket >> 20), ramp.steps,
+           ramp.growth, ms, tr, cold, gms);
     printf("      vs one flat cudaMemcpyAsync (%.2f ms): %.3f end to end (trainer), %.3f GPU "
            "alone; vs the staged sync (%.2f ms): %.2fx faster; IPC opens per sync %.3f (%s); "
            "%llu wrong words after the first sync\n",
@@ -317,8 +359,11 @@ static unsigned long long wb_direct_trainer(wb_direct_t *D, const char *trainer,
            tr_stage, tr_pub, host[0], host[1], host[2], host[3]);
     printf("      engine stream timeline, mean per sync: first copy queued %.3f ms after the "
            "request, GPU idle between buckets %.3f ms, copies %.3f ms, last copy to the stream "
-           "synced on the host %.3f ms\n",
-           D->line[0] / iters, D->line[1] / iters, D->line[2] / iters, D->line[3] / iters);
+           "synced on the host %.3f ms; the first bucket (%llu MiB): manifest received %.3f ms "
+           "after the request, parsed + ops %.3f ms later\n",
+           D->line[0] / iters, D->line[1] / iters, D->line[2] / iters, D->line[3] / iters,
+           (unsigned long long)(wb_bucket_bytes(&E->l, &D->plan, 0) >> 20), D->first[0] / iters,
+           D->first[1] / iters);
     fflush(stdout);
     free(t);
     free(g);
@@ -329,7 +374,7 @@ unsigned long long wb_direct_run(wb_engine_t *E, int fd, uint64_t bucket, unsign
                                  double ms_flat, double ms_staged, unsigned long long *bad_dev)
 {
     wb_direct_t D = {.E = E, .fd = fd, .bucket = bucket};
-    if (wb_plan_build(&E->l, bucket, WB_DIRECT_RAMP, &D.plan) != 0 ||
+    if (wb_direct_plan(&E->l, bucket, &D.plan) != 0 ||
         (D.held = calloc(D.plan.nb, sizeof(*D.held))) == NULL ||
         (D.before = calloc(D.plan.nb, sizeof(*D.before))) == NULL ||
         (D.after = calloc(D.plan.nb, sizeof(*D.after))) == NULL)

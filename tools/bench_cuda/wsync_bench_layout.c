@@ -183,7 +183,8 @@ int wb_layout_group(wb_layout_t *l, int fused)
     return 0;
 }
 
-int wb_plan_build(const wb_layout_t *l, uint64_t bucket_bytes, unsigned ramp, wb_plan_t *out)
+int wb_plan_build(const wb_layout_t *l, uint64_t bucket_bytes, unsigned ramp, double growth,
+                  wb_plan_t *out)
 {
     memset(out, 0, sizeof(*out));
     size_t capp = l->n * 2 + 16, capb = 64;
@@ -201,7 +202,9 @@ int wb_plan_build(const wb_layout_t *l, uint64_t bucket_bytes, unsigned ramp, wb
         while (r0 < t->rows || (t->rows == 0 && r0 == 0)) {
             int64_t rows = t->rows - r0;
             const size_t b = out->nb - 1; /* a ramp bucket's cap; a whole tensor opens one whole */
-            uint64_t cap = b < ramp ? bucket_bytes >> (ramp - b) : bucket_bytes;
+            uint64_t cap = bucket_bytes;
+            for (size_t k = b; k < ramp; k++)
+                cap = (uint64_t)((double)cap / growth);
             if (used == 0 && (uint64_t)rows * row_bytes <= bucket_bytes &&
                 (uint64_t)rows * row_bytes > cap)
                 cap = (uint64_t)rows * row_bytes;

@@ -56,10 +56,12 @@ void wb_layout_free(wb_layout_t *l);
  * memory (the layout is then left without groups). */
 int wb_layout_group(wb_layout_t *l, int fused);
 /* Buckets of at most bucket_bytes (each piece 256-byte aligned in it); big tensors are split by
- * rows. With ramp r > 0 the first r buckets hold at most bucket_bytes >> r, >> (r - 1), ... >> 1
- * (a tensor that opens one still whole), as Producer(direct=True) plans: the GPU starts on a
- * small bucket while the host works on the larger ones. */
-int wb_plan_build(const wb_layout_t *l, uint64_t bucket_bytes, unsigned ramp, wb_plan_t *out);
+ * rows. With ramp r > 0 the first r buckets hold at most bucket_bytes / growth^r, / growth^(r-1),
+ * ... / growth (a tensor that opens one still whole); r = 3, growth 2 (1/8, 1/4, 1/2) is how
+ * Producer(direct=True) plans: the GPU starts on a small bucket while the host works on the
+ * larger ones. */
+int wb_plan_build(const wb_layout_t *l, uint64_t bucket_bytes, unsigned ramp, double growth,
+                  wb_plan_t *out);
 void wb_plan_free(wb_plan_t *p);
 /* The name a piece is staged under: the tensor's, with "@r0" for a slice from row r0 > 0 or a
  * slice that is not the whole tensor. */
