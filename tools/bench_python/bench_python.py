@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import statistics
 import time
 
@@ -100,8 +101,6 @@ BASE_MS = {}  # the flat copy and the copy_ loop, for the direct sync's ratios
 
 
 def plugin():
-    import os
-
     import wsync
 
     return os.path.join(str(wsync._native.lib_dir()), "libwsync_cuda.so")
@@ -110,8 +109,12 @@ def plugin():
 # --staged-probe: the staged sync (2048 MiB buckets, 2 sets) three ways, to find where it loses
 # to the C path: as trainers hold parameters (one allocation each), with every parameter a view of
 # one storage (as the C path's trainer holds them), and with the trainer and the engine each on a
-# side stream instead of the legacy default stream; each with the last sync's per-bucket timeline
-PROBE = ("allocations", "one storage", "side streams")
+# side stream instead of the legacy default stream; with every copy of the trainer's stage (then
+# also of the engine's copy) on the copy engines (WSYNC_CUDA_CE_MIN_BYTES=0 in that process: a
+# copy engine runs beside another process's kernels, where two processes' kernels take turns);
+# each with the last sync's per-bucket timeline
+PROBE = ("allocations", "one storage", "side streams", "stage on copy engines", "both on copy engines")
+ALL_CE = {"WSYNC_CUDA_CE_MIN_BYTES": "0", "WSYNC_CUDA_CE_SHARE": "1"}
 
 
 def trainer(conn, iters, skip_staged=False, probe=False):
@@ -145,6 +148,8 @@ def trainer(conn, iters, skip_staged=False, probe=False):
                 torch.cuda.synchronize()
             elif variant == "side streams":
                 side = torch.cuda.Stream()
+            if variant.endswith("on copy engines"):
+                os.environ.update(ALL_CE)  # the plugin reads it per call
             staged(conn, ps, 2048, 2, iters, stream=side)
         conn.send(("done", None, None, None))
         return
@@ -297,7 +302,6 @@ def main():
     _, msgs, red, total = a.recv()
     it = iter(msgs)
     src = red[0](*red[1])  # torch's own import of the trainer's storage
-    import os
 
     if not args.staged_probe:  # the foreign path
         flat_dst = torch.empty_like(src)
@@ -391,8 +395,6 @@ def main():
             w.release()
             a.send("ok")
         elif op == "env":
-            import os
-
             for k in ("WSYNC_CUDA_CE_SHARE",):
                 os.environ.pop(k, None)
             gpu_only = m.get("GPU_ONLY") == "1"
@@ -422,6 +424,10 @@ def main():
             a.send("ok")
         elif op == "variant":
             variant, emarks = m, []
+            for k in ALL_CE:
+                os.environ.pop(k, None)
+            if variant == "both on copy engines":
+                os.environ.update(ALL_CE)
             side = torch.cuda.Stream() if m == "side streams" else None
             eclock = GpuClock(side)
             a.send("ok")
@@ -455,13 +461,14 @@ def main():
         else:
             break
     p.join(60)
+    for k in ALL_CE:  # not into the C path's processes
+        os.environ.pop(k, None)
     c_path(args.iters)
 
 
 def c_path(iters):
     """The C path in the same run: wsync-bench-cuda's dense sync (C trainer and engine, the same
     2 GiB buckets, two staging buffers, no digests), next to this program's figures."""
-    import os
     import re
     import subprocess
 
