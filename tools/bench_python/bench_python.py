@@ -225,7 +225,7 @@ def staged(conn, params, bucket_mib, nbuf, iters, stream=None):
     marks = []  # (what, perf_counter) of the current sync
     with wsync.Producer("sglang", bucket_bytes=bucket_mib << 20, device="cuda", digests=False,
                         buffers=nbuf, plugin=plugin()) as prod:
-        stage_bucket = prod.stage_bucket
+        stage_bucket = prod._stage_publish  # each bucket's stage + publish inside sync()
 
         clock = [None]
 
@@ -239,7 +239,7 @@ def staged(conn, params, bucket_mib, nbuf, iters, stream=None):
                 spent["stage"] += time.perf_counter() - t
                 marks.append(("staged", time.perf_counter()))
                 clock[0].mark("gpu staged")
-        prod.stage_bucket = timed_stage
+        prod._stage_publish = timed_stage
 
         def send(m):  # the replies are read when the Producer needs them (a deferred reply)
             t = time.perf_counter()
@@ -463,6 +463,10 @@ def main():
     p.join(60)
     for k in ALL_CE:  # not into the C path's processes
         os.environ.pop(k, None)
+    w.close()  # the C path's two processes need the GPU memory this one holds
+    eng.clear()
+    src = None
+    torch.cuda.empty_cache()
     c_path(args.iters)
 
 
@@ -476,9 +480,12 @@ def c_path(iters):
     if not exe or not os.path.exists(exe):
         print("C path: set WSYNC_BENCH_CUDA to the wsync-bench-cuda binary to run it here")
         return
-    out = subprocess.run([exe, "--layout", "dense", "--iters", str(iters), "--plugin", plugin(),
+    run = subprocess.run([exe, "--layout", "dense", "--iters", str(iters), "--plugin", plugin(),
                           "--bucket-mib", str(C_BUCKET_MIB)],
-                         capture_output=True, text=True, timeout=540).stdout
+                         capture_output=True, text=True, timeout=540)
+    out = run.stdout
+    if run.returncode != 0:
+        print(f"C path: {exe} exited {run.returncode}: {run.stderr.strip()[-400:]}")
     for line in out.splitlines():
         if "(c) full sync" in line or "summary" in line:
             print("C path: " + line.strip())
