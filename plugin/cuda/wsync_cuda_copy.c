@@ -478,10 +478,7 @@ static cudaError_t quant_run(void *arg, cudaStream_t s)
 
 /* WSYNC_CUDA_QUANT_VEC_BLOCKS when every op of the table is a BLOCK op read in vectors, unless
  * the tuning knob WSYNC_CUDA_QUANT_AHEAD=0 (read per call) asks for the kernel without the
- * look-ahead; WSYNC_CUDA_QUANT_STAGES (read per call, default WSYNC_CUDA_QUANT_STAGES_DEFAULT)
- * picks how the look-ahead holds its blocks: 0 or 1 in registers, 2-4 in that many shared-memory
- * stages (docs/PERFORMANCE.md). */
-#define WSYNC_CUDA_QUANT_STAGES_DEFAULT 0
+ * look-ahead (docs/PERFORMANCE.md). */
 static uint32_t quant_flags(const wsync_cuda_qop_t *t, size_t n)
 {
     const char *v = getenv("WSYNC_CUDA_QUANT_AHEAD");
@@ -490,11 +487,7 @@ static uint32_t quant_flags(const wsync_cuda_qop_t *t, size_t n)
     for (size_t k = 0; k < n; k++)
         if (t[k].kind != WSYNC_QUANT_FP8_BLOCK || !wsync_cuda_qop_vectors(&t[k]))
             return 0;
-    v = getenv("WSYNC_CUDA_QUANT_STAGES");
-    const int stages = v != NULL && *v != '\0' ? atoi(v) : WSYNC_CUDA_QUANT_STAGES_DEFAULT;
-    return WSYNC_CUDA_QUANT_VEC_BLOCKS | WSYNC_CUDA_QUANT_WITH_STAGES(stages < 0   ? 0
-                                                                      : stages > 4 ? 4
-                                                                                   : stages);
+    return WSYNC_CUDA_QUANT_VEC_BLOCKS;
 }
 
 /* The call's quantized ops in launch order: the per-tensor ones first, each scale's ops together

@@ -552,111 +552,13 @@ __global__ void __launch_bounds__(WSYNC_Q_THREADS, 2)
     }
 }
 
-/* One 16-byte vector from global into shared memory without passing through registers
- * (cp.async, L2 only); src_bytes 0 reads nothing and fills it with zeros. */
-static __device__ __forceinline__ void wsync_q_cp16(uint4 *smem, const void *g, uint32_t src_bytes)
-{
-    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(src_bytes)
-                 : "memory");
-}
-
-static __device__ __forceinline__ void wsync_q_cp_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-/* every group but the newest n of this thread's copies has landed (and is visible to it) */
-template <int n> static __device__ __forceinline__ void wsync_q_cp_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(n) : "memory");
-}
-
-/* Block k's vectors of this thread into its own part of a stage slot (vector j at
- * slot[j x 256 + thread]: a thread reads back only what it copied, so slots need no barrier). */
-static __device__ __forceinline__ void wsync_q_vissue(const wsync_cuda_qop_t &op,
-                                                      const wsync_q_block_t &k, uint4 *slot)
-{
-#pragma unroll
-    for (int j = 0; j < WSYNC_Q_VECS; j++) {
-        uint32_t r, cv;
-        const int in = wsync_q_at(k, j, &r, &cv);
-        const unsigned char *g =
-            in ? op.src + (uint64_t)r * op.src_pitch + 2u * (k.c0 + 8u * cv) : op.src;
-        wsync_q_cp16(slot + j * WSYNC_Q_THREADS + threadIdx.x, g, in ? 16u : 0u);
-    }
-}
-
-/* The shared memory a CTA of wsync_q_pipe_kernel<kStages> takes: kStages slots of one block. */
-#define WSYNC_Q_SLOT_VECS (WSYNC_Q_VECS * WSYNC_Q_THREADS)
-#define WSYNC_Q_PIPE_SMEM(stages) ((size_t)(stages)*WSYNC_Q_SLOT_VECS * sizeof(uint4))
-
-/* A table of vectored BLOCK ops alone, as wsync_q_ahead_kernel, with the loads kStages - 1 blocks
- * ahead of the block being reduced, into shared memory: the bytes in flight no longer take
- * registers, so a CTA keeps 64-96 KB of reads in flight across its barriers. The load cursor and
- * the reduce cursor each walk the CTA's run (an op lookup only at op boundaries). */
-template <int kStages>
-__global__ void __launch_bounds__(WSYNC_Q_THREADS, kStages <= 2   ? 3
-                                                   : kStages == 3 ? 2
-                                                                  : 1)
-    wsync_q_pipe_kernel(const wsync_cuda_qop_t *__restrict__ ops, uint32_t n, uint64_t total_blocks,
-                        unsigned long long *first_bad)
-{
-    extern __shared__ uint4 wsync_q_slots[];
-    __shared__ float smax[WSYNC_Q_THREADS / 32];
-    __shared__ int sbad[WSYNC_Q_THREADS / 32];
-    wsync_q_run_t use, load;
-    if (!wsync_q_run(ops, n, total_blocks, &use))
-        return;
-    load = use;
-    uint64_t lb = use.b; /* the next block to load */
-#pragma unroll
-    for (int s = 0; s < kStages - 1; s++) {
-        if (lb < use.end) {
-            if (lb >= load.next)
-                wsync_q_seek(ops, n, lb, &load);
-            wsync_q_vissue(ops[load.i], wsync_q_geom(ops[load.i], lb),
-                           wsync_q_slots + s * WSYNC_Q_SLOT_VECS);
-            lb++;
-        }
-        wsync_q_cp_commit(); /* one group per block, empty past the run's end */
-    }
-    uint32_t slot = 0; /* block b's slot */
-    for (uint64_t b = use.b; b < use.end; b++) {
-        if (lb < use.end) { /* into the slot block b - 1 left */
-            if (lb >= load.next)
-                wsync_q_seek(ops, n, lb, &load);
-            wsync_q_vissue(ops[load.i], wsync_q_geom(ops[load.i], lb),
-                           wsync_q_slots + ((slot + kStages - 1) % kStages) * WSYNC_Q_SLOT_VECS);
-            lb++;
-        }
-        wsync_q_cp_commit();
-        wsync_q_cp_wait<kStages - 1>(); /* block b's group has landed */
-        if (b >= use.next)
-            wsync_q_seek(ops, n, b, &use);
-        const uint4 *mine = wsync_q_slots + slot * WSYNC_Q_SLOT_VECS + threadIdx.x;
-        wsync_q_vecs_t x;
-#pragma unroll
-        for (int j = 0; j < WSYNC_Q_VECS; j++)
-            x.v[j] = mine[j * WSYNC_Q_THREADS];
-        wsync_q_block_held<1>(ops[use.i], use.i, wsync_q_geom(ops[use.i], b), &x, first_bad, smax,
-                              sbad);
-        slot = (slot + 1) % kStages;
-    }
-}
-
 /* Launch kernel<kQuantize> in one wave: as many CTAs as the device holds at once (each takes a
  * contiguous run of blocks, so any grid is correct). The CTAs per SM a kernel fits are asked
  * once; the SM count per call (its device). */
-template <typename F> static int wsync_q_per_sm(F kernel, int fallback, size_t smem = 0)
+template <typename F> static int wsync_q_per_sm(F kernel, int fallback)
 {
     int k = 0;
-    if (smem > 0 && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)smem) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0; /* the kernel cannot launch with its slots: the caller takes another */
-    }
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k, kernel, WSYNC_Q_THREADS, smem) !=
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k, kernel, WSYNC_Q_THREADS, 0) !=
             cudaSuccess ||
         k <= 0) {
         (void)cudaGetLastError();
@@ -665,33 +567,9 @@ template <typename F> static int wsync_q_per_sm(F kernel, int fallback, size_t s
     return k;
 }
 
-/* wsync_q_pipe_kernel<kStages> in one wave: its CTAs per SM (0: it cannot launch here) asked
- * once; its shared memory allowed on every call (the attribute is the current device's). */
-template <int kStages>
-static int wsync_q_pipe_launch(const wsync_cuda_qop_t *ops, uint32_t n, uint64_t total_blocks,
-                               unsigned long long *first_bad, int sms, cudaStream_t s)
-{
-    static const int per_sm =
-        wsync_q_per_sm(wsync_q_pipe_kernel<kStages>, 0, WSYNC_Q_PIPE_SMEM(kStages));
-    const size_t smem = WSYNC_Q_PIPE_SMEM(kStages);
-    if (per_sm <= 0 || cudaFuncSetAttribute(wsync_q_pipe_kernel<kStages>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)smem) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
-    const uint64_t wave = (uint64_t)sms * (uint64_t)per_sm;
-    const unsigned grid = (unsigned)(total_blocks < wave ? total_blocks : wave);
-    wsync_q_pipe_kernel<kStages>
-        <<<grid, WSYNC_Q_THREADS, smem, s>>>(ops, n, total_blocks, first_bad);
-    return 1;
-}
-
-/* mode 0: wsync_q_kernel<kQuantize>; 1: the register look-ahead kernel; 2-4: the shared-memory
- * pipeline of that many stages (both for tables of vectored BLOCK ops, kQuantize 1). */
 template <int kQuantize>
 static cudaError_t wsync_q_launch(const wsync_cuda_qop_t *ops, uint32_t n, uint64_t total_blocks,
-                                  unsigned long long *first_bad, unsigned int *amax, int mode,
+                                  unsigned long long *first_bad, unsigned int *amax, int ahead,
                                   cudaStream_t s)
 {
     /* asked once (function-local statics: initialised once, thread safe) */
@@ -706,12 +584,7 @@ static cudaError_t wsync_q_launch(const wsync_cuda_qop_t *ops, uint32_t n, uint6
         (void)cudaGetLastError();
         sms = 132;
     }
-    mode = kQuantize ? mode : 0;
-    if ((mode == 2 && wsync_q_pipe_launch<2>(ops, n, total_blocks, first_bad, sms, s)) ||
-        (mode == 3 && wsync_q_pipe_launch<3>(ops, n, total_blocks, first_bad, sms, s)) ||
-        (mode >= 4 && wsync_q_pipe_launch<4>(ops, n, total_blocks, first_bad, sms, s)))
-        return cudaGetLastError();
-    const int ahead = mode != 0; /* a pipeline that cannot launch here: the look-ahead kernel */
+    ahead = ahead && kQuantize;
     const uint64_t wave = (uint64_t)sms * (uint64_t)(ahead ? per_sm_ahead : per_sm);
     const unsigned grid = (unsigned)(total_blocks < wave ? total_blocks : wave);
     if (ahead)
@@ -734,8 +607,6 @@ extern "C" cudaError_t wsync_cuda_quant_blocks(const wsync_cuda_qop_t *ops, uint
                                                const unsigned int *amax, uint32_t flags,
                                                cudaStream_t s)
 {
-    const int stages = (int)WSYNC_CUDA_QUANT_STAGES(flags);
-    const int mode = !(flags & WSYNC_CUDA_QUANT_VEC_BLOCKS) ? 0 : stages >= 2 ? stages : 1;
     return wsync_q_launch<1>(ops, n, total_blocks, first_bad, const_cast<unsigned int *>(amax),
-                             mode, s);
+                             (flags & WSYNC_CUDA_QUANT_VEC_BLOCKS) != 0, s);
 }

@@ -82,11 +82,6 @@ cudaError_t wsync_cuda_quant_scan(const wsync_cuda_qop_t *ops, uint32_t n, uint6
  * vectors (wsync_cuda_qop_vectors); such a table runs the kernel that loads each block while the
  * one before it is reduced */
 #define WSYNC_CUDA_QUANT_VEC_BLOCKS 1u
-/* with WSYNC_CUDA_QUANT_VEC_BLOCKS: the kernel that loads blocks into shared memory stages - 1
- * blocks ahead (2-4 stages of 32 KB a CTA); 0 or 1: the one that holds the next block in
- * registers */
-#define WSYNC_CUDA_QUANT_WITH_STAGES(stages) (((uint32_t)(stages)&0xfu) << 4)
-#define WSYNC_CUDA_QUANT_STAGES(flags) (((flags) >> 4) & 0xfu)
 
 /* Quantize every unit of every op (total_blocks = the last op's block_begin + its units) in one
  * pass over the sources (16-bit sources with 16-byte aligned rows and 8-byte aligned destination

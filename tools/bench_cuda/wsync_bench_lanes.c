@@ -531,14 +531,8 @@ static void wl_plugin_quant(wl_env_t *x, wl_karg_t *k, double copy)
     q.hint = WSYNC_CUDA_QUANT_VEC_BLOCKS;
     const double ta = wl_time_fn(x, wl_kfn, &q);
     printf("  128 x 128 blocks, %llu columns, the plugin's block quantizer: %.3f ms (%.3f), with "
-           "the next block loaded first %.3f ms (%.3f); blocks loaded ahead into shared memory:",
+           "the next block loaded first %.3f ms (%.3f)\n",
            (unsigned long long)k->cols, t, 0.75 * copy / t, ta, 0.75 * copy / ta);
-    for (int st = 2; st <= 4; st++) {
-        q.hint = WSYNC_CUDA_QUANT_VEC_BLOCKS | WSYNC_CUDA_QUANT_WITH_STAGES(st);
-        const double ts = wl_time_fn(x, wl_kfn, &q);
-        printf(" %d stages %.3f ms (%.3f)", st, ts, 0.75 * copy / ts);
-    }
-    printf("\n");
     WL_CK(cudaFree(dev));
 }
 

@@ -25,7 +25,6 @@ each with its start and its time.
 
   usage: python tools/bench_python/bench_fp8.py [--iters N] [--layout dense|moe|both]
                                                 [--scales block,channel,tensor] [--profile]
-                                                [--stages 0,2,3,4]
 """
 
 from __future__ import annotations
@@ -243,16 +242,13 @@ def timeline(w, msg):
     return [(e.name, (e.time_range.start - t0) / 1e3, (e.time_range.end - e.time_range.start) / 1e3) for e in ev]
 
 
-def run_layout(layout, iters, schemes, profile=False, stages=(None,)):
-    import os
-
+def run_layout(layout, iters, schemes, profile=False):
     import wsync
 
     ctx = mp.get_context("spawn")
     a, b = ctx.Pipe()
     per_mode = 2 * iters + 2 + (PROFILED if profile else 0)
-    p = ctx.Process(target=trainer, args=(b, layout, per_mode * (1 + len(stages)) * len(schemes) + 4 * 8),
-                    daemon=True)
+    p = ctx.Process(target=trainer, args=(b, layout, per_mode * 2 * len(schemes) + 4 * 8), daemon=True)
     p.start()
     msgs, red = a.recv()
     it = iter(msgs)
@@ -302,18 +298,15 @@ def run_layout(layout, iters, schemes, profile=False, stages=(None,)):
             print(f"  torch's elementwise cast of the same bf16 to e4m3fn (no scales, one flat tensor) "
                   f"{cast_ms:8.2f} ms  ({limit_ms / cast_ms:.3f} of the limit: this read/write mix's rate)")
         results = {}
-        for one_pass, st in [(False, None)] + [(True, x) for x in stages]:
-            if st is not None:  # the quantizer's kernel (read by the plugin on every call)
-                os.environ["WSYNC_CUDA_QUANT_STAGES"] = st
+        for one_pass in (False, True):
             params = fp8_params(shapes, scheme=scheme)
             w = wsync.EngineWorker(params, engine="sglang", config=cfg, plugin=plugin(), fp8_one_pass=one_pass)
             ms, g = measure(w)
             same = differences(params, ref)
             what = "fp8_one_pass (check inside the one pass)" if one_pass else "NaN check before any write"
-            what += f", WSYNC_CUDA_QUANT_STAGES={st}" if st is not None else ""
             print(f"  wsync, {what:40s}\n    {ms:8.2f} ms  ({limit_ms / ms:.3f} of the limit; "
                   f"{loop_ms / ms:.2f}x faster than the torch loop); GPU alone {g:.2f} ms ({limit_ms / g:.3f}); {same}")
-            results[one_pass] = ms  # the EP rows below run as the last of these did
+            results.setdefault(one_pass, ms)
             if profile and one_pass:
                 runs = [timeline(w, next(it)) for _ in range(PROFILED)]
                 spans = [max((t + d for _, t, d in r), default=0.0) for r in runs]
@@ -354,17 +347,14 @@ def main():
     ap.add_argument("--scales", default="block,channel,tensor",
                     help="comma-separated scale layouts of the fp8 parameters: block, channel, tensor")
     ap.add_argument("--profile", action="store_true", help="the GPU timeline of one fp8_one_pass request")
-    ap.add_argument("--stages", default="", help="comma-separated WSYNC_CUDA_QUANT_STAGES values: the "
-                    "fp8_one_pass rows once for each (default: once, as the environment says)")
     args = ap.parse_args()
-    stages = [x for x in args.stages.split(",") if x] or [None]
     schemes = [x for x in args.scales.split(",") if x]
     bad = [x for x in schemes if x not in SCHEMES]
     if bad:
         ap.error(f"--scales: unknown layout(s) {bad}; use {sorted(SCHEMES)}")
     for layout in ("dense", "moe"):
         if args.layout in (layout, "both"):
-            run_layout(layout, args.iters, schemes, args.profile, stages)
+            run_layout(layout, args.iters, schemes, args.profile)
 
 
 if __name__ == "__main__":
