@@ -2,7 +2,8 @@
 whose linear weights are e4m3fn with 128 x 128 block scales (weight_scale_inv, the DeepSeek-V3 /
 Qwen3-FP8 layout that SGLang and vLLM load). Every fp8 byte and every scale equals torch's own
 quantization of the same tensor (DeepGEMM's per_block_cast_to_fp8, written here in torch), at TP 1
-and 2, and the bf16 parameters are exact; the same for a Qwen3-MoE's fused experts (w13 / w2 and
+and 2, and the bf16 parameters are exact, also where a weight ends in partial blocks (a hidden size
+of 200: 72-wide edge blocks); the same for a Qwen3-MoE's fused experts (w13 / w2 and
 their per-expert scales) with expert parallelism 1 and 2. Bad inputs: a NaN in one tensor, a TP size whose blocks
 would straddle two ranks, a missing scale parameter are refused naming the tensor, and every
 engine parameter (fp8 bytes, scales, bf16) is as it was. CPU plugin."""
@@ -115,6 +116,22 @@ def test_fp8_block_quantized_sync_equals_torch(engine, tp):
                 assert sum(t.dtype == torch.float8_e4m3fn for t in want.values()) == 4 * 2
                 bad = [n for n in want if not _bytes_equal(params[r][n], want[n])]
                 assert not bad, f"sync {k}, rank {r}: {bad[:4]}"
+        _close(workers)
+
+
+def test_fp8_partial_blocks_equal_torch():
+    """A hidden size of 200: the last block of qkv_proj's and gate_up_proj's columns and of
+    o_proj's and down_proj's rows is 72 wide; every fp8 byte and scale equals torch's."""
+    model = _model(hidden=200)
+    params, workers, send = _ranks(model, "sglang", 1)
+    with wsync.Producer("sglang", bucket_bytes=256 << 10, plugin=plugin_for("cpu")) as prod:
+        for k in (1, 2):
+            sd = models.step(model, k)
+            prod.sync(sd, send)
+            want = _fp8_layout(models.engine_layout(sd, "sglang", 0, 1))
+            assert any(t.dtype == torch.float8_e4m3fn and t.shape[1] % 128 == 72 for t in want.values())
+            bad = [n for n in want if not _bytes_equal(params[0][n], want[n])]
+            assert not bad, f"sync {k}: {bad[:4]}"
         _close(workers)
 
 
