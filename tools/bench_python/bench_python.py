@@ -9,7 +9,8 @@ GPU, two processes. Prints ratios against baselines run in the same processes:
   staging and waiting for replies), for the bucket sizes and buffer sets in STAGED;
   direct sync (Producer(direct=True) -> EngineWorker: the engine copies straight from the
   trainer's own parameters, one pass over HBM; wall clock on the trainer, request to consumed);
-  the C path (wsync-bench-cuda's dense sync, $WSYNC_BENCH_CUDA) in the same run.
+  the C path (wsync-bench-cuda's dense sync, $WSYNC_BENCH_CUDA) in the same run, first, while
+  this program holds no GPU memory (both fit one 80 GB card that way).
 
   usage: python tools/bench_python/bench_python.py [--iters N]
 """
@@ -293,6 +294,7 @@ def main():
     iters = args.iters
     import wsync
 
+    c_out = c_path_run(iters)  # first, while this process holds no GPU memory (an 80 GB card)
     ctx = mp.get_context("spawn")
     a, b = ctx.Pipe()
     p = ctx.Process(target=trainer, args=(b, iters, args.skip_staged, args.staged_probe), daemon=True)
@@ -461,31 +463,34 @@ def main():
         else:
             break
     p.join(60)
-    for k in ALL_CE:  # not into the C path's processes
-        os.environ.pop(k, None)
-    w.close()  # the C path's two processes need the GPU memory this one holds
-    eng.clear()
-    src = None
-    torch.cuda.empty_cache()
-    c_path(args.iters)
+    c_path_report(c_out)
 
 
-def c_path(iters):
+def c_path_run(iters):
     """The C path in the same run: wsync-bench-cuda's dense sync (C trainer and engine, the same
-    2 GiB buckets, two staging buffers, no digests), next to this program's figures."""
-    import re
+    2 GiB buckets, two staging buffers, no digests); its output, or None without the binary."""
     import subprocess
 
     exe = os.environ.get("WSYNC_BENCH_CUDA")
     if not exe or not os.path.exists(exe):
-        print("C path: set WSYNC_BENCH_CUDA to the wsync-bench-cuda binary to run it here")
-        return
+        return None
     run = subprocess.run([exe, "--layout", "dense", "--iters", str(iters), "--plugin", plugin(),
                           "--bucket-mib", str(C_BUCKET_MIB)],
                          capture_output=True, text=True, timeout=540)
-    out = run.stdout
-    if run.returncode != 0:
-        print(f"C path: {exe} exited {run.returncode}: {run.stderr.strip()[-400:]}")
+    why = f"{exe} exited {run.returncode}: {run.stderr.strip()[-400:]}" if run.returncode != 0 else ""
+    return run.stdout, why
+
+
+def c_path_report(c_out):
+    """The C path's rows next to this program's figures."""
+    import re
+
+    if c_out is None:
+        print("C path: set WSYNC_BENCH_CUDA to the wsync-bench-cuda binary to run it here")
+        return
+    out, why = c_out
+    if why:
+        print(f"C path: {why}")
     for line in out.splitlines():
         if "(c) full sync" in line or "summary" in line:
             print("C path: " + line.strip())
