@@ -41,12 +41,6 @@ static uint64_t wb_bucket_bytes(const wb_layout_t *l, const wb_plan_t *p, size_t
     return n;
 }
 
-static int wb_direct_plan(const wb_layout_t *l, uint64_t bucket, wb_plan_t *plan)
-{
-    const wb_ramp_t r = wb_direct_ramp();
-    return wb_plan_build(l, bucket, r.steps, r.growth, plan);
-}
-
 /* ------------------------------------------------------------------ producer */
 
 static unsigned char **wb_separate_alloc(const wb_layout_t *l, cudaStream_t st)
@@ -72,7 +66,8 @@ int wb_direct_serve(const wsync_plugin_t *p, int fd, cudaStream_t st, const wb_l
         exit(1);
     }
     wb_plan_t plan;
-    if (wb_direct_plan(l, bucket, &plan) != 0)
+    const wb_ramp_t ramp = wb_direct_ramp();
+    if (wb_plan_build(l, bucket, ramp.steps, ramp.growth, &plan) != 0)
         exit(1);
     wsync_staging_config_t cfg = {
         .struct_size = sizeof(cfg), .flags = WSYNC_STAGING_DIRECT, .timeout_ms = 30000};
@@ -154,6 +149,7 @@ typedef struct wb_direct {
     wb_engine_t *E;
     int fd;
     uint64_t bucket;
+    wb_ramp_t ramp; /* the plan's first buckets */
     wb_plan_t plan;
     wb_held_t *held; /* per bucket */
     double host[4];  /* consumer host ms summed: recv wait, parse + segments, copy_segments,
@@ -338,7 +334,6 @@ static unsigned long long wb_direct_trainer(wb_direct_t *D, const char *trainer,
     }
     free(ans);
     const double ms = wh_median(t, iters), gms = wh_median(g, iters);
-    const wb_ramp_t ramp = wb_direct_ramp();
     printf("  (e) direct sync, trainer %s (%s), %zu bucket%s of <= %llu MiB (the first %u "
            "growing %.2fx a bucket up to it), 0 staging bytes: "
            "median %.2f ms engine (request to its stream's last copy), %.2f ms trainer (first "
@@ -346,8 +341,8 @@ static unsigned long long wb_direct_trainer(wb_direct_t *D, const char *trainer,
            trainer,
            strcmp(trainer, "separate") == 0 ? "one cudaMalloc per tensor"
                                             : "every tensor in one allocation",
-           D->plan.nb, D->plan.nb > 1 ? "s" : "", (unsigned long long)(D->bucket >> 20), ramp.steps,
-           ramp.growth, ms, tr, cold, gms);
+           D->plan.nb, D->plan.nb > 1 ? "s" : "", (unsigned long long)(D->bucket >> 20),
+           D->ramp.steps, D->ramp.growth, ms, tr, cold, gms);
     printf("      vs one flat cudaMemcpyAsync (%.2f ms): %.3f end to end (trainer), %.3f GPU "
            "alone; vs the staged sync (%.2f ms): %.2fx faster; IPC opens per sync %.3f (%s); "
            "%llu wrong words after the first sync\n",
@@ -373,8 +368,8 @@ static unsigned long long wb_direct_trainer(wb_direct_t *D, const char *trainer,
 unsigned long long wb_direct_run(wb_engine_t *E, int fd, uint64_t bucket, unsigned iters,
                                  double ms_flat, double ms_staged, unsigned long long *bad_dev)
 {
-    wb_direct_t D = {.E = E, .fd = fd, .bucket = bucket};
-    if (wb_direct_plan(&E->l, bucket, &D.plan) != 0 ||
+    wb_direct_t D = {.E = E, .fd = fd, .bucket = bucket, .ramp = wb_direct_ramp()};
+    if (wb_plan_build(&E->l, bucket, D.ramp.steps, D.ramp.growth, &D.plan) != 0 ||
         (D.held = calloc(D.plan.nb, sizeof(*D.held))) == NULL ||
         (D.before = calloc(D.plan.nb, sizeof(*D.before))) == NULL ||
         (D.after = calloc(D.plan.nb, sizeof(*D.after))) == NULL)
