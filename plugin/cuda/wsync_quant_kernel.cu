@@ -453,11 +453,12 @@ static __device__ void wsync_q_row_scalar(const wsync_cuda_qop_t &op, uint32_t i
 static __device__ __forceinline__ wsync_q_block_t wsync_q_geom(const wsync_cuda_qop_t &op,
                                                                uint64_t b)
 {
-    const uint64_t kb = b - op.block_begin;
+    /* below 2^30: rows and cols below 2^22, so a 32-bit division */
+    const uint32_t kb = (uint32_t)(b - op.block_begin);
     const uint32_t bcols = op.bcols;
     wsync_q_block_t k;
-    k.r0 = (uint32_t)(kb / bcols) * WSYNC_Q_BLOCK;
-    k.c0 = (uint32_t)(kb % bcols) * WSYNC_Q_BLOCK;
+    k.r0 = kb / bcols * WSYNC_Q_BLOCK;
+    k.c0 = kb % bcols * WSYNC_Q_BLOCK;
     k.r1 = min(op.rows, k.r0 + WSYNC_Q_BLOCK);
     k.c1 = min(op.cols, k.c0 + WSYNC_Q_BLOCK);
     return k;
@@ -523,9 +524,88 @@ __global__ void __launch_bounds__(WSYNC_Q_THREADS, 4)
     }
 }
 
+/* A full 128 x 128 bf16 block, the common case: no bounds, no dtype tests. The thread's
+ * vectors are rows tid / 16 + 16 j, vector column tid % 16 (as wsync_q_at). */
+static __device__ __forceinline__ int wsync_q_full(const wsync_cuda_qop_t &op,
+                                                   const wsync_q_block_t &k)
+{
+    return op.src_dtype == WSYNC_Q_DTYPE_BF16 && k.r1 - k.r0 == WSYNC_Q_BLOCK &&
+           k.c1 - k.c0 == WSYNC_Q_BLOCK;
+}
+
+static __device__ __forceinline__ void
+wsync_q_vload_full(const wsync_cuda_qop_t &op, const wsync_q_block_t &k, wsync_q_vecs_t *x)
+{
+    const uint64_t pitch = op.src_pitch;
+    const unsigned char *p = op.src + (uint64_t)(k.r0 + threadIdx.x / 16u) * pitch +
+                             2u * (k.c0 + 8u * (threadIdx.x % 16u));
+#pragma unroll
+    for (int j = 0; j < WSYNC_Q_VECS; j++)
+        x->v[j] = __ldcs(reinterpret_cast<const uint4 *>(p + (uint64_t)j * 16u * pitch));
+}
+
+static __device__ __forceinline__ void
+wsync_q_block_full(const wsync_cuda_qop_t &op, uint32_t i, const wsync_q_block_t &k,
+                   const wsync_q_vecs_t *x, unsigned long long *first_bad, float *smax, int *sbad)
+{
+    uint32_t top = 0;
+#pragma unroll
+    for (int j = 0; j < WSYNC_Q_VECS; j++) {
+        const uint32_t w[4] = {x->v[j].x, x->v[j].y, x->v[j].z, x->v[j].w};
+#pragma unroll
+        for (int h = 0; h < 8; h++)
+            top = max(top, (w[h / 2] >> (16 * (h % 2))) & 0x7fffu);
+    }
+    const int bad = top >= 0x7f80u;
+    if (bad && first_bad != NULL)
+        wsync_q_vreport(op, k, i, 0x7f80u, first_bad);
+    const float amax = wsync_q_reduce(__uint_as_float(top << 16), bad, smax, sbad);
+    if (amax < 0.0f)
+        return;
+    const float inv = wsync_q_inv(amax);
+    const uint64_t pitch = op.dst_pitch;
+    unsigned char *p =
+        op.dst + (uint64_t)(k.r0 + threadIdx.x / 16u) * pitch + k.c0 + 8u * (threadIdx.x % 16u);
+#pragma unroll
+    for (int j = 0; j < WSYNC_Q_VECS; j++)
+        __stcs(reinterpret_cast<uint2 *>(p + (uint64_t)j * 16u * pitch),
+               wsync_q_cvt8<0, 0>(x->v[j], WSYNC_Q_DTYPE_BF16, inv));
+    wsync_q_scale(op, k, amax);
+}
+
+/* Block k of op: loaded in the fast or the general form. */
+template <int kFast>
+static __device__ __forceinline__ void
+wsync_q_vload_any(const wsync_cuda_qop_t &op, const wsync_q_block_t &k, wsync_q_vecs_t *x)
+{
+    if (kFast && wsync_q_full(op, k))
+        wsync_q_vload_full(op, k, x);
+    else
+        wsync_q_vload(op, k, x);
+}
+
+/* The op holding block b, from op r->i on: b moves forward only, so a few steps of a linear walk
+ * before the binary search. */
+static __device__ __forceinline__ void wsync_q_advance(const wsync_cuda_qop_t *ops, uint32_t n,
+                                                       uint64_t b, wsync_q_run_t *r)
+{
+#pragma unroll 1
+    for (int s = 0; s < 4; s++) {
+        if (b < r->next)
+            return;
+        r->i++;
+        r->next = r->i + 1 < n ? ops[r->i + 1].block_begin : ~0ull;
+    }
+    if (b >= r->next)
+        wsync_q_seek(ops, n, b, r);
+}
+
 /* A table of vectored BLOCK ops alone (WSYNC_CUDA_QUANT_VEC_BLOCKS): as wsync_q_kernel<1>, with
- * block b + 1's vectors loaded before block b's reduction, so a CTA's loads stay in flight across
- * its barriers; two register sets, two CTAs of 256 per SM. */
+ * the CTA's next block loaded before this block's reduction, so its loads stay in flight across
+ * the barriers; two register sets, two CTAs of 256 per SM. kStrided 0: each CTA a contiguous run
+ * of blocks; 1: CTA c takes blocks c, c + grid, ... (the CTAs running at once read neighbouring
+ * blocks). kFast: full bf16 blocks through the path without bounds or dtype tests. */
+template <int kStrided, int kFast>
 __global__ void __launch_bounds__(WSYNC_Q_THREADS, 2)
     wsync_q_ahead_kernel(const wsync_cuda_qop_t *__restrict__ ops, uint32_t n,
                          uint64_t total_blocks, unsigned long long *first_bad)
@@ -533,22 +613,36 @@ __global__ void __launch_bounds__(WSYNC_Q_THREADS, 2)
     __shared__ float smax[WSYNC_Q_THREADS / 32];
     __shared__ int sbad[WSYNC_Q_THREADS / 32];
     wsync_q_run_t r;
-    if (!wsync_q_run(ops, n, total_blocks, &r))
+    uint64_t step = 1;
+    if (kStrided) {
+        r.b = blockIdx.x;
+        r.end = total_blocks;
+        step = gridDim.x;
+        if (r.b >= r.end)
+            return;
+        wsync_q_seek(ops, n, r.b, &r);
+    } else if (!wsync_q_run(ops, n, total_blocks, &r)) {
         return;
+    }
     wsync_q_block_t k = wsync_q_geom(ops[r.i], r.b);
     wsync_q_vecs_t x, y;
-    wsync_q_vload(ops[r.i], k, &y);
-    for (uint64_t b = r.b; b < r.end; b++) {
+    wsync_q_vload_any<kFast>(ops[r.i], k, &y);
+    for (uint64_t b = r.b; b < r.end; b += step) {
         const uint32_t ci = r.i;
         const wsync_q_block_t ck = k;
         x = y;
-        if (b + 1 < r.end) {
-            if (b + 1 >= r.next)
+        if (b + step < r.end) {
+            if (kStrided)
+                wsync_q_advance(ops, n, b + step, &r);
+            else if (b + 1 >= r.next)
                 wsync_q_seek(ops, n, b + 1, &r);
-            k = wsync_q_geom(ops[r.i], b + 1);
-            wsync_q_vload(ops[r.i], k, &y);
+            k = wsync_q_geom(ops[r.i], b + step);
+            wsync_q_vload_any<kFast>(ops[r.i], k, &y);
         }
-        wsync_q_block_held<1>(ops[ci], ci, ck, &x, first_bad, smax, sbad);
+        if (kFast && wsync_q_full(ops[ci], ck))
+            wsync_q_block_full(ops[ci], ci, ck, &x, first_bad, smax, sbad);
+        else
+            wsync_q_block_held<1>(ops[ci], ci, ck, &x, first_bad, smax, sbad);
     }
 }
 
@@ -569,12 +663,12 @@ template <typename F> static int wsync_q_per_sm(F kernel, int fallback)
 
 template <int kQuantize>
 static cudaError_t wsync_q_launch(const wsync_cuda_qop_t *ops, uint32_t n, uint64_t total_blocks,
-                                  unsigned long long *first_bad, unsigned int *amax, int ahead,
+                                  unsigned long long *first_bad, unsigned int *amax, uint32_t flags,
                                   cudaStream_t s)
 {
     /* asked once (function-local statics: initialised once, thread safe) */
     static const int per_sm = wsync_q_per_sm(wsync_q_kernel<kQuantize>, 4);
-    static const int per_sm_ahead = wsync_q_per_sm(wsync_q_ahead_kernel, 2);
+    static const int per_sm_ahead = wsync_q_per_sm(wsync_q_ahead_kernel<0, 0>, 2);
     int dev = 0, sms = 0;
     if (n == 0 || total_blocks == 0)
         return cudaSuccess;
@@ -584,12 +678,22 @@ static cudaError_t wsync_q_launch(const wsync_cuda_qop_t *ops, uint32_t n, uint6
         (void)cudaGetLastError();
         sms = 132;
     }
-    ahead = ahead && kQuantize;
+    const int ahead = kQuantize && (flags & WSYNC_CUDA_QUANT_VEC_BLOCKS) != 0;
     const uint64_t wave = (uint64_t)sms * (uint64_t)(ahead ? per_sm_ahead : per_sm);
     const unsigned grid = (unsigned)(total_blocks < wave ? total_blocks : wave);
-    if (ahead)
-        wsync_q_ahead_kernel<<<grid, WSYNC_Q_THREADS, 0, s>>>(ops, n, total_blocks, first_bad);
-    else
+    if (ahead) {
+        const int strided = (flags & WSYNC_CUDA_QUANT_STRIDED) != 0;
+        const int fast = (flags & WSYNC_CUDA_QUANT_GENERIC) == 0;
+#define WSYNC_Q_AHEAD(S, F)                                                                        \
+    if (strided == S && fast == F)                                                                 \
+        wsync_q_ahead_kernel<S, F>                                                                 \
+            <<<grid, WSYNC_Q_THREADS, 0, s>>>(ops, n, total_blocks, first_bad);
+        WSYNC_Q_AHEAD(0, 0)
+        WSYNC_Q_AHEAD(0, 1)
+        WSYNC_Q_AHEAD(1, 0)
+        WSYNC_Q_AHEAD(1, 1)
+#undef WSYNC_Q_AHEAD
+    } else
         wsync_q_kernel<kQuantize>
             <<<grid, WSYNC_Q_THREADS, 0, s>>>(ops, n, total_blocks, first_bad, amax);
     return cudaGetLastError();
@@ -599,7 +703,7 @@ extern "C" cudaError_t wsync_cuda_quant_scan(const wsync_cuda_qop_t *ops, uint32
                                              uint64_t total_blocks, unsigned long long *first_bad,
                                              unsigned int *amax, cudaStream_t s)
 {
-    return wsync_q_launch<0>(ops, n, total_blocks, first_bad, amax, 0, s);
+    return wsync_q_launch<0>(ops, n, total_blocks, first_bad, amax, 0u, s);
 }
 
 extern "C" cudaError_t wsync_cuda_quant_blocks(const wsync_cuda_qop_t *ops, uint32_t n,
@@ -608,5 +712,5 @@ extern "C" cudaError_t wsync_cuda_quant_blocks(const wsync_cuda_qop_t *ops, uint
                                                cudaStream_t s)
 {
     return wsync_q_launch<1>(ops, n, total_blocks, first_bad, const_cast<unsigned int *>(amax),
-                             (flags & WSYNC_CUDA_QUANT_VEC_BLOCKS) != 0, s);
+                             flags, s);
 }

@@ -82,6 +82,10 @@ cudaError_t wsync_cuda_quant_scan(const wsync_cuda_qop_t *ops, uint32_t n, uint6
  * vectors (wsync_cuda_qop_vectors); such a table runs the kernel that loads each block while the
  * one before it is reduced */
 #define WSYNC_CUDA_QUANT_VEC_BLOCKS 1u
+/* with it: each CTA takes every grid-th block instead of a contiguous run of them */
+#define WSYNC_CUDA_QUANT_STRIDED 2u
+/* with it: full bf16 blocks through the general path too (the fast path's reference) */
+#define WSYNC_CUDA_QUANT_GENERIC 4u
 
 /* Quantize every unit of every op (total_blocks = the last op's block_begin + its units) in one
  * pass over the sources (16-bit sources with 16-byte aligned rows and 8-byte aligned destination

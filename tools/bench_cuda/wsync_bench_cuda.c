@@ -733,6 +733,9 @@ static int wb_consumer_main(const wb_opts_t *o)
         if (keep[k])
             WB_OK(E.p->consumer->close_handle(E.c, keep[k], err));
     WB_CK(cudaIpcCloseMemHandle(ipc_src)); /* (e) maps the same allocation as a segment */
+    /* the baselines' buffers: (e) needs room for the trainer's separate tensors (an 80 GB card) */
+    WB_CK(cudaFree(src));
+    WB_CK(cudaFree(whole));
     const unsigned long long bad_direct =
         wb_direct_run(&E, fd, o->bucket, o->iters, ms_whole, ms_fast, bad_dev);
     wh_send_str(fd, "quit");

@@ -1,7 +1,8 @@
-/* See wsync_bench_direct.h. Messages: consumer -> producer "direct-separate" | "direct-one"
- * (answered "ready"), then "dsync" (a sync not timed by the trainer) or "dsync-t" (timed), each
- * answered by the bucket manifests and closed by the consumer's "ack", then "dend" (answered
- * "dended <trainer ms> <stage ms> <publish ms> <syncs>"). */
+/* See wsync_bench_direct.h. Messages: consumer -> producer "direct-separate <ramp>" |
+ * "direct-one <ramp>" (answered "ready"; ramp "steps:growth"), then "dsync" (a sync not timed by
+ * the trainer) or "dsync-t" (timed), each answered by the bucket manifests and closed by the
+ * consumer's "ack", then "dend" (answered "dended <trainer ms> <stage ms> <publish ms> <syncs>").
+ */
 #include "wsync_bench_direct.h"
 
 #include <string.h>
@@ -10,26 +11,40 @@
 #define WB_WARMUP_DIRECT 3
 
 /* The direct plan's smaller first buckets (wb_plan_build): by default 3 of them at 1/8, 1/4, 1/2
- * of the bucket size, as Producer(direct=True) plans; WSYNC_BENCH_DIRECT_RAMP="steps:growth"
- * (e.g. "8:1.4") sets another, read by the trainer and the engine process alike. */
+ * of the bucket size, as Producer(direct=True) plans. WSYNC_BENCH_DIRECT_RAMP="steps:growth,..."
+ * (e.g. "3:2,8:1.4") runs the separate trainer's rows once per ramp, the one-allocation rows with
+ * the first; the engine process reads it and names each ramp to the trainer in its request. */
 typedef struct wb_ramp {
     unsigned steps;
     double growth;
 } wb_ramp_t;
 
-static wb_ramp_t wb_direct_ramp(void)
+#define WB_MAX_RAMPS 8
+
+static int wb_ramp_parse(const char *v, wb_ramp_t *r)
 {
-    wb_ramp_t r = {3, 2.0};
+    return sscanf(v, "%u:%lf", &r->steps, &r->growth) == 2 && r->steps <= 32 && r->growth >= 1.0;
+}
+
+static size_t wb_direct_ramps(wb_ramp_t *out)
+{
+    out[0] = (wb_ramp_t){3, 2.0};
     const char *v = getenv("WSYNC_BENCH_DIRECT_RAMP");
-    if (v != NULL && *v != '\0' &&
-        (sscanf(v, "%u:%lf", &r.steps, &r.growth) != 2 || r.steps > 32 || !(r.growth >= 1.0))) {
-        fprintf(stderr,
-                "wsync-bench-cuda: WSYNC_BENCH_DIRECT_RAMP=\"%s\": want steps:growth, "
-                "steps <= 32, growth >= 1\n",
-                v);
-        exit(2);
+    if (v == NULL || *v == '\0')
+        return 1;
+    size_t n = 0;
+    for (const char *at = v; at != NULL && n < WB_MAX_RAMPS; n++) {
+        if (!wb_ramp_parse(at, &out[n])) {
+            fprintf(stderr,
+                    "wsync-bench-cuda: WSYNC_BENCH_DIRECT_RAMP=\"%s\": want steps:growth[,...], "
+                    "steps <= 32, growth >= 1, at most %d\n",
+                    v, WB_MAX_RAMPS);
+            exit(2);
+        }
+        at = strchr(at, ',');
+        at = at ? at + 1 : NULL;
     }
-    return r;
+    return n;
 }
 
 /* The payload bytes of bucket b. */
@@ -61,12 +76,17 @@ int wb_direct_serve(const wsync_plugin_t *p, int fd, cudaStream_t st, const wb_l
                     uint64_t bucket, unsigned char *packed, const char *m)
 {
     unsigned char **bases = NULL;
-    if (strcmp(m, "direct-separate") == 0 && (bases = wb_separate_alloc(l, st)) == NULL) {
+    if (strncmp(m, "direct-separate ", 16) == 0 && (bases = wb_separate_alloc(l, st)) == NULL) {
         fprintf(stderr, "wsync-bench-cuda producer: no host memory for %zu tensors\n", l->n);
         exit(1);
     }
     wb_plan_t plan;
-    const wb_ramp_t ramp = wb_direct_ramp();
+    wb_ramp_t ramp;
+    const char *rs = strchr(m, ' ');
+    if (rs == NULL || !wb_ramp_parse(rs + 1, &ramp)) {
+        fprintf(stderr, "wsync-bench-cuda producer: request \"%s\": no ramp\n", m);
+        exit(1);
+    }
     if (wb_plan_build(l, bucket, ramp.steps, ramp.growth, &plan) != 0)
         exit(1);
     wsync_staging_config_t cfg = {
@@ -291,8 +311,8 @@ static unsigned long long wb_direct_trainer(wb_direct_t *D, const char *trainer,
                                             unsigned long long *bad_dev)
 {
     wb_engine_t *E = D->E;
-    char open[32], *ans;
-    snprintf(open, sizeof(open), "direct-%s", trainer);
+    char open[64], *ans;
+    snprintf(open, sizeof(open), "direct-%s %u:%.17g", trainer, D->ramp.steps, D->ramp.growth);
     wh_send_str(D->fd, open);
     wb_recv_expect(D->fd, "ready", &ans);
     free(ans);
@@ -365,10 +385,12 @@ static unsigned long long wb_direct_trainer(wb_direct_t *D, const char *trainer,
     return bad;
 }
 
-unsigned long long wb_direct_run(wb_engine_t *E, int fd, uint64_t bucket, unsigned iters,
-                                 double ms_flat, double ms_staged, unsigned long long *bad_dev)
+/* The (e) rows of one trainer with one ramp. */
+static unsigned long long wb_direct_rows(wb_engine_t *E, int fd, uint64_t bucket, wb_ramp_t ramp,
+                                         const char *trainer, unsigned iters, double ms_flat,
+                                         double ms_staged, unsigned long long *bad_dev)
 {
-    wb_direct_t D = {.E = E, .fd = fd, .bucket = bucket, .ramp = wb_direct_ramp()};
+    wb_direct_t D = {.E = E, .fd = fd, .bucket = bucket, .ramp = ramp};
     if (wb_plan_build(&E->l, bucket, D.ramp.steps, D.ramp.growth, &D.plan) != 0 ||
         (D.held = calloc(D.plan.nb, sizeof(*D.held))) == NULL ||
         (D.before = calloc(D.plan.nb, sizeof(*D.before))) == NULL ||
@@ -379,10 +401,8 @@ unsigned long long wb_direct_run(wb_engine_t *E, int fd, uint64_t bucket, unsign
         WB_CK(cudaEventCreate(&D.before[b]));
         WB_CK(cudaEventCreate(&D.after[b]));
     }
-    unsigned long long bad = 0;
-    static const char *const trainers[] = {"separate", "one"};
-    for (size_t k = 0; k < 2; k++)
-        bad += wb_direct_trainer(&D, trainers[k], iters, ms_flat, ms_staged, bad_dev);
+    const unsigned long long bad =
+        wb_direct_trainer(&D, trainer, iters, ms_flat, ms_staged, bad_dev);
     for (size_t b = 0; b < D.plan.nb; b++) {
         WB_CK(cudaEventDestroy(D.before[b]));
         WB_CK(cudaEventDestroy(D.after[b]));
@@ -393,4 +413,16 @@ unsigned long long wb_direct_run(wb_engine_t *E, int fd, uint64_t bucket, unsign
     free(D.held);
     wb_plan_free(&D.plan);
     return bad;
+}
+
+unsigned long long wb_direct_run(wb_engine_t *E, int fd, uint64_t bucket, unsigned iters,
+                                 double ms_flat, double ms_staged, unsigned long long *bad_dev)
+{
+    wb_ramp_t ramps[WB_MAX_RAMPS];
+    const size_t nr = wb_direct_ramps(ramps);
+    unsigned long long bad = 0;
+    for (size_t r = 0; r < nr; r++)
+        bad +=
+            wb_direct_rows(E, fd, bucket, ramps[r], "separate", iters, ms_flat, ms_staged, bad_dev);
+    return bad + wb_direct_rows(E, fd, bucket, ramps[0], "one", iters, ms_flat, ms_staged, bad_dev);
 }

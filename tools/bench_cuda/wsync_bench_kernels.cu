@@ -224,27 +224,28 @@ __device__ __forceinline__ float wq_amax(const uint4 *x, float *smax)
     return a;
 }
 
-template <int MODE, int CS>
+template <int MODE, int CS, int ORD>
 __global__ void __launch_bounds__(WQ_T, MODE == 2 ? 2 : 4)
     wq_blocks(const unsigned char *src, unsigned char *dst, uint64_t cols, uint64_t nblocks)
 {
     __shared__ float smax[WQ_T / 32];
     const uint32_t bcols = (uint32_t)(cols / 128);
     const uint64_t per = (nblocks + gridDim.x - 1) / gridDim.x;
-    uint64_t b = (uint64_t)blockIdx.x * per;
-    const uint64_t end = min(nblocks, b + per);
+    /* ORD 0: a contiguous run of blocks per CTA; 1: CTA c takes blocks c, c + grid, ... */
+    uint64_t b = ORD ? blockIdx.x : (uint64_t)blockIdx.x * per;
+    const uint64_t end = ORD ? nblocks : min(nblocks, b + per), step = ORD ? gridDim.x : 1;
     if (b >= end)
         return;
     uint4 x[WQ_V], y[WQ_V];
     if (MODE == 2)
         wq_load<CS>(src, 2 * cols, b, bcols, y);
-    for (; b < end; b++) {
+    for (; b < end; b += step) {
         if (MODE == 2) {
 #pragma unroll
             for (int j = 0; j < WQ_V; j++)
                 x[j] = y[j];
-            if (b + 1 < end)
-                wq_load<CS>(src, 2 * cols, b + 1, bcols, y);
+            if (b + step < end)
+                wq_load<CS>(src, 2 * cols, b + step, bcols, y);
         } else {
             wq_load<CS>(src, 2 * cols, b, bcols, x);
         }
@@ -309,17 +310,17 @@ extern "C" cudaError_t wb_kernel_blockq(int mode, int cs, const void *src, uint6
     const uint64_t nb = rows / 128 * (cols / 128);
     const unsigned char *a = (const unsigned char *)src;
     unsigned char *c = (unsigned char *)dst;
+    /* cs: bit 0 streaming loads and stores, bit 1 the strided block order */
 #define WQ_CASE(M, C)                                                                              \
     if (mode == M && cs == C) {                                                                    \
-        wq_blocks<M, C><<<blocks, WQ_T, 0, s>>>(a, c, cols, nb);                                   \
+        wq_blocks<M, (C & 1), (C >> 1)><<<blocks, WQ_T, 0, s>>>(a, c, cols, nb);                   \
         return cudaGetLastError();                                                                 \
     }
-    WQ_CASE(0, 0)
-    WQ_CASE(0, 1)
-    WQ_CASE(1, 0)
-    WQ_CASE(1, 1)
-    WQ_CASE(2, 0)
-    WQ_CASE(2, 1)
+#define WQ_MODE(M) WQ_CASE(M, 0) WQ_CASE(M, 1) WQ_CASE(M, 2) WQ_CASE(M, 3)
+    WQ_MODE(0)
+    WQ_MODE(1)
+    WQ_MODE(2)
+#undef WQ_MODE
 #undef WQ_CASE
     return cudaErrorInvalidValue;
 }

@@ -27,8 +27,9 @@ cudaError_t wb_kernel_mix(int cast, const void *src, uint64_t src_bytes, void *d
 
 /* The FP8 block quantizer's memory pattern on a bf16 [rows, cols] matrix (both multiples of
  * 128) into an 8-bit [rows, cols] one, `blocks` CTAs of 256 threads: mode 0 a cast alone, 1 with
- * each block's amax over the CTA, 2 the same with the next block's loads issued first; cs: the
- * plugin's streaming loads and stores instead of plain ones. */
+ * each block's amax over the CTA, 2 the same with the next block's loads issued first; cs bit 0:
+ * the plugin's streaming loads and stores instead of plain ones, bit 1: CTA c takes blocks c,
+ * c + blocks, ... instead of a contiguous run. */
 cudaError_t wb_kernel_blockq(int mode, int cs, const void *src, uint64_t rows, uint64_t cols,
                              void *dst, int blocks, cudaStream_t s);
 

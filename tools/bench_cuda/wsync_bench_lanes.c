@@ -528,11 +528,23 @@ static void wl_plugin_quant(wl_env_t *x, wl_karg_t *k, double copy)
     q.qops = dev;
     q.hint = 0;
     const double t = wl_time_fn(x, wl_kfn, &q);
-    q.hint = WSYNC_CUDA_QUANT_VEC_BLOCKS;
-    const double ta = wl_time_fn(x, wl_kfn, &q);
-    printf("  128 x 128 blocks, %llu columns, the plugin's block quantizer: %.3f ms (%.3f), with "
-           "the next block loaded first %.3f ms (%.3f)\n",
-           (unsigned long long)k->cols, t, 0.75 * copy / t, ta, 0.75 * copy / ta);
+    printf("  128 x 128 blocks, %llu columns, the plugin's block quantizer: %.3f ms (%.3f); with "
+           "the next block loaded first:",
+           (unsigned long long)k->cols, t, 0.75 * copy / t);
+    static const struct {
+        uint32_t flags;
+        const char *what;
+    } fl[] = {{WSYNC_CUDA_QUANT_VEC_BLOCKS | WSYNC_CUDA_QUANT_GENERIC, "runs, general path"},
+              {WSYNC_CUDA_QUANT_VEC_BLOCKS, "runs, full-block path"},
+              {WSYNC_CUDA_QUANT_VEC_BLOCKS | WSYNC_CUDA_QUANT_STRIDED | WSYNC_CUDA_QUANT_GENERIC,
+               "strided, general path"},
+              {WSYNC_CUDA_QUANT_VEC_BLOCKS | WSYNC_CUDA_QUANT_STRIDED, "strided, full-block path"}};
+    for (size_t f = 0; f < sizeof(fl) / sizeof(fl[0]); f++) {
+        q.hint = (int)fl[f].flags;
+        const double ta = wl_time_fn(x, wl_kfn, &q);
+        printf("  %s %.3f ms (%.3f)%s", fl[f].what, ta, 0.75 * copy / ta,
+               f + 1 < sizeof(fl) / sizeof(fl[0]) ? ";" : "\n");
+    }
     WL_CK(cudaFree(dev));
 }
 
@@ -602,10 +614,11 @@ static void wl_kernel_sweep(unsigned iters)
             k.blocks = x.sm * (m == 2 ? 2 : 4);
             printf("  128 x 128 blocks, %llu columns, %d CTAs x 256, %s:",
                    (unsigned long long)k.cols, k.blocks, modes[m]);
-            for (int h = 0; h < 2; h++) {
+            for (int h = 0; h < 4; h++) { /* bit 0 streaming, bit 1 strided block order */
                 k.hint = h;
                 const double t = wl_time_fn(&x, wl_kfn, &k);
-                printf("  %s %.3f ms (%.3f)", h ? "streaming" : "plain", t, 0.75 * copy / t);
+                printf("  %s%s %.3f ms (%.3f)", h & 1 ? "streaming" : "plain",
+                       h & 2 ? " strided" : "", t, 0.75 * copy / t);
             }
             printf("\n");
             if (m == 1)
