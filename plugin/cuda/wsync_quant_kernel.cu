@@ -491,7 +491,53 @@ static __device__ __forceinline__ int wsync_q_run(const wsync_cuda_qop_t *ops, u
     return 1;
 }
 
-template <int kQuantize>
+/* The op holding block b, from op r->i on: b moves forward only, so a few steps of a linear walk
+ * before the binary search. */
+static __device__ __forceinline__ void wsync_q_advance(const wsync_cuda_qop_t *ops, uint32_t n,
+                                                       uint64_t b, wsync_q_run_t *r)
+{
+#pragma unroll 1
+    for (int s = 0; s < 4; s++) {
+        if (b < r->next)
+            return;
+        r->i++;
+        r->next = r->i + 1 < n ? ops[r->i + 1].block_begin : ~0ull;
+    }
+    if (b >= r->next)
+        wsync_q_seek(ops, n, b, r);
+}
+
+/* This CTA's first block, into r (0 when it has none), and its step: kStrided 0 a contiguous run
+ * of blocks, 1 blocks blockIdx.x, + gridDim.x, ... */
+template <int kStrided>
+static __device__ __forceinline__ int wsync_q_start(const wsync_cuda_qop_t *ops, uint32_t n,
+                                                    uint64_t total_blocks, wsync_q_run_t *r,
+                                                    uint64_t *step)
+{
+    *step = kStrided ? gridDim.x : 1;
+    if (!kStrided)
+        return wsync_q_run(ops, n, total_blocks, r);
+    r->b = blockIdx.x;
+    r->end = total_blocks;
+    if (r->b >= r->end)
+        return 0;
+    wsync_q_seek(ops, n, r->b, r);
+    return 1;
+}
+
+/* r->i made the op holding block b, the CTA's next. */
+template <int kStrided>
+static __device__ __forceinline__ void wsync_q_to(const wsync_cuda_qop_t *ops, uint32_t n,
+                                                  uint64_t b, wsync_q_run_t *r)
+{
+    if (kStrided)
+        wsync_q_advance(ops, n, b, r);
+    else if (b >= r->next)
+        wsync_q_seek(ops, n, b, r);
+}
+
+/* Every unit of the table; kStrided as wsync_q_start. */
+template <int kQuantize, int kStrided>
 __global__ void __launch_bounds__(WSYNC_Q_THREADS, 4)
     wsync_q_kernel(const wsync_cuda_qop_t *__restrict__ ops, uint32_t n, uint64_t total_blocks,
                    unsigned long long *first_bad, unsigned int *amax)
@@ -499,11 +545,11 @@ __global__ void __launch_bounds__(WSYNC_Q_THREADS, 4)
     __shared__ float smax[WSYNC_Q_THREADS / 32];
     __shared__ int sbad[WSYNC_Q_THREADS / 32];
     wsync_q_run_t r;
-    if (!wsync_q_run(ops, n, total_blocks, &r))
+    uint64_t step;
+    if (!wsync_q_start<kStrided>(ops, n, total_blocks, &r, &step))
         return;
-    for (uint64_t b = r.b; b < r.end; b++) {
-        if (b >= r.next)
-            wsync_q_seek(ops, n, b, &r);
+    for (uint64_t b = r.b; b < r.end; b += step) {
+        wsync_q_to<kStrided>(ops, n, b, &r);
         const uint32_t i = r.i;
         const wsync_cuda_qop_t &op = ops[i];
         if (op.kind == WSYNC_QUANT_FP8_CHANNEL) {
@@ -584,22 +630,6 @@ wsync_q_vload_any(const wsync_cuda_qop_t &op, const wsync_q_block_t &k, wsync_q_
         wsync_q_vload(op, k, x);
 }
 
-/* The op holding block b, from op r->i on: b moves forward only, so a few steps of a linear walk
- * before the binary search. */
-static __device__ __forceinline__ void wsync_q_advance(const wsync_cuda_qop_t *ops, uint32_t n,
-                                                       uint64_t b, wsync_q_run_t *r)
-{
-#pragma unroll 1
-    for (int s = 0; s < 4; s++) {
-        if (b < r->next)
-            return;
-        r->i++;
-        r->next = r->i + 1 < n ? ops[r->i + 1].block_begin : ~0ull;
-    }
-    if (b >= r->next)
-        wsync_q_seek(ops, n, b, r);
-}
-
 /* A table of vectored BLOCK ops alone (WSYNC_CUDA_QUANT_VEC_BLOCKS): as wsync_q_kernel<1>, with
  * the CTA's next block loaded before this block's reduction, so its loads stay in flight across
  * the barriers; two register sets, two CTAs of 256 per SM. kStrided 0: each CTA a contiguous run
@@ -613,17 +643,9 @@ __global__ void __launch_bounds__(WSYNC_Q_THREADS, 2)
     __shared__ float smax[WSYNC_Q_THREADS / 32];
     __shared__ int sbad[WSYNC_Q_THREADS / 32];
     wsync_q_run_t r;
-    uint64_t step = 1;
-    if (kStrided) {
-        r.b = blockIdx.x;
-        r.end = total_blocks;
-        step = gridDim.x;
-        if (r.b >= r.end)
-            return;
-        wsync_q_seek(ops, n, r.b, &r);
-    } else if (!wsync_q_run(ops, n, total_blocks, &r)) {
+    uint64_t step;
+    if (!wsync_q_start<kStrided>(ops, n, total_blocks, &r, &step))
         return;
-    }
     wsync_q_block_t k = wsync_q_geom(ops[r.i], r.b);
     wsync_q_vecs_t x, y;
     wsync_q_vload_any<kFast>(ops[r.i], k, &y);
@@ -632,10 +654,7 @@ __global__ void __launch_bounds__(WSYNC_Q_THREADS, 2)
         const wsync_q_block_t ck = k;
         x = y;
         if (b + step < r.end) {
-            if (kStrided)
-                wsync_q_advance(ops, n, b + step, &r);
-            else if (b + 1 >= r.next)
-                wsync_q_seek(ops, n, b + 1, &r);
+            wsync_q_to<kStrided>(ops, n, b + step, &r);
             k = wsync_q_geom(ops[r.i], b + step);
             wsync_q_vload_any<kFast>(ops[r.i], k, &y);
         }
@@ -667,7 +686,7 @@ static cudaError_t wsync_q_launch(const wsync_cuda_qop_t *ops, uint32_t n, uint6
                                   cudaStream_t s)
 {
     /* asked once (function-local statics: initialised once, thread safe) */
-    static const int per_sm = wsync_q_per_sm(wsync_q_kernel<kQuantize>, 4);
+    static const int per_sm = wsync_q_per_sm(wsync_q_kernel<kQuantize, 0>, 4);
     static const int per_sm_ahead = wsync_q_per_sm(wsync_q_ahead_kernel<0, 0>, 2);
     int dev = 0, sms = 0;
     if (n == 0 || total_blocks == 0)
@@ -681,8 +700,8 @@ static cudaError_t wsync_q_launch(const wsync_cuda_qop_t *ops, uint32_t n, uint6
     const int ahead = kQuantize && (flags & WSYNC_CUDA_QUANT_VEC_BLOCKS) != 0;
     const uint64_t wave = (uint64_t)sms * (uint64_t)(ahead ? per_sm_ahead : per_sm);
     const unsigned grid = (unsigned)(total_blocks < wave ? total_blocks : wave);
+    const int strided = (flags & WSYNC_CUDA_QUANT_STRIDED) != 0;
     if (ahead) {
-        const int strided = (flags & WSYNC_CUDA_QUANT_STRIDED) != 0;
         const int fast = (flags & WSYNC_CUDA_QUANT_GENERIC) == 0;
 #define WSYNC_Q_AHEAD(S, F)                                                                        \
     if (strided == S && fast == F)                                                                 \
@@ -693,9 +712,13 @@ static cudaError_t wsync_q_launch(const wsync_cuda_qop_t *ops, uint32_t n, uint6
         WSYNC_Q_AHEAD(1, 0)
         WSYNC_Q_AHEAD(1, 1)
 #undef WSYNC_Q_AHEAD
-    } else
-        wsync_q_kernel<kQuantize>
+    } else if (strided) {
+        wsync_q_kernel<kQuantize, 1>
             <<<grid, WSYNC_Q_THREADS, 0, s>>>(ops, n, total_blocks, first_bad, amax);
+    } else {
+        wsync_q_kernel<kQuantize, 0>
+            <<<grid, WSYNC_Q_THREADS, 0, s>>>(ops, n, total_blocks, first_bad, amax);
+    }
     return cudaGetLastError();
 }
 

@@ -78,11 +78,11 @@ static inline WSYNC_CUDA_QHD uint32_t wsync_cuda_qop_row_warps(const wsync_cuda_
 cudaError_t wsync_cuda_quant_scan(const wsync_cuda_qop_t *ops, uint32_t n, uint64_t total_blocks,
                                   unsigned long long *first_bad, unsigned int *amax,
                                   cudaStream_t s);
-/* flags of wsync_cuda_quant_blocks: every op of the table is a BLOCK op whose rows are read in
- * vectors (wsync_cuda_qop_vectors); such a table runs the kernel that loads each block while the
- * one before it is reduced */
+/* flags of wsync_cuda_quant_blocks. VEC_BLOCKS: every op of the table is a BLOCK op whose rows are
+ * read in vectors (wsync_cuda_qop_vectors); such a table runs the kernel that loads each block
+ * while the one before it is reduced */
 #define WSYNC_CUDA_QUANT_VEC_BLOCKS 1u
-/* with it: each CTA takes every grid-th block instead of a contiguous run of them */
+/* each CTA takes every grid-th unit instead of a contiguous run of them (either kernel) */
 #define WSYNC_CUDA_QUANT_STRIDED 2u
 /* with it: full bf16 blocks through the general path too (the fast path's reference) */
 #define WSYNC_CUDA_QUANT_GENERIC 4u
