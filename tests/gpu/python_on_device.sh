@@ -4,7 +4,7 @@
 # fail), the pytest suite (gpu tests included), the Python benchmark. Logs under $OUT.
 #   usage: tests/gpu/python_on_device.sh   env: OLD_PATCH (a patch that restores the old plugin),
 #   STEPS ("build test digest bench fp8 probe ckpt", default all but probe and ckpt: run them in
-#   separate calls on a warm machine; fp8: tools/bench_python/bench_fp8.py; probe:
+#   separate calls on a warm machine; fp8: wsync-bench-cuda --fp8 and tools/bench_python/bench_fp8.py; probe:
 #   bench_python.py --staged-probe; ckpt: the converting stage from host memory, wsync demo
 #   --model of an f32 checkpoint on the CUDA plugin, tools/bench_python/bench_checkpoint.py;
 #   stage: tools/bench_python/bench_stage.py and the C benchmark's stage lines; direct: the C
@@ -62,6 +62,8 @@ if [[ " $STEPS " == *" bench "* ]]; then
   (cd "$ROOT" && timeout ${BENCH_T:-560} python3 tools/bench_python/bench_python.py --iters ${ITERS:-5} ${BENCH_ARGS:-} 2>&1) | tee "$OUT/bench-python.log" | tail -30
 fi
 if [[ " $STEPS " == *" fp8 "* ]]; then  # the quantizing copy vs the bandwidth limit and torch's loop
+  timeout ${BENCH_T:-300} "$B/bin/wsync-bench-cuda" --fp8 --layout both --iters ${ITERS:-5} 2>&1 |
+    tee "$OUT/bench-fp8-c.log" | grep -E "summary|limit|copy_quantized|EP 8 rank [07]|checked|error|FAIL"
   (cd "$ROOT/tools/bench_python" && timeout ${BENCH_T:-560} python3 bench_fp8.py --iters ${ITERS:-5} ${FP8_ARGS:-} 2>&1) |
     tee "$OUT/bench-fp8.log" | tail -30
 fi

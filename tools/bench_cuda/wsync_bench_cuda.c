@@ -6,6 +6,7 @@
  *   wsync-bench-cuda --pingpong [--iters N]                             (wsync_bench_pingpong.h)
  *   wsync-bench-cuda --lanes [--layout L] [--iters N]                   (wsync_bench_lanes.h)
  *   wsync-bench-cuda --digest [--layout L] [--iters N] [--plugin PATH]  (wsync_bench_digest.h)
+ *   wsync-bench-cuda --fp8 [--layout L] [--iters N] [--params P]        (wsync_bench_fp8.h)
  *
  * One consumer process per layout measures, with CUDA events (median of N after warm-up):
  *   (a) one cudaMemcpyAsync of the whole packed payload (the limit),
@@ -43,6 +44,7 @@
 #include "wsync_bench_digest.h"
 #include "wsync_bench_direct.h"
 #include "wsync_bench_engine.h"
+#include "wsync_bench_fp8.h"
 #include "wsync_bench_lanes.h"
 #include "wsync_bench_layout.h"
 #include "wsync_bench_lora.h"
@@ -64,6 +66,7 @@ typedef struct wb_opts {
     int pingpong;
     int lanes;
     int digest;
+    int fp8; /* --fp8: the quantizing copy's rows (f) only, wsync_bench_fp8.h */
     const char *dir;
     const char *params; /* "fused" | "separate": the consumer's engine parameters */
     int grouped;        /* --order grouped: the trainer's MoE experts grouped (see the layout) */
@@ -109,7 +112,7 @@ static int wb_producer_main(const wb_opts_t *o)
     WB_CK(cudaSetDevice(0));
     unsigned char *trainer;
     WB_CK(cudaMalloc((void **)&trainer, l.packed));
-    WB_CK(wh_fill(trainer, l.packed, WB_SEED, 0));
+    WB_CK(wh_fill_mask(trainer, l.packed, WB_SEED, WB_FILL_MASK, 0));
     WB_CK(cudaDeviceSynchronize()); /* benchmark set-up only, never on the plugin's path */
     cudaStream_t st;
     WB_CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -251,6 +254,43 @@ static int wb_producer_main(const wb_opts_t *o)
 }
 
 /* ------------------------------------------------------------------ consumer */
+
+/* --fp8: the producer's phase 1 (the whole layout in one staging buffer) quantized into FP8
+ * engine parameters (wb_fp8_run), then the producer told to retire it and quit. */
+static int wb_fp8_consumer(wb_engine_t *E, int fd, pid_t prod, const wb_opts_t *o)
+{
+    char *msg;
+    size_t len;
+    if (wh_recv(fd, &msg, &len) != 0) /* the trainer's IPC handle: the (a') rows only */
+        return 1;
+    free(msg);
+    if (wb_layout_group(&E->l, strcmp(o->params, "fused") == 0) != 0)
+        return 1;
+    wh_send_str(fd, "stage");
+    if (wh_recv(fd, &msg, &len) != 0)
+        return 1;
+    const wsync_manifest_t *m;
+    WB_OK(E->p->consumer->parse_manifest(E->c, msg, len, &m, err));
+    wsync_handle_t *h;
+    WB_OK(E->p->consumer->open_handle(E->c, &m->buffer, &h, err));
+    wb_plan_t one;
+    if (wb_plan_build(&E->l, E->l.packed, 0, 2.0, &one) != 0)
+        return 1;
+    const unsigned long long bad = wb_fp8_run(E, h, m, &one, o->iters);
+    WB_OK(E->p->consumer->close_handle(E->c, h, err));
+    E->p->consumer->manifest_free(E->c, m);
+    free(msg);
+    wb_plan_free(&one);
+    wh_send_str(fd, "retire");
+    wb_recv_expect(fd, "retired", &msg);
+    free(msg);
+    wh_send_str(fd, "quit");
+    int st = 0;
+    waitpid(prod, &st, 0);
+    WB_OK(E->p->consumer->finalize(E->c, err));
+    wb_layout_free(&E->l);
+    return bad == 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
+}
 
 static double wb_time_events(wb_engine_t *E, unsigned iters, wh_timed_fn fn, void *arg)
 {
@@ -422,6 +462,13 @@ static int wb_consumer_main(const wb_opts_t *o)
     WB_CK(cudaDeviceGetAttribute(&sm, cudaDevAttrMultiProcessorCount, 0));
     struct cudaDeviceProp prop;
     WB_CK(cudaGetDeviceProperties(&prop, 0));
+    if (o->fp8) {
+        printf("wsync-bench-cuda --fp8: layout %s on %s (%d SMs): %zu tensors, %.2f GB payload, "
+               "%u iters (median, CUDA events), %s engine parameters\n",
+               o->layout, prop.name, sm, E.l.n, E.l.payload / 1e9, o->iters, o->params);
+        fflush(stdout);
+        return wb_fp8_consumer(&E, fd, prod, o);
+    }
 
     void *src, *whole;
     WB_CK(cudaMalloc(&src, E.l.packed));
@@ -431,7 +478,7 @@ static int wb_consumer_main(const wb_opts_t *o)
         fprintf(stderr, "wsync-bench-cuda: out of host memory for the engine parameters\n");
         return 1;
     }
-    WB_CK(wh_fill(src, E.l.packed, WB_SEED, E.st));
+    WB_CK(wh_fill_mask(src, E.l.packed, WB_SEED, WB_FILL_MASK, E.st));
     unsigned long long *bad_dev;
     WB_CK(cudaMalloc((void **)&bad_dev, sizeof(*bad_dev)));
     WB_CK(cudaStreamSynchronize(E.st));
@@ -761,6 +808,7 @@ static void wb_usage(FILE *f)
                "       wsync-bench-cuda --pingpong [--iters N]\n"
                "       wsync-bench-cuda --lanes [--layout dense|moe|both|none] [--iters N]\n"
                "       wsync-bench-cuda --digest [--layout dense|moe|both] [--iters N]\n"
+               "       wsync-bench-cuda --fp8 [--layout dense|moe|both] [--iters N] [--params P]\n"
                "  --params: the engine parameters the copies land in: fused (default; per layer\n"
                "            one qkv_proj, one gate_up_proj or MoE w13 + w2 over all experts, as\n"
                "            SGLang, vLLM and LMDeploy hold them) or separate (one cudaMalloc per\n"
@@ -772,23 +820,16 @@ static void wb_usage(FILE *f)
 
 int main(int argc, char **argv)
 {
-    static const struct option lo[] = {{"layout", required_argument, NULL, 'l'},
-                                       {"iters", required_argument, NULL, 'i'},
-                                       {"plugin", required_argument, NULL, 'p'},
-                                       {"layers", required_argument, NULL, 'L'},
-                                       {"scale", required_argument, NULL, 'S'},
-                                       {"bucket-mib", required_argument, NULL, 'b'},
-                                       {"role", required_argument, NULL, 'r'},
-                                       {"fd", required_argument, NULL, 'f'},
-                                       {"help", no_argument, NULL, 'h'},
-                                       {"lora", no_argument, NULL, 'o'},
-                                       {"dir", required_argument, NULL, 'd'},
-                                       {"pingpong", no_argument, NULL, 'P'},
-                                       {"lanes", no_argument, NULL, 'N'},
-                                       {"params", required_argument, NULL, 'm'},
-                                       {"order", required_argument, NULL, 'O'},
-                                       {"digest", no_argument, NULL, 'D'},
-                                       {NULL, 0, NULL, 0}};
+    static const struct option lo[] = {
+        {"layout", required_argument, NULL, 'l'}, {"iters", required_argument, NULL, 'i'},
+        {"plugin", required_argument, NULL, 'p'}, {"layers", required_argument, NULL, 'L'},
+        {"scale", required_argument, NULL, 'S'},  {"bucket-mib", required_argument, NULL, 'b'},
+        {"role", required_argument, NULL, 'r'},   {"fd", required_argument, NULL, 'f'},
+        {"help", no_argument, NULL, 'h'},         {"lora", no_argument, NULL, 'o'},
+        {"dir", required_argument, NULL, 'd'},    {"pingpong", no_argument, NULL, 'P'},
+        {"lanes", no_argument, NULL, 'N'},        {"params", required_argument, NULL, 'm'},
+        {"order", required_argument, NULL, 'O'},  {"digest", no_argument, NULL, 'D'},
+        {"fp8", no_argument, NULL, 'F'},          {NULL, 0, NULL, 0}};
     wb_opts_t o = {.layout = "both",
                    .iters = 20,
                    .scale = 1,
@@ -836,6 +877,9 @@ int main(int argc, char **argv)
             break;
         case 'D':
             o.digest = 1;
+            break;
+        case 'F':
+            o.fp8 = 1;
             break;
         case 'm':
             o.params = optarg;
@@ -907,7 +951,7 @@ int main(int argc, char **argv)
             execl(wb_self, wb_self, "--role", "consumer", "--layout", layouts[k], "--plugin",
                   o.plugin, "--iters", iters, "--layers", layers, "--scale", scale, "--bucket-mib",
                   bucket, "--params", o.params, "--order", o.grouped ? "grouped" : "hf",
-                  (char *)NULL);
+                  o.fp8 ? "--fp8" : (char *)NULL, (char *)NULL);
             _exit(127);
         }
         int st = 0;

@@ -66,7 +66,8 @@ static unsigned char **wb_separate_alloc(const wb_layout_t *l, cudaStream_t st)
     for (size_t i = 0; i < l->n; i++) {
         WB_CK(cudaMalloc((void **)&bases[i], l->t[i].bytes ? l->t[i].bytes : 1));
         /* the pattern the packed trainer holds at this tensor's offset */
-        WB_CK(wh_fill(bases[i], l->t[i].bytes, WB_SEED + l->t[i].offset / 8, st));
+        WB_CK(
+            wh_fill_mask(bases[i], l->t[i].bytes, WB_SEED + l->t[i].offset / 8, WB_FILL_MASK, st));
     }
     WB_CK(cudaStreamSynchronize(st));
     return bases;

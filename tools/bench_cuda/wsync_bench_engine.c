@@ -42,8 +42,8 @@ unsigned long long wb_count_bad(wb_engine_t *E, unsigned long long *bad_dev)
 {
     WB_CK(cudaMemsetAsync(bad_dev, 0, sizeof(*bad_dev), E->st));
     for (size_t i = 0; i < E->l.n; i++)
-        WB_CK(wh_count_bad(E->dst[i], E->l.t[i].bytes, WB_SEED + E->l.t[i].offset / 8, bad_dev,
-                           E->st));
+        WB_CK(wh_count_bad_mask(E->dst[i], E->l.t[i].bytes, WB_SEED + E->l.t[i].offset / 8,
+                                WB_FILL_MASK, bad_dev, E->st));
     unsigned long long bad = 0;
     WB_CK(cudaMemcpyAsync(&bad, bad_dev, sizeof(bad), cudaMemcpyDeviceToHost, E->st));
     WB_CK(cudaStreamSynchronize(E->st));

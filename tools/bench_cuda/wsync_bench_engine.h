@@ -16,6 +16,9 @@
 #include "wsync_cuda_harness.h"
 
 #define WB_SEED 0x5eedu /* the trainer's fill: word i of the packed layout is mix(WB_SEED + i) */
+/* ... ANDed with this: bit 14 of every bf16 cleared (exponent below 128), so every trainer value
+ * is finite and the FP8 rows (wsync_bench_fp8.h) can quantize it */
+#define WB_FILL_MASK 0xBFFFBFFFBFFFBFFFull
 
 #define WB_CK(call) WH_CK("wsync-bench-cuda", call)
 

@@ -65,9 +65,13 @@ double wh_time_events(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaStrea
 /* Device helpers, enqueued on `s`. Word i of a filled buffer is mix(seed + i); bytes past the
  * last full word are the low bytes of the next word. */
 cudaError_t wh_fill(void *p, size_t bytes, uint64_t seed, cudaStream_t s);
+/* The same with every word ANDed with `mask` (e.g. a bit of each 16-bit lane cleared). */
+cudaError_t wh_fill_mask(void *p, size_t bytes, uint64_t seed, uint64_t mask, cudaStream_t s);
 /* Adds to *bad (device counter) the number of 8-byte words that differ from the fill pattern. */
 cudaError_t wh_count_bad(const void *p, size_t bytes, uint64_t seed, unsigned long long *bad,
                          cudaStream_t s);
+cudaError_t wh_count_bad_mask(const void *p, size_t bytes, uint64_t seed, uint64_t mask,
+                              unsigned long long *bad, cudaStream_t s);
 /* One block that spins for about `ns` nanoseconds (keeps a stream busy). */
 cudaError_t wh_spin(uint64_t ns, cudaStream_t s);
 
