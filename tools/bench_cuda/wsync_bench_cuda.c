@@ -22,7 +22,8 @@
  *   through the plugin in two processes (ms per sync, wall clock until the engine stream is
  *   done), (d) IPC opens per sync in steady state (the plugin's stats line), and (e) direct
  *   syncs (wsync_bench_direct.h): the engine copies straight from the trainer's allocations,
- *   one cudaMalloc per tensor or one for all, end to end and on the GPU alone.
+ *   one cudaMalloc per tensor, one for all, or one cuMem range (torch's expandable segments),
+ *   end to end and on the GPU alone.
  * The producer is this program re-executed with --role producer. */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -1,12 +1,15 @@
 /* See wsync_bench_direct.h. Messages: consumer -> producer "direct-separate <ramp>" |
- * "direct-one <ramp>" (answered "ready"; ramp "steps:growth"), then "dsync" (a sync not timed by
- * the trainer) or "dsync-t" (timed), each answered by the bucket manifests and closed by the
- * consumer's "ack", then "dend" (answered "dended <trainer ms> <stage ms> <publish ms> <syncs>").
+ * "direct-one <ramp>" | "direct-vmm <ramp>" (answered "ready"; ramp "steps:growth"), then "dsync"
+ * (a sync not timed by the trainer) or "dsync-t" (timed), each answered by the bucket manifests and
+ * closed by the consumer's "ack", then "dend" (answered "dended <trainer ms> <stage ms> <publish
+ * ms> <syncs>").
  */
 #include "wsync_bench_direct.h"
 
 #include <string.h>
 #include <unistd.h>
+
+#include "wsync_bench_vmm.h"
 
 #define WB_WARMUP_DIRECT 3
 
@@ -81,6 +84,12 @@ int wb_direct_serve(const wsync_plugin_t *p, int fd, cudaStream_t st, const wb_l
         fprintf(stderr, "wsync-bench-cuda producer: no host memory for %zu tensors\n", l->n);
         exit(1);
     }
+    wb_vmm_t vmm = {0};
+    if (strncmp(m, "direct-vmm ", 11) == 0) { /* the packed layout again, in cuMem chunks */
+        packed = wb_vmm_alloc(l->packed, &vmm);
+        WB_CK(wh_fill_mask(packed, l->packed, WB_SEED, WB_FILL_MASK, st));
+        WB_CK(cudaStreamSynchronize(st));
+    }
     wb_plan_t plan;
     wb_ramp_t ramp;
     const char *rs = strchr(m, ' ');
@@ -149,6 +158,7 @@ int wb_direct_serve(const wsync_plugin_t *p, int fd, cudaStream_t st, const wb_l
     for (size_t i = 0; bases != NULL && i < l->n; i++)
         WB_CK(cudaFree(bases[i]));
     free(bases);
+    wb_vmm_free(&vmm);
     free(t);
     wb_plan_free(&plan);
     wh_send_str(fd, msg);
@@ -361,7 +371,9 @@ static unsigned long long wb_direct_trainer(wb_direct_t *D, const char *trainer,
            "stage to *consumed*), first sync %.2f ms; GPU alone %.2f ms\n",
            trainer,
            strcmp(trainer, "separate") == 0 ? "one cudaMalloc per tensor"
-                                            : "every tensor in one allocation",
+           : strcmp(trainer, "vmm") == 0
+               ? "every tensor in one cuMem range of 20 MiB chunks, as torch's expandable segments"
+               : "every tensor in one allocation",
            D->plan.nb, D->plan.nb > 1 ? "s" : "", (unsigned long long)(D->bucket >> 20),
            D->ramp.steps, D->ramp.growth, ms, tr, cold, gms);
     printf("      vs one flat cudaMemcpyAsync (%.2f ms): %.3f end to end (trainer), %.3f GPU "
@@ -425,5 +437,6 @@ unsigned long long wb_direct_run(wb_engine_t *E, int fd, uint64_t bucket, unsign
     for (size_t r = 0; r < nr; r++)
         bad +=
             wb_direct_rows(E, fd, bucket, ramps[r], "separate", iters, ms_flat, ms_staged, bad_dev);
-    return bad + wb_direct_rows(E, fd, bucket, ramps[0], "one", iters, ms_flat, ms_staged, bad_dev);
+    bad += wb_direct_rows(E, fd, bucket, ramps[0], "one", iters, ms_flat, ms_staged, bad_dev);
+    return bad + wb_direct_rows(E, fd, bucket, ramps[0], "vmm", iters, ms_flat, ms_staged, bad_dev);
 }
