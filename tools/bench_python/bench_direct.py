@@ -14,7 +14,12 @@ fused layout (qkv_proj, gate_up_proj, w13/w2). Two processes, one GPU. Prints, i
   first, which opens every segment, apart), and the copies' GPU time alone (every request
   queued behind a sleep on the engine's stream).
 
+With --alloc expandable the trainer's allocator runs with expandable_segments:True (torch maps
+its parameters into cuMem chunks of 20 MiB, which the engine maps from fds instead of legacy
+CUDA IPC handles); the default, cudamalloc, is torch's default allocator.
+
   usage: python tools/bench_python/bench_direct.py [--iters N] [--layout dense|moe|both]
+                                                   [--alloc cudamalloc|expandable]
 """
 
 from __future__ import annotations
@@ -44,9 +49,11 @@ def segments(params) -> int:
     return len(held)
 
 
-def trainer(conn, layout, iters):
+def trainer(conn, layout, iters, alloc="cudamalloc"):
     import wsync
 
+    if alloc == "expandable":  # before the first allocation of this process
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
     hf, _, _ = placement(layout)
     params = {n: torch.randn(s, device="cuda", dtype=torch.bfloat16) for n, s in hf.items()}
     torch.cuda.synchronize()
@@ -80,7 +87,7 @@ def baselines(hf, where, eng, iters):
     return flat_ms, event_ms(loop, iters)
 
 
-def run_layout(layout, iters):
+def run_layout(layout, iters, alloc="cudamalloc"):
     import wsync
 
     hf, where, shapes = placement(layout)
@@ -90,14 +97,14 @@ def run_layout(layout, iters):
     torch.cuda.empty_cache()
     gb = total * 2 / 1e9
     print(f"=== {layout}: {len(hf)} trainer tensors, {gb:.2f} GB, into {len(eng)} engine parameters "
-          f"(SGLang's layout), median of {iters}")
+          f"(SGLang's layout), trainer allocator {alloc}, median of {iters}")
     print(f"  one flat copy_ (cudaMemcpyAsync)  {flat_ms:8.2f} ms  {gb / flat_ms * 1e3:6.0f} GB/s")
     print(f"  torch per-tensor copy_ loop       {loop_ms:8.2f} ms  ({flat_ms / loop_ms:.3f} of the flat copy)")
 
     w = wsync.EngineWorker(eng, engine="sglang", config=CFG if layout == "dense" else MOE_CFG, plugin=plugin())
     ctx = mp.get_context("spawn")
     a, b = ctx.Pipe()
-    p = ctx.Process(target=trainer, args=(b, layout, iters), daemon=True)
+    p = ctx.Process(target=trainer, args=(b, layout, iters, alloc), daemon=True)
     p.start()
     what, handle_ms, gpu_ms, start, cur = "", [], [], None, 0.0
     rows = {}
@@ -159,10 +166,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--layout", default="both", choices=("dense", "moe", "both"))
+    ap.add_argument("--alloc", default="cudamalloc", choices=("cudamalloc", "expandable"))
     args = ap.parse_args()
     for layout in ("dense", "moe"):
         if args.layout in (layout, "both"):
-            run_layout(layout, args.iters)
+            run_layout(layout, args.iters, args.alloc)
 
 
 if __name__ == "__main__":
