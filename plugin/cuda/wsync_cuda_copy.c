@@ -478,23 +478,28 @@ static cudaError_t quant_run(void *arg, cudaStream_t s)
 
 /* WSYNC_CUDA_QUANT_VEC_BLOCKS when every op of the table is a BLOCK op read in vectors, unless
  * the tuning knob WSYNC_CUDA_QUANT_AHEAD=0 (read per call) asks for the kernel without the
- * look-ahead. Either kernel takes its units in strided order (WSYNC_CUDA_QUANT_ORDER=runs: a
- * contiguous run per CTA); the look-ahead one full bf16 blocks through its fast path
- * (WSYNC_CUDA_QUANT_FAST=0: the general path); docs/PERFORMANCE.md. */
+ * look-ahead. The look-ahead kernel takes its blocks in strided order (WSYNC_CUDA_QUANT_ORDER=runs:
+ * a contiguous run per CTA) and full bf16 blocks through its fast path (WSYNC_CUDA_QUANT_FAST=0:
+ * the general path); the kernel without look-ahead (channel, tensor and mixed tables) takes
+ * contiguous runs unless WSYNC_CUDA_QUANT_ORDER=strided asks for the strided order, which is not
+ * yet measured there; docs/PERFORMANCE.md. */
 static uint32_t quant_flags(const wsync_cuda_qop_t *t, size_t n)
 {
     const char *v = getenv("WSYNC_CUDA_QUANT_ORDER");
-    uint32_t f = v != NULL && strcmp(v, "runs") == 0 ? 0 : WSYNC_CUDA_QUANT_STRIDED;
+    const int runs = v != NULL && strcmp(v, "runs") == 0;
+    const int strided = v != NULL && strcmp(v, "strided") == 0;
+    uint32_t f = 0;
     v = getenv("WSYNC_CUDA_QUANT_FAST");
     if (v != NULL && atoi(v) == 0)
         f |= WSYNC_CUDA_QUANT_GENERIC;
     v = getenv("WSYNC_CUDA_QUANT_AHEAD");
-    if (v != NULL && atoi(v) == 0)
-        return f;
-    for (size_t k = 0; k < n; k++)
+    int ahead = v == NULL || atoi(v) != 0;
+    for (size_t k = 0; ahead && k < n; k++)
         if (t[k].kind != WSYNC_QUANT_FP8_BLOCK || !wsync_cuda_qop_vectors(&t[k]))
-            return f;
-    return f | WSYNC_CUDA_QUANT_VEC_BLOCKS;
+            ahead = 0;
+    if (ahead)
+        return f | WSYNC_CUDA_QUANT_VEC_BLOCKS | (runs ? 0u : WSYNC_CUDA_QUANT_STRIDED);
+    return f | (strided ? WSYNC_CUDA_QUANT_STRIDED : 0u);
 }
 
 /* The call's quantized ops in launch order: the per-tensor ones first, each scale's ops together
