@@ -62,6 +62,24 @@ static int wf_linear(const char *name)
     return 0;
 }
 
+/* 128 x 128 blocks over n rows or columns */
+static uint64_t wf_blocks(int64_t n)
+{
+    return ((uint64_t)n + WSYNC_FP8_BLOCK - 1) / WSYNC_FP8_BLOCK;
+}
+
+/* An engine keeps tensor x in FP8: a linear layer's matrix. */
+static int wf_is_fp8(const wb_tensor_t *x)
+{
+    return wf_linear(x->name) && x->rows > 1;
+}
+
+/* The bytes an engine slot of tensor x's shape takes: FP8 bytes and their block scales, or bf16. */
+static uint64_t wf_written(const wb_tensor_t *x)
+{
+    return wf_is_fp8(x) ? x->bytes / 2u + wf_blocks(x->rows) * wf_blocks(x->cols) * 4u : x->bytes;
+}
+
 /* The layer and expert of an expert's tensor, and the rest of its name; 0 if it is none. */
 static int wf_expert(const char *name, unsigned *layer, long long *e, const char **rest)
 {
@@ -109,7 +127,7 @@ static int wf_groups(const wb_layout_t *l, wf_group_t *G)
     for (size_t i = 0; i < l->n; i++) {
         const wb_tensor_t *x = &l->t[i];
         wf_group_t *g = &G[x->group];
-        const int fp8 = wf_linear(x->name) && x->rows > 1;
+        const int fp8 = wf_is_fp8(x);
         if (g->fp8 < 0) {
             g->fp8 = fp8;
             g->cols = x->cols;
@@ -131,8 +149,8 @@ static int wf_groups(const wb_layout_t *l, wf_group_t *G)
         wf_group_t *G1 = &G[g];
         if (G1->fp8 == 1) {
             G1->rows = (int64_t)(l->group_bytes[g] / (2u * (uint64_t)G1->cols));
-            G1->scale_rows = ((uint64_t)G1->rows + WSYNC_FP8_BLOCK - 1) / WSYNC_FP8_BLOCK;
-            G1->scale_pitch = ((uint64_t)G1->cols + WSYNC_FP8_BLOCK - 1) / WSYNC_FP8_BLOCK * 4u;
+            G1->scale_rows = wf_blocks(G1->rows);
+            G1->scale_pitch = wf_blocks(G1->cols) * 4u;
             WB_CK(cudaMalloc((void **)&G1->w, (uint64_t)G1->rows * (uint64_t)G1->cols));
             WB_CK(cudaMalloc((void **)&G1->scales, G1->scale_rows * G1->scale_pitch));
         } else {
@@ -172,8 +190,7 @@ static uint64_t wf_op(const wb_layout_t *l, const wf_group_t *G, size_t t, uint6
     q->scale_dst = g->scales + r0 / WSYNC_FP8_BLOCK * g->scale_pitch;
     q->scale_pitch = g->scale_pitch;
     q->scale_extent = (g->scale_rows - r0 / WSYNC_FP8_BLOCK) * g->scale_pitch;
-    const uint64_t srows = (op->rows + WSYNC_FP8_BLOCK - 1) / WSYNC_FP8_BLOCK;
-    return op->rows * cols + srows * g->scale_pitch;
+    return wf_written(x);
 }
 
 /* Tensor src's quantization (its source regenerated from the trainer's fill) against what op/q
@@ -183,8 +200,7 @@ static int wf_check_fp8(wb_engine_t *E, size_t src, const wsync_copy_op_t *op,
 {
     const wb_tensor_t *x = &E->l.t[src];
     const uint64_t rows = (uint64_t)x->rows, cols = (uint64_t)x->cols;
-    const uint64_t srows = (rows + WSYNC_FP8_BLOCK - 1) / WSYNC_FP8_BLOCK;
-    const uint64_t spitch = (cols + WSYNC_FP8_BLOCK - 1) / WSYNC_FP8_BLOCK * 4u;
+    const uint64_t srows = wf_blocks(x->rows), spitch = wf_blocks(x->cols) * 4u;
     WB_CK(wh_fill_mask(scratch, x->bytes, WB_SEED + x->offset / 8, WB_FILL_MASK, E->st));
     WB_CK(cudaStreamSynchronize(E->st));
     unsigned char *in = malloc(x->bytes), *ref = malloc(rows * cols), *got = malloc(rows * cols);
@@ -291,15 +307,8 @@ unsigned long long wb_fp8_run(wb_engine_t *E, wsync_handle_t *h, const wsync_man
 
     /* the limit first, before the engine parameters take their memory */
     uint64_t written = 0, fp8_params = 0;
-    for (size_t k = 0; k < l->n; k++) {
-        const wb_tensor_t *x = &l->t[k];
-        if (wf_linear(x->name) && x->rows > 1)
-            written += x->bytes / 2u +
-                       ((uint64_t)x->rows + WSYNC_FP8_BLOCK - 1) / WSYNC_FP8_BLOCK *
-                           (((uint64_t)x->cols + WSYNC_FP8_BLOCK - 1) / WSYNC_FP8_BLOCK * 4u);
-        else
-            written += x->bytes;
-    }
+    for (size_t k = 0; k < l->n; k++)
+        written += wf_written(&l->t[k]);
     wf_call_t lim = {.E = E, .bytes = (l->payload + written) / 2 / 256 * 256};
     WB_CK(cudaMalloc(&lim.a, lim.bytes));
     WB_CK(cudaMalloc(&lim.b, lim.bytes));
