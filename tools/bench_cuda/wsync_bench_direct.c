@@ -59,6 +59,16 @@ static uint64_t wb_bucket_bytes(const wb_layout_t *l, const wb_plan_t *p, size_t
     return n;
 }
 
+/* How the trainer named in an (e) row holds its tensors. */
+static const char *wb_trainer_what(const char *trainer)
+{
+    if (strcmp(trainer, "separate") == 0)
+        return "one cudaMalloc per tensor";
+    if (strcmp(trainer, "vmm") == 0)
+        return "every tensor in one cuMem range of 20 MiB chunks, as torch's expandable segments";
+    return "every tensor in one allocation";
+}
+
 /* ------------------------------------------------------------------ producer */
 
 static unsigned char **wb_separate_alloc(const wb_layout_t *l, cudaStream_t st)
@@ -369,13 +379,8 @@ static unsigned long long wb_direct_trainer(wb_direct_t *D, const char *trainer,
            "growing %.2fx a bucket up to it), 0 staging bytes: "
            "median %.2f ms engine (request to its stream's last copy), %.2f ms trainer (first "
            "stage to *consumed*), first sync %.2f ms; GPU alone %.2f ms\n",
-           trainer,
-           strcmp(trainer, "separate") == 0 ? "one cudaMalloc per tensor"
-           : strcmp(trainer, "vmm") == 0
-               ? "every tensor in one cuMem range of 20 MiB chunks, as torch's expandable segments"
-               : "every tensor in one allocation",
-           D->plan.nb, D->plan.nb > 1 ? "s" : "", (unsigned long long)(D->bucket >> 20),
-           D->ramp.steps, D->ramp.growth, ms, tr, cold, gms);
+           trainer, wb_trainer_what(trainer), D->plan.nb, D->plan.nb > 1 ? "s" : "",
+           (unsigned long long)(D->bucket >> 20), D->ramp.steps, D->ramp.growth, ms, tr, cold, gms);
     printf("      vs one flat cudaMemcpyAsync (%.2f ms): %.3f end to end (trainer), %.3f GPU "
            "alone; vs the staged sync (%.2f ms): %.2fx faster; IPC opens per sync %.3f (%s); "
            "%llu wrong words after the first sync\n",
