@@ -275,7 +275,10 @@ def run_layout(layout, iters, schemes, profile=False):
 
     read = src.numel() * 2
     first_scheme = schemes[0]
+    ref = loop = None
     for scheme in schemes:
+        ref = loop = None  # the last scheme's parameters, freed before this one's are made
+        torch.cuda.empty_cache()
         ref = fp8_params(shapes, scheme=scheme)
         loop = torch_loop(pairs, ref, scheme)
         loop_ms = event_ms(loop, iters)
