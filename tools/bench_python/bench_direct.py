@@ -53,7 +53,8 @@ def trainer(conn, layout, iters, alloc="cudamalloc"):
     import wsync
 
     if alloc == "expandable":  # before the first allocation of this process
-        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+        setting = getattr(torch._C, "_accelerator_setAllocatorSettings", None)  # the older name warns on torch 2.11
+        (setting or torch.cuda.memory._set_allocator_settings)("expandable_segments:True")
     hf, _, _ = placement(layout)
     params = {n: torch.randn(s, device="cuda", dtype=torch.bfloat16) for n, s in hf.items()}
     torch.cuda.synchronize()
