@@ -2,7 +2,9 @@
  * staging buffer into FP8 engine parameters, as SGLang and vLLM hold a DeepSeek-V3 / Qwen3-FP8
  * model: every linear weight (q, k, v, o, gate, up, down; the experts' w13 and w2) e4m3fn with a
  * float32 scale per 128 x 128 block (weight_scale_inv), fused as the engine fuses them; the
- * embeddings, norms, router and lm_head bf16. Rows, CUDA events, median of `iters`:
+ * embeddings, norms, router and lm_head bf16. Rows, CUDA events, median of `iters`, each call
+ * timed twice: call to done (the call's host work included) and GPU alone (the host work done
+ * while a kernel spins ahead of the call):
  *   the limit: one cudaMemcpyAsync moving (bytes read + bytes written) / 2;
  *   copy_quantized with WSYNC_COPY_QUANT_ONE_PASS (the NaN check inside the quantizing pass),
  *   and without it (the sources checked before anything is written);

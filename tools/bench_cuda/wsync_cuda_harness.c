@@ -165,8 +165,9 @@ double wh_median(double *v, unsigned n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-double wh_time_events(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaStream_t s,
-                      unsigned warmup, unsigned iters, wh_timed_fn fn, void *arg)
+double wh_time_events_gpu(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaStream_t s,
+                          unsigned warmup, unsigned iters, uint64_t spin_ns, wh_timed_fn fn,
+                          void *arg)
 {
     double *t = calloc(iters, sizeof(*t));
     if (t == NULL) {
@@ -174,6 +175,8 @@ double wh_time_events(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaStrea
         exit(1);
     }
     for (unsigned i = 0; i < warmup + iters; i++) {
+        if (spin_ns > 0)
+            WH_CK(who, wh_spin(spin_ns, s));
         WH_CK(who, cudaEventRecord(e0, s));
         fn(arg, s);
         WH_CK(who, cudaEventRecord(e1, s));
@@ -186,6 +189,12 @@ double wh_time_events(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaStrea
     double med = wh_median(t, iters);
     free(t);
     return med;
+}
+
+double wh_time_events(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaStream_t s,
+                      unsigned warmup, unsigned iters, wh_timed_fn fn, void *arg)
+{
+    return wh_time_events_gpu(who, e0, e1, s, warmup, iters, 0, fn, arg);
 }
 
 const char *wh_plugin_path(const char *name, char *buf, size_t cap)

@@ -61,6 +61,11 @@ double wh_median(double *v, unsigned n);
 typedef void (*wh_timed_fn)(void *arg, cudaStream_t s);
 double wh_time_events(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaStream_t s,
                       unsigned warmup, unsigned iters, wh_timed_fn fn, void *arg);
+/* The same with a kernel spinning about `spin_ns` on s before each e0, so the host work of fn
+ * (planning, uploads, launches) is done while the GPU is busy: the GPU time of fn's work alone. */
+double wh_time_events_gpu(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaStream_t s,
+                          unsigned warmup, unsigned iters, uint64_t spin_ns, wh_timed_fn fn,
+                          void *arg);
 
 /* Device helpers, enqueued on `s`. Word i of a filled buffer is mix(seed + i); bytes past the
  * last full word are the low bytes of the next word. */
