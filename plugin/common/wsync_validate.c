@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "wsync_cache.h"
 
@@ -122,19 +123,68 @@ static int wsync_spans_overlap(const wsync_dst_span_t *a, const wsync_dst_span_t
     return 0;
 }
 
+/* A span array for n ops holding the first m of kept (equal to the spans built so far). */
+static wsync_dst_span_t *wsync_spans_from(const wsync_dst_span_t *kept, size_t m, size_t n)
+{
+    wsync_dst_span_t *s = malloc(n * sizeof(*s));
+    if (s != NULL && m > 0)
+        memcpy(s, kept, m * sizeof(*s));
+    return s;
+}
+
+/* The slot kept for spans whose first is x (NULL: none). */
+static wsync_validate_kept_t *wsync_memo_find(wsync_validate_memo_t *memo,
+                                              const wsync_dst_span_t *x)
+{
+    for (unsigned k = 0; k < WSYNC_VALIDATE_MEMO_SLOTS; k++) {
+        wsync_validate_kept_t *slot = &memo->slot[k];
+        if (slot->n > 0 && memcmp(slot->spans, x, sizeof(*x)) == 0)
+            return slot;
+    }
+    return NULL;
+}
+
+/* slot holds a copy of s[0..m), not yet valid (n = 0); -1 without memory. */
+static int wsync_memo_keep(wsync_validate_kept_t *slot, const wsync_dst_span_t *s, size_t m)
+{
+    slot->n = 0;
+    if (m > slot->cap) {
+        void *p = realloc(slot->spans, m * sizeof(*s));
+        if (p == NULL)
+            return -1;
+        slot->spans = p;
+        slot->cap = m;
+    }
+    memcpy(slot->spans, s, m * sizeof(*s));
+    return 0;
+}
+
+void wsync_validate_memo_free(wsync_validate_memo_t *memo)
+{
+    if (memo == NULL)
+        return;
+    for (unsigned k = 0; k < WSYNC_VALIDATE_MEMO_SLOTS; k++)
+        free(memo->slot[k].spans);
+    memset(memo, 0, sizeof(*memo));
+}
+
 /* No two ops write a common destination byte (on a GPU the result would be undefined). Sorted by
  * start, each op is compared exactly with the earlier ops whose extent reaches it, which for the
  * ops of real plans (disjoint parameters and row ranges) is none. */
 static wsync_result_t wsync_validate_disjoint(const wsync_copy_op_t *ops, size_t n,
-                                              wsync_error_t *err)
+                                              wsync_validate_memo_t *memo, wsync_error_t *err)
 {
     if (n < 2)
         return WSYNC_OK;
-    wsync_dst_span_t *s = malloc(n * sizeof(*s));
-    if (s == NULL)
-        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory to check %zu ops", n);
+    /* The spans as built are compared with those kept for the same first span while they
+     * agree: no array is made for a call whose spans all equal them. */
+    wsync_validate_kept_t *slot = NULL;
+    const wsync_dst_span_t *kept = NULL;
+    size_t n_kept = 0;
+    wsync_dst_span_t *s = NULL;
     size_t m = 0;
     int sorted = 1;
+    uint64_t prev = 0;
     for (size_t i = 0; i < n; i++) {
         const wsync_copy_op_t *o = &ops[i];
         if (o->rows == 0 || o->row_bytes == 0)
@@ -142,10 +192,31 @@ static wsync_result_t wsync_validate_disjoint(const wsync_copy_op_t *ops, size_t
         uint64_t pitch = o->rows > 1 ? o->dst_pitch : o->row_bytes, end = 0;
         uint64_t start = (uint64_t)(uintptr_t)o->dst;
         (void)wsync_region_end(start, o->rows, pitch, o->row_bytes, &end); /* validated */
-        s[m] = (wsync_dst_span_t){start, end, pitch, o->rows, o->row_bytes, i};
-        sorted &= m == 0 || s[m - 1].start <= start;
-        m++;
+        const wsync_dst_span_t x = {start, end, pitch, o->rows, o->row_bytes, i};
+        if (m == 0 && memo != NULL && (slot = wsync_memo_find(memo, &x)) != NULL) {
+            kept = slot->spans;
+            n_kept = slot->n;
+        }
+        sorted &= m == 0 || prev <= start;
+        prev = start;
+        if (s == NULL && m < n_kept && memcmp(&kept[m], &x, sizeof(x)) == 0) {
+            m++;
+            continue;
+        }
+        if (s == NULL && (s = wsync_spans_from(kept, m, n)) == NULL)
+            return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory to check %zu ops", n);
+        s[m++] = x;
     }
+    if (m == 0 || (s == NULL && m == n_kept))
+        return WSYNC_OK; /* no bytes written, or the spans a memo slot found disjoint */
+    if (s == NULL && (s = wsync_spans_from(kept, m, n)) == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory to check %zu ops", n);
+    /* a slot takes these spans in their built order (the one of the same first span, else the
+     * next in turn), valid once they pass */
+    if (memo != NULL && slot == NULL)
+        slot = &memo->slot[memo->next++ % WSYNC_VALIDATE_MEMO_SLOTS];
+    if (slot != NULL && wsync_memo_keep(slot, s, m) != 0)
+        slot = NULL; /* no memory to keep them (the slot stays invalid) */
     if (!sorted)
         qsort(s, m, sizeof(*s), wsync_span_cmp);
     wsync_result_t rc = WSYNC_OK;
@@ -166,11 +237,19 @@ static wsync_result_t wsync_validate_disjoint(const wsync_copy_op_t *ops, size_t
         }
     }
     free(s);
+    if (slot != NULL && rc == WSYNC_OK)
+        slot->n = m;
     return rc;
 }
 
 wsync_result_t wsync_validate_copy_ops(const wsync_copy_op_t *ops, size_t n, uint64_t src_bytes,
                                        wsync_error_t *err)
+{
+    return wsync_validate_copy_ops_memo(NULL, ops, n, src_bytes, err);
+}
+
+wsync_result_t wsync_validate_copy_ops_memo(wsync_validate_memo_t *memo, const wsync_copy_op_t *ops,
+                                            size_t n, uint64_t src_bytes, wsync_error_t *err)
 {
     if (n > 0 && ops == NULL)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "ops is NULL but n_ops is %zu", n);
@@ -179,7 +258,7 @@ wsync_result_t wsync_validate_copy_ops(const wsync_copy_op_t *ops, size_t n, uin
         if (r != WSYNC_OK)
             return r;
     }
-    return wsync_validate_disjoint(ops, n, err);
+    return wsync_validate_disjoint(ops, n, memo, err);
 }
 
 static size_t wsync_quant_src_size(wsync_dtype_t d)
@@ -212,6 +291,13 @@ static uint8_t *wsync_quant_shared_scales(const wsync_copy_op_t *ops, const wsyn
 
 wsync_result_t wsync_validate_quant_ops(const wsync_copy_op_t *ops, const wsync_quant_t *quant,
                                         size_t n, uint64_t src_bytes, wsync_error_t *err)
+{
+    return wsync_validate_quant_ops_memo(NULL, ops, quant, n, src_bytes, err);
+}
+
+wsync_result_t wsync_validate_quant_ops_memo(wsync_validate_memo_t *memo,
+                                             const wsync_copy_op_t *ops, const wsync_quant_t *quant,
+                                             size_t n, uint64_t src_bytes, wsync_error_t *err)
 {
     if (n > 0 && (ops == NULL || quant == NULL))
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
@@ -280,7 +366,7 @@ wsync_result_t wsync_validate_quant_ops(const wsync_copy_op_t *ops, const wsync_
         for (size_t i = 0; i < n; i++)
             if (shared[i])
                 dst[n + i].rows = 0; /* the same tensor's scale, counted at its first op */
-        r = wsync_validate_disjoint(dst, 2 * n, err);
+        r = wsync_validate_disjoint(dst, 2 * n, memo, err);
     }
     free(dst);
     free(shared);
@@ -354,10 +440,10 @@ wsync_result_t wsync_validate_copy_args(const wsync_copy_op_t *ops, size_t n_ops
     return WSYNC_OK;
 }
 
-wsync_result_t wsync_validate_segment_ops(const wsync_copy_op_t *ops, const uint32_t *op_segment,
-                                          size_t n, const uint64_t *seg_bytes,
-                                          const uint64_t *seg_base, size_t n_segs,
-                                          wsync_copy_op_t **out, wsync_error_t *err)
+wsync_result_t wsync_validate_segment_ops(wsync_validate_memo_t *memo, const wsync_copy_op_t *ops,
+                                          const uint32_t *op_segment, size_t n,
+                                          const uint64_t *seg_bytes, const uint64_t *seg_base,
+                                          size_t n_segs, wsync_copy_op_t **out, wsync_error_t *err)
 {
     *out = NULL;
     if (n > 0 && op_segment == NULL)
@@ -389,7 +475,7 @@ wsync_result_t wsync_validate_segment_ops(const wsync_copy_op_t *ops, const uint
         v[i] = ops[i];
         v[i].src_offset += start[op_segment[i]];
     }
-    wsync_result_t r = wsync_validate_copy_ops(v, n, total, err);
+    wsync_result_t r = wsync_validate_copy_ops_memo(memo, v, n, total, err);
     for (size_t i = 0; r == WSYNC_OK && i < n; i++)
         v[i].src_offset = seg_base[op_segment[i]] + ops[i].src_offset;
     free(start);
@@ -401,9 +487,10 @@ wsync_result_t wsync_validate_segment_ops(const wsync_copy_op_t *ops, const uint
     return WSYNC_OK;
 }
 
-wsync_result_t wsync_validate_segments(const wsync_copy_op_t *ops, const uint32_t *op_segment,
-                                       size_t n, size_t n_segs, wsync_segment_fn seg, void *user,
-                                       const char *what, wsync_copy_op_t **out, wsync_error_t *err)
+wsync_result_t wsync_validate_segments(wsync_validate_memo_t *memo, const wsync_copy_op_t *ops,
+                                       const uint32_t *op_segment, size_t n, size_t n_segs,
+                                       wsync_segment_fn seg, void *user, const char *what,
+                                       wsync_copy_op_t **out, wsync_error_t *err)
 {
     *out = NULL;
     if (n_segs == 0)
@@ -417,7 +504,7 @@ wsync_result_t wsync_validate_segments(const wsync_copy_op_t *ops, const uint32_
         if (seg(user, k, &bytes[k], &base[k]) != 0)
             r = WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT, "segs[%zu] is not %s", k, what);
     if (r == WSYNC_OK)
-        r = wsync_validate_segment_ops(ops, op_segment, n, bytes, base, n_segs, out, err);
+        r = wsync_validate_segment_ops(memo, ops, op_segment, n, bytes, base, n_segs, out, err);
     free(bytes);
     free(base);
     return r;

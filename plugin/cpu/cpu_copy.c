@@ -143,9 +143,9 @@ wsync_result_t wsync_cpu_copy_segments(struct wsync_consumer *c, struct wsync_ha
         return r;
     cpu_segs_t sg = {.c = c, .h = h, .segs = segs};
     wsync_copy_op_t *moved = NULL;
-    if ((r = wsync_validate_segments(ops, op_segment, n_ops, segs != NULL ? n_segs : 0, cpu_segment,
-                                     &sg, "an open host_pid segment of its producer", &moved,
-                                     err)) != WSYNC_OK)
+    if ((r = wsync_validate_segments(NULL, ops, op_segment, n_ops, segs != NULL ? n_segs : 0,
+                                     cpu_segment, &sg, "an open host_pid segment of its producer",
+                                     &moved, err)) != WSYNC_OK)
         return r;
     r = wsync_cpu_enqueue(c, h, stream, generation, moved, NULL, n_ops, 0, h->peer_pid, err);
     free(moved);

@@ -20,6 +20,7 @@
 #include "wsync_cuda_vmm.h"
 #include "wsync_manifest_cache.h"
 #include "wsync_shm.h"
+#include "wsync_validate.h"
 
 /* op tables in flight per consumer (copy_quantized takes two a call) */
 #define WSYNC_CUDA_RING_SLOTS 8
@@ -277,6 +278,7 @@ struct wsync_consumer {
     wsync_manifest_cache_t *manifests; /* parse cache; thread safe on its own */
     wsync_cuda_ring_t ring;
     wsync_cuda_adapter_state_t adapter; /* the adapter executor's buffers */
+    wsync_validate_memo_t valid;        /* op sets found disjoint (used under lock) */
     pthread_mutex_t lock;
 };
 

@@ -106,6 +106,7 @@ static wsync_result_t consumer_finalize(struct wsync_consumer *c, wsync_error_t 
     wsync_cuda_ring_free(&c->ring);
     wsync_cuda_adapter_state_free(&c->adapter);
     wsync_manifest_cache_destroy(c->manifests);
+    wsync_validate_memo_free(&c->valid);
     pthread_mutex_unlock(&c->lock);
     wsync_cuda_lane_destroy(&c->lane);
     pthread_mutex_destroy(&c->lock);

@@ -249,7 +249,7 @@ wsync_result_t wsync_cuda_copy_weights(struct wsync_consumer *c, struct wsync_ha
                         "handle %p is a segment of a direct manifest: copy with copy_segments and "
                         "the manifest buffer's handle",
                         (void *)h);
-    else if ((rc = wsync_validate_copy_ops(ops, n_ops, h->bytes, err)) == WSYNC_OK)
+    else if ((rc = wsync_validate_copy_ops_memo(&c->valid, ops, n_ops, h->bytes, err)) == WSYNC_OK)
         rc = copy_locked(
             c, h, wsync_cuda_stream(stream), generation, ops, n_ops, flags,
             (uintptr_t)(((wsync_cuda_mapping_t *)h->entry->mapping)->base + h->base_offset), NULL,
@@ -296,16 +296,15 @@ wsync_result_t wsync_cuda_copy_segments(struct wsync_consumer *c, struct wsync_h
         return rc;
     cuda_segs_t sg = {.c = c, .segs = segs};
     wsync_copy_op_t *moved = NULL;
-    if ((rc = wsync_validate_segments(ops, op_segment, n_ops, n_segs, cuda_segment, &sg,
-                                      "the open handle of a direct manifest's segment", &moved,
-                                      err)) != WSYNC_OK)
-        return rc;
     wsync_cuda_range_push("wsync:copy_segments");
     cudaSetDevice(c->device);
     const cudaStream_t s = wsync_cuda_stream(stream);
     pthread_mutex_lock(&c->lock);
     wsync_cuda_slot_t *slot = NULL;
-    rc = copy_locked(c, h, s, generation, moved, n_ops, flags, 0, &slot, err);
+    rc = wsync_validate_segments(&c->valid, ops, op_segment, n_ops, n_segs, cuda_segment, &sg,
+                                 "the open handle of a direct manifest's segment", &moved, err);
+    if (rc == WSYNC_OK)
+        rc = copy_locked(c, h, s, generation, moved, n_ops, flags, 0, &slot, err);
     for (size_t k = 0; rc == WSYNC_OK && k < n_segs; k++) {
         wsync_cuda_mapping_t *sm = segs[k]->entry->mapping;
         sm->guard = slot; /* the unmap waits for this launch (the slot's done event) */
@@ -711,15 +710,6 @@ wsync_result_t wsync_cuda_copy_quantized(struct wsync_consumer *c, struct wsync_
                           "handle %p is a segment of a direct manifest: a direct bucket does not "
                           "quantize",
                           (void *)h);
-    if ((rc = wsync_validate_quant_ops(ops, quant, n_ops, h->bytes, err)) != WSYNC_OK)
-        return rc;
-    wsync_copy_op_t *plain = calloc(n_ops ? n_ops : 1, sizeof(*plain));
-    if (plain == NULL)
-        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu ops", n_ops);
-    size_t np = 0;
-    for (size_t i = 0; i < n_ops; i++)
-        if (quant[i].kind == WSYNC_QUANT_NONE)
-            plain[np++] = ops[i];
     wsync_cuda_range_push("wsync:copy_quantized");
     cudaSetDevice(c->device);
     const cudaStream_t s = wsync_cuda_stream(stream);
@@ -728,7 +718,16 @@ wsync_result_t wsync_cuda_copy_quantized(struct wsync_consumer *c, struct wsync_
     pthread_mutex_lock(&c->lock);
     quant_launch_t q;
     size_t *from = NULL;
-    rc = quant_prepare(c, h, s, generation, ops, quant, n_ops, base, one_pass, &q, &from, err);
+    wsync_copy_op_t *plain = NULL;
+    size_t np = 0;
+    rc = wsync_validate_quant_ops_memo(&c->valid, ops, quant, n_ops, h->bytes, err);
+    if (rc == WSYNC_OK && (plain = calloc(n_ops ? n_ops : 1, sizeof(*plain))) == NULL)
+        rc = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu ops", n_ops);
+    for (size_t i = 0; rc == WSYNC_OK && i < n_ops; i++)
+        if (quant[i].kind == WSYNC_QUANT_NONE)
+            plain[np++] = ops[i];
+    if (rc == WSYNC_OK)
+        rc = quant_prepare(c, h, s, generation, ops, quant, n_ops, base, one_pass, &q, &from, err);
     if (rc == WSYNC_OK) {
         const copy_extra_t extra = {.fn = quant_run, .arg = &q};
         rc = copy_locked_with(c, h, s, generation, plain, np, flags, base, NULL, &extra, err);

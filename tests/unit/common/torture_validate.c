@@ -380,6 +380,103 @@ static void test_quant_row_and_tensor_scales(void **state)
     assert_non_null(strstr(err.message, "overlapping destination bytes"));
 }
 
+/* A consumer's memo: the same ops again pass without a sort; ops whose destinations differ from
+ * the kept ones anywhere (first, middle, last, one more or one fewer) are checked in full, an
+ * overlap still refused by name; a refused call leaves no memo that could pass it; the source
+ * bounds are checked on every call. */
+static int memo_holds(const wsync_validate_memo_t *memo, size_t n)
+{
+    for (unsigned k = 0; k < WSYNC_VALIDATE_MEMO_SLOTS; k++)
+        if (memo->slot[k].n == n)
+            return 1;
+    return 0;
+}
+
+static void test_memo(void **state)
+{
+    (void)state;
+    enum { N = 64 };
+    wsync_copy_op_t ops[N];
+    for (size_t i = 0; i < N; i++) { /* out of address order: the memo keeps the given order */
+        ops[i] = op1d(0, 32, 32);
+        ops[i].dst = dst_mem + 32 * ((i * 37) % N);
+    }
+    wsync_validate_memo_t memo = {0};
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    assert_int_equal(wsync_validate_copy_ops_memo(&memo, ops, N, 4096, &err), WSYNC_OK);
+    assert_true(memo_holds(&memo, N));
+    assert_int_equal(wsync_validate_copy_ops_memo(&memo, ops, N, 4096, &err), WSYNC_OK);
+    const size_t at[3] = {0, N / 2, N - 1};
+    for (size_t k = 0; k < 3; k++) { /* an overlap at the first, a middle and the last op */
+        wsync_copy_op_t bad[N];
+        memcpy(bad, ops, sizeof(bad));
+        bad[at[k]].dst = (char *)bad[(at[k] + 1) % N].dst + 31;
+        err = (wsync_error_t){.struct_size = sizeof(err)};
+        assert_int_equal(wsync_validate_copy_ops_memo(&memo, bad, N, 4096, &err), INVAL);
+        assert_non_null(strstr(err.message, "write overlapping destination bytes"));
+        err = (wsync_error_t){.struct_size = sizeof(err)};
+        assert_int_equal(wsync_validate_copy_ops_memo(&memo, bad, N, 4096, &err), INVAL);
+        assert_int_equal(wsync_validate_copy_ops_memo(&memo, ops, N, 4096, &err), WSYNC_OK);
+        assert_true(memo_holds(&memo, N));
+    }
+    /* one fewer op, then one more that overlaps */
+    assert_int_equal(wsync_validate_copy_ops_memo(&memo, ops, N - 1, 4096, &err), WSYNC_OK);
+    assert_true(memo_holds(&memo, N - 1));
+    wsync_copy_op_t more[N + 1];
+    memcpy(more, ops, sizeof(ops));
+    more[N] = op1d(0, 8, 8);
+    more[N].dst = dst_mem + 4;
+    assert_int_equal(wsync_validate_copy_ops_memo(&memo, more, N + 1, 4096, &err), INVAL);
+    /* the same destinations with a source past the buffer: the bounds are checked every call */
+    assert_int_equal(wsync_validate_copy_ops_memo(&memo, ops, N, 4096, &err), WSYNC_OK);
+    wsync_copy_op_t far[N];
+    memcpy(far, ops, sizeof(far));
+    far[5].src_offset = 4096 - 16;
+    err = (wsync_error_t){.struct_size = sizeof(err)};
+    assert_int_equal(wsync_validate_copy_ops_memo(&memo, far, N, 4096, &err), OOB);
+    assert_non_null(strstr(err.message, "op 5"));
+    /* copy_quantized's ops share the memo: scales meeting a weight are refused after a pass */
+    wsync_copy_op_t q_ops[2] = {
+        {.src_pitch = 512,
+         .dst = q_dst,
+         .dst_pitch = 256,
+         .dst_extent = 256 * 200,
+         .rows = 200,
+         .row_bytes = 512},
+        op1d(200 * 512, 64, 64),
+    };
+    q_ops[1].dst = q_dst + 256 * 200;
+    wsync_quant_t q[2] = {{.kind = WSYNC_QUANT_FP8_BLOCK,
+                           .src_dtype = WSYNC_DTYPE_BF16,
+                           .cols = 256,
+                           .scale_dst = q_scales,
+                           .scale_pitch = 8,
+                           .scale_extent = 16},
+                          {.kind = WSYNC_QUANT_NONE}};
+    assert_int_equal(wsync_validate_quant_ops_memo(&memo, q_ops, q, 2, 200 * 512 + 64, &err),
+                     WSYNC_OK);
+    assert_int_equal(wsync_validate_quant_ops_memo(&memo, q_ops, q, 2, 200 * 512 + 64, &err),
+                     WSYNC_OK);
+    q[0].scale_dst = q_dst + 256 * 200 + 8;
+    q[0].scale_extent = 64;
+    err = (wsync_error_t){.struct_size = sizeof(err)};
+    assert_int_equal(wsync_validate_quant_ops_memo(&memo, q_ops, q, 2, 200 * 512 + 64, &err),
+                     INVAL);
+    assert_non_null(strstr(err.message, "ops 1 and 2 write overlapping destination bytes"));
+    /* more op sets than slots: each still checked, the refused one refused */
+    for (size_t k = 0; k < 2 * WSYNC_VALIDATE_MEMO_SLOTS; k++) {
+        wsync_copy_op_t one[2] = {op1d(0, 16, 16), op1d(0, 16, 16)};
+        one[0].dst = dst_mem + 16 * (k % 200);
+        one[1].dst = (char *)one[0].dst + 16;
+        assert_int_equal(wsync_validate_copy_ops_memo(&memo, one, 2, 4096, &err), WSYNC_OK);
+        one[1].dst = (char *)one[0].dst + 15;
+        assert_int_equal(wsync_validate_copy_ops_memo(&memo, one, 2, 4096, &err), INVAL);
+    }
+    wsync_validate_memo_free(&memo);
+    for (unsigned k = 0; k < WSYNC_VALIDATE_MEMO_SLOTS; k++)
+        assert_null(memo.slot[k].spans);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -396,6 +493,7 @@ int main(void)
         cmocka_unit_test(test_copy_args),
         cmocka_unit_test(test_quant_ops),
         cmocka_unit_test(test_quant_row_and_tensor_scales),
+        cmocka_unit_test(test_memo),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
