@@ -94,17 +94,21 @@ void wsync_cuda_groups_free(wsync_cuda_groups_t *g);
  * min_bytes; lanes (clamped to [1, WSYNC_CUDA_MAX_LANES]): the copy engines' copies are dealt
  * largest first to the lane with the fewest bytes so far (one stream's copies run one after
  * another, with a gap between two; two streams fill each other's gaps); range NULL: no op is
- * joined with another. */
+ * joined with another; balance: the copies in op order fill the lanes one after another, each
+ * to an equal share of the bytes, a copy cut (at a 1 MiB multiple) where a lane is full, so no
+ * lane is left alone with one long copy (a trainer's embedding beside its layers' matrices). */
 typedef struct wsync_cuda_split_cfg {
     double share;
     uint64_t min_bytes;
     int lanes;
     wsync_cuda_alloc_range_fn range;
+    int balance;
 } wsync_cuda_split_cfg_t;
 wsync_result_t wsync_cuda_split(wsync_cuda_op_t *table, size_t n, const wsync_cuda_split_cfg_t *cfg,
                                 wsync_cuda_split_t *out, wsync_error_t *err);
 /* WSYNC_CUDA_CE_SHARE / WSYNC_CUDA_CE_MIN_BYTES / WSYNC_CUDA_CE_LANES / WSYNC_CUDA_CE_JOIN (0:
- * no joined copies; read per call), else the measured defaults (1.0, 16 MiB, 2, joined). */
+ * no joined copies) / WSYNC_CUDA_CE_BALANCE (1: balanced lanes; read per call), else the
+ * measured defaults (1.0, 16 MiB, 2, joined, dealt whole). */
 void wsync_cuda_split_cfg(wsync_cuda_split_cfg_t *cfg);
 
 /* The copy engines' lanes of one consumer or staging buffer: a stream each, one fork event and

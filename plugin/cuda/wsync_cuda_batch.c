@@ -76,6 +76,8 @@ void wsync_cuda_split_cfg(wsync_cuda_split_cfg_t *cfg)
     cfg->lanes = l < 1 ? 1 : l > WSYNC_CUDA_MAX_LANES ? WSYNC_CUDA_MAX_LANES : (int)l;
     v = getenv("WSYNC_CUDA_CE_JOIN");
     cfg->range = v != NULL && strcmp(v, "0") == 0 ? NULL : wsync_cuda_alloc_range;
+    v = getenv("WSYNC_CUDA_CE_BALANCE");
+    cfg->balance = v != NULL && strcmp(v, "1") == 0;
 }
 
 cudaError_t wsync_cuda_lane_create(wsync_cuda_lane_t *l)

@@ -95,6 +95,57 @@ static void place(const wsync_cuda_groups_t *g, const int *lane, wsync_cuda_op_t
     }
 }
 
+/* The taken groups' copies in op order filling lane after lane, each lane to total / lanes bytes
+ * (rounded up to 1 MiB), a 1-D copy cut at a 1 MiB multiple where its lane is full (the last lane
+ * takes what is left); their table ops marked. -1 without memory. */
+static int place_balanced(const wsync_cuda_groups_t *g, const int *lane, size_t n_ce, int lanes,
+                          wsync_cuda_op_t *table, wsync_cuda_split_t *out)
+{
+    const uint64_t unit = 1ull << 20;
+    out->ce = malloc((n_ce + (size_t)lanes) * sizeof(*out->ce)); /* lanes - 1 cuts at most */
+    if (out->ce == NULL)
+        return -1;
+    uint64_t total = 0;
+    for (size_t i = 0; i < g->n; i++)
+        total += lane[i] >= 0 ? group_bytes(&g->g[i]) : 0;
+    const uint64_t share = (total / (uint64_t)lanes + unit - 1) / unit * unit;
+    int k = 0;
+    uint64_t load = 0;
+    for (size_t i = 0; i < g->n; i++) {
+        if (lane[i] < 0)
+            continue;
+        const wsync_cuda_group_t *x = &g->g[i];
+        for (size_t c = 0; c < x->count; c++)
+            table[g->member[x->first + c]].flags |= WSYNC_CUDA_OP_CE;
+        out->ce_ops += x->count;
+        wsync_cuda_op_t op = x->op;
+        for (;;) {
+            const uint64_t left = op.rows * op.row_bytes;
+            const uint64_t room = share > load ? share - load : 0;
+            if (k < lanes - 1 && room < unit) { /* this lane is full */
+                k++;
+                load = 0;
+                continue;
+            }
+            if (k == lanes - 1 || op.rows != 1 || left <= room) { /* the rest of it here */
+                out->ce[out->n_ce++] = op;
+                out->lane_n[k]++;
+                load += left;
+                break;
+            }
+            wsync_cuda_op_t head = op; /* a 1-D copy cut where the lane is full */
+            head.row_bytes = room / unit * unit;
+            out->ce[out->n_ce++] = head;
+            out->lane_n[k++]++;
+            load = 0;
+            op.src += head.row_bytes;
+            op.dst += head.row_bytes;
+            op.row_bytes -= head.row_bytes;
+        }
+    }
+    return 0;
+}
+
 wsync_result_t wsync_cuda_split(wsync_cuda_op_t *table, size_t n, const wsync_cuda_split_cfg_t *cfg,
                                 wsync_cuda_split_t *out, wsync_error_t *err)
 {
@@ -122,7 +173,10 @@ wsync_result_t wsync_cuda_split(wsync_cuda_op_t *table, size_t n, const wsync_cu
             lane[i] = -1;
         n_ce = take(&g, lane, target, cfg->min_bytes, &out->ce_bytes);
     }
-    if (lane != NULL && n_ce > 0) {
+    if (lane != NULL && n_ce > 0 && cfg->balance && lanes > 1) {
+        if (place_balanced(&g, lane, n_ce, lanes, table, out) != 0)
+            out->ce = NULL;
+    } else if (lane != NULL && n_ce > 0) {
         out->ce = malloc(n_ce * sizeof(*out->ce));
         if (out->ce != NULL && deal(&g, lane, n_ce, lanes, out) != 0) {
             free(out->ce);

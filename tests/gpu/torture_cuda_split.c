@@ -44,7 +44,7 @@ static wsync_result_t split(wsync_cuda_op_t *t, size_t n, double share, uint64_t
                             int lanes, wsync_cuda_alloc_range_fn range, wsync_cuda_split_t *sp,
                             wsync_error_t *err)
 {
-    const wsync_cuda_split_cfg_t cfg = {share, min_bytes, lanes, range};
+    const wsync_cuda_split_cfg_t cfg = {share, min_bytes, lanes, range, 0};
     return wsync_cuda_split(t, n, &cfg, sp, err);
 }
 
@@ -346,6 +346,62 @@ static void test_join_rules(void **state)
     assert_compacted(before, 4, t, &sp);
 }
 
+/* Balanced lanes (WSYNC_CUDA_CE_BALANCE=1): a trainer's first bucket, the 1.24 GB embedding
+ * then the matrices of two layers, fills lane after lane in op order, each to half the bytes,
+ * the embedding cut at a 1 MiB multiple; the pieces cover every copy's bytes once, in order. */
+static void test_lanes_balanced_by_cutting(void **state)
+{
+    (void)state;
+    enum { N = 15 };
+    shape_t sh[N] = {{1, 1187 * MIB}};
+    for (size_t i = 1; i < N; i++)
+        sh[i] = (shape_t){1, (i % 3 ? 32 : 96) * MIB};
+    sh[7] = (shape_t){1, 8 * MIB}; /* under the minimum: the kernel's */
+    wsync_cuda_op_t t[N], before[N];
+    for (int lanes = 2; lanes <= WSYNC_CUDA_MAX_LANES; lanes++) {
+        plan(sh, N, t);
+        memcpy(before, t, sizeof(t));
+        const wsync_cuda_split_cfg_t cfg = {1.0, 16 * MIB, lanes, NULL, 1};
+        wsync_cuda_split_t sp;
+        wsync_error_t err = {.struct_size = sizeof(err)};
+        assert_int_equal(wsync_cuda_split(t, N, &cfg, &sp, &err), WSYNC_OK);
+        assert_int_equal(sp.ce_ops, N - 1);
+        assert_int_equal(sp.n_kernel, 1);
+        assert_ptr_equal(t[0].dst, before[7].dst);
+        uint64_t load[WSYNC_CUDA_MAX_LANES] = {0}, sum = 0;
+        size_t at = 0, op = 0;
+        uint64_t done = 0; /* bytes of before[op] covered so far */
+        for (int k = 0; k < WSYNC_CUDA_MAX_LANES; k++)
+            for (size_t j = 0; j < sp.lane_n[k]; j++, at++) {
+                const wsync_cuda_op_t *c = &sp.ce[at];
+                if (op == 7)
+                    op++;
+                assert_ptr_equal(c->src, before[op].src + done); /* the next bytes, in order */
+                assert_ptr_equal(c->dst, before[op].dst + done);
+                assert_int_equal(c->rows, 1);
+                assert_true(c->chunk_end > c->chunk_begin);
+                done += c->row_bytes;
+                assert_true(done <= before[op].row_bytes);
+                if (done == before[op].row_bytes) {
+                    op++;
+                    done = 0;
+                }
+                load[k] += c->row_bytes;
+                sum += c->row_bytes;
+            }
+        assert_int_equal(at, sp.n_ce);
+        assert_int_equal(op, N);
+        assert_int_equal(sum, sp.ce_bytes);
+        assert_true(sp.n_ce <= N - 1 + (size_t)lanes - 1);
+        const uint64_t share = (sum / (uint64_t)lanes + MIB - 1) / MIB * MIB;
+        for (int k = 0; k < lanes; k++) /* each lane within one copy's cut of its share */
+            assert_true(load[k] + MIB > share || k == lanes - 1);
+        for (int k = 0; k < lanes - 1; k++)
+            assert_true(load[k] <= share);
+        free(sp.ce);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -354,6 +410,7 @@ int main(void)
         cmocka_unit_test(test_minimum_and_2d_stay_with_the_kernel),
         cmocka_unit_test(test_everything_contiguous_with_no_minimum),
         cmocka_unit_test(test_lanes_balanced_by_bytes),
+        cmocka_unit_test(test_lanes_balanced_by_cutting),
         cmocka_unit_test(test_ops_that_continue_each_other_join),
         cmocka_unit_test(test_joins_cut_at_allocation_ends),
         cmocka_unit_test(test_join_rules),
