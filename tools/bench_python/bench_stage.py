@@ -3,8 +3,9 @@ bucket of the dense model (399 bf16 tensors, 16.4 GB) as the Python Producer pla
 idle, against one cudaMemcpyAsync of the bucket's bytes in the same process. Trainer tensors held
 three ways: one torch allocation each (as trainers hold parameters), views packed back to back in
 one storage, and views in one storage at 256-byte aligned offsets (as the C benchmark's trainer
-holds them); each with the copy engines' default share of the stage and with the kernel alone
-(WSYNC_CUDA_CE_SHARE=0). Where the staged Python sync's time goes (docs/PERFORMANCE.md).
+holds them); each with the copy engines' default share of the stage, with balanced copy-engine
+lanes (WSYNC_CUDA_CE_BALANCE=1) and with the kernel alone (WSYNC_CUDA_CE_SHARE=0). Where the
+staged Python sync's time goes (docs/PERFORMANCE.md).
 
   usage: python tools/bench_python/bench_stage.py [--iters 5] [--bucket-mib 2048]
 """
@@ -17,6 +18,15 @@ import os
 import torch
 from bench_checkpoint import stager
 from bench_python import event_ms, flat_views, hf_shapes
+
+
+# the stage's copy settings measured (the plugin reads them per call; README's knob table)
+SETTINGS = {
+    "copy engines' default share": {},
+    "copy engines, balanced lanes": {"WSYNC_CUDA_CE_BALANCE": "1"},
+    "kernel alone": {"WSYNC_CUDA_CE_SHARE": "0"},
+}
+KNOBS = ("WSYNC_CUDA_CE_SHARE", "WSYNC_CUDA_CE_BALANCE")
 
 
 def aligned_views(shapes):
@@ -51,11 +61,10 @@ def main():
     other = torch.empty_like(flat)
     for name, views in variants.items():
         by = dict(views)
-        for share in (None, "0"):
-            if share is None:
-                os.environ.pop("WSYNC_CUDA_CE_SHARE", None)
-            else:
-                os.environ["WSYNC_CUDA_CE_SHARE"] = share
+        for what, env in SETTINGS.items():
+            for k in KNOBS:
+                os.environ.pop(k, None)
+            os.environ.update(env)
             per, lim = [], []
             for names in plan:
                 pairs = [(k, by[k]) for k in names]
@@ -64,11 +73,11 @@ def main():
                 per.append(event_ms(stage, args.iters))
                 lim.append(event_ms(lambda nb=nb: other[:nb].copy_(flat[:nb]), args.iters))
                 prod.close()
-            what = "copy engines' default share" if share is None else "kernel alone"
             print(f"  {name}, {what}: stage {sum(per):.2f} ms for all buckets = {sum(lim) / sum(per):.3f} of "
                   f"one cudaMemcpyAsync per bucket ({sum(lim):.2f} ms); per bucket "
                   + " ".join(f"{p:.2f}/{q:.2f}" for p, q in zip(per, lim)))
-    os.environ.pop("WSYNC_CUDA_CE_SHARE", None)
+    for k in KNOBS:
+        os.environ.pop(k, None)
 
 
 if __name__ == "__main__":
