@@ -269,27 +269,33 @@ static void test_overlapping_destinations(void **state)
  * another destination is an overlap (scales are op n + i). */
 static char q_dst[256 * 200 + 64], q_scales[64];
 
-static void test_quant_ops(void **state)
+/* That source's two ops and their quant entries. */
+static void quant_fixture(wsync_copy_op_t ops[2], wsync_quant_t q[2])
 {
-    (void)state;
-    wsync_copy_op_t ops[2] = {
-        {.src_offset = 0,
-         .src_pitch = 512,
-         .dst = q_dst,
-         .dst_pitch = 256,
-         .dst_extent = 256 * 200,
-         .rows = 200,
-         .row_bytes = 512},
-        op1d(200 * 512, 64, 64),
-    };
+    ops[0] = (wsync_copy_op_t){.src_offset = 0,
+                               .src_pitch = 512,
+                               .dst = q_dst,
+                               .dst_pitch = 256,
+                               .dst_extent = 256 * 200,
+                               .rows = 200,
+                               .row_bytes = 512};
+    ops[1] = op1d(200 * 512, 64, 64);
     ops[1].dst = q_dst + 256 * 200;
-    wsync_quant_t q[2] = {{.kind = WSYNC_QUANT_FP8_BLOCK,
+    q[0] = (wsync_quant_t){.kind = WSYNC_QUANT_FP8_BLOCK,
                            .src_dtype = WSYNC_DTYPE_BF16,
                            .cols = 256,
                            .scale_dst = q_scales,
                            .scale_pitch = 8,
-                           .scale_extent = 16},
-                          {.kind = WSYNC_QUANT_NONE}};
+                           .scale_extent = 16};
+    q[1] = (wsync_quant_t){.kind = WSYNC_QUANT_NONE};
+}
+
+static void test_quant_ops(void **state)
+{
+    (void)state;
+    wsync_copy_op_t ops[2];
+    wsync_quant_t q[2];
+    quant_fixture(ops, q);
     wsync_error_t err = {.struct_size = sizeof(err)};
     assert_int_equal(wsync_validate_quant_ops(ops, q, 2, 200 * 512 + 64, &err), WSYNC_OK);
 
@@ -436,23 +442,9 @@ static void test_memo(void **state)
     assert_int_equal(wsync_validate_copy_ops_memo(&memo, far, N, 4096, &err), OOB);
     assert_non_null(strstr(err.message, "op 5"));
     /* copy_quantized's ops share the memo: scales meeting a weight are refused after a pass */
-    wsync_copy_op_t q_ops[2] = {
-        {.src_pitch = 512,
-         .dst = q_dst,
-         .dst_pitch = 256,
-         .dst_extent = 256 * 200,
-         .rows = 200,
-         .row_bytes = 512},
-        op1d(200 * 512, 64, 64),
-    };
-    q_ops[1].dst = q_dst + 256 * 200;
-    wsync_quant_t q[2] = {{.kind = WSYNC_QUANT_FP8_BLOCK,
-                           .src_dtype = WSYNC_DTYPE_BF16,
-                           .cols = 256,
-                           .scale_dst = q_scales,
-                           .scale_pitch = 8,
-                           .scale_extent = 16},
-                          {.kind = WSYNC_QUANT_NONE}};
+    wsync_copy_op_t q_ops[2];
+    wsync_quant_t q[2];
+    quant_fixture(q_ops, q);
     assert_int_equal(wsync_validate_quant_ops_memo(&memo, q_ops, q, 2, 200 * 512 + 64, &err),
                      WSYNC_OK);
     assert_int_equal(wsync_validate_quant_ops_memo(&memo, q_ops, q, 2, 200 * 512 + 64, &err),
