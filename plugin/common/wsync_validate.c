@@ -1,5 +1,6 @@
 /* Edge validation of copy ops and generations (docs/DESIGN.md §2: validate completely before any
- * byte is written). Pure functions; thread safe. */
+ * byte is written). Pure functions, thread safe, except that a consumer's memo (wsync_validate.h)
+ * takes one caller at a time. */
 #include "wsync_validate.h"
 
 #include "wsync_fp8.h"
