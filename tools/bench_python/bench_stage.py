@@ -19,7 +19,6 @@ import torch
 from bench_checkpoint import stager
 from bench_python import event_ms, flat_views, hf_shapes
 
-
 # the stage's copy settings measured (the plugin reads them per call; README's knob table)
 SETTINGS = {
     "copy engines' default share": {},
