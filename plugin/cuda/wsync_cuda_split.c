@@ -76,6 +76,15 @@ static size_t take(const wsync_cuda_groups_t *g, int *lane, uint64_t target, uin
     return n_ce;
 }
 
+/* Group x goes to the copy engines: its table ops marked and counted. */
+static void mark(const wsync_cuda_groups_t *g, const wsync_cuda_group_t *x, wsync_cuda_op_t *table,
+                 wsync_cuda_split_t *out)
+{
+    for (size_t c = 0; c < x->count; c++)
+        table[g->member[x->first + c]].flags |= WSYNC_CUDA_OP_CE;
+    out->ce_ops += x->count;
+}
+
 /* The copy engines' copies lane after lane (each lane in group order), their table ops marked. */
 static void place(const wsync_cuda_groups_t *g, const int *lane, wsync_cuda_op_t *table,
                   wsync_cuda_split_t *out)
@@ -88,10 +97,8 @@ static void place(const wsync_cuda_groups_t *g, const int *lane, wsync_cuda_op_t
             continue;
         const wsync_cuda_group_t *x = &g->g[i];
         out->ce[at[lane[i]]++] = x->op;
-        for (size_t c = 0; c < x->count; c++)
-            table[g->member[x->first + c]].flags |= WSYNC_CUDA_OP_CE;
         out->n_ce++;
-        out->ce_ops += x->count;
+        mark(g, x, table, out);
     }
 }
 
@@ -115,9 +122,7 @@ static int place_balanced(const wsync_cuda_groups_t *g, const int *lane, size_t 
         if (lane[i] < 0)
             continue;
         const wsync_cuda_group_t *x = &g->g[i];
-        for (size_t c = 0; c < x->count; c++)
-            table[g->member[x->first + c]].flags |= WSYNC_CUDA_OP_CE;
-        out->ce_ops += x->count;
+        mark(g, x, table, out);
         wsync_cuda_op_t op = x->op;
         for (;;) {
             const uint64_t left = op.rows * op.row_bytes;
