@@ -271,7 +271,7 @@ static double wb_direct_sync(wb_direct_t *D, const char *req, int gpu_only, doub
     wb_engine_t *E = D->E;
     const int line = !gpu_only && D->req != NULL;
     if (gpu_only) {
-        WB_CK(wh_spin(50000000ull, E->st));
+        WB_CK(wh_spin(WH_GPU_ALONE_SPIN_NS, E->st));
         WB_CK(cudaEventRecord(E->e0, E->st));
     }
     const double t0 = wh_now_ms();

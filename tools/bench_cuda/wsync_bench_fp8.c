@@ -13,7 +13,6 @@
 #define WF_WHO "wsync-bench-cuda --fp8"
 #define WF_WARMUP 2
 #define WF_EP 8
-#define WF_SPIN_NS 50000000ull /* longer than any call's host work */
 
 /* One engine parameter: FP8 (e4m3fn rows x cols, scales ceil(rows / 128) x ceil(cols / 128)
  * floats) or a bf16 allocation of the group's bytes. */
@@ -112,7 +111,8 @@ static double wf_time(wb_engine_t *E, unsigned iters, wh_timed_fn fn, void *arg)
 /* The GPU time alone: the call's host work done while a kernel spins ahead of it. */
 static double wf_time_gpu(wb_engine_t *E, unsigned iters, wh_timed_fn fn, void *arg)
 {
-    return wh_time_events_gpu(WF_WHO, E->e0, E->e1, E->st, WF_WARMUP, iters, WF_SPIN_NS, fn, arg);
+    return wh_time_events_gpu(WF_WHO, E->e0, E->e1, E->st, WF_WARMUP, iters, WH_GPU_ALONE_SPIN_NS,
+                              fn, arg);
 }
 
 /* The result of the timed calls (a one-pass call reports a NaN here); ends the program on one. */

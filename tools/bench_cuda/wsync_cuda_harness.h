@@ -62,7 +62,9 @@ typedef void (*wh_timed_fn)(void *arg, cudaStream_t s);
 double wh_time_events(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaStream_t s,
                       unsigned warmup, unsigned iters, wh_timed_fn fn, void *arg);
 /* The same with a kernel spinning about `spin_ns` on s before each e0, so the host work of fn
- * (planning, uploads, launches) is done while the GPU is busy: the GPU time of fn's work alone. */
+ * (planning, uploads, launches) is done while the GPU is busy: the GPU time of fn's work alone.
+ * WH_GPU_ALONE_SPIN_NS outlasts the host work of any call the benchmarks time this way. */
+#define WH_GPU_ALONE_SPIN_NS 50000000ull
 double wh_time_events_gpu(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaStream_t s,
                           unsigned warmup, unsigned iters, uint64_t spin_ns, wh_timed_fn fn,
                           void *arg);

@@ -275,7 +275,6 @@ def run_layout(layout, iters, schemes, profile=False):
 
     read = src.numel() * 2
     first_scheme = schemes[0]
-    ref = loop = None
     for scheme in schemes:
         ref = loop = None  # the last scheme's parameters, freed before this one's are made
         torch.cuda.empty_cache()
