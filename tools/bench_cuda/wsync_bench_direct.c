@@ -1,14 +1,15 @@
 /* See wsync_bench_direct.h. Messages: consumer -> producer "direct-separate <ramp>" |
- * "direct-one <ramp>" | "direct-vmm <ramp>" (answered "ready"; ramp "steps:growth"), then "dsync"
- * (a sync not timed by the trainer) or "dsync-t" (timed), each answered by the bucket manifests and
- * closed by the consumer's "ack", then "dend" (answered "dended <trainer ms> <stage ms> <publish
- * ms> <syncs>").
+ * "direct-one <ramp>" | "direct-vmm <ramp>" | "direct-torch <ramp>" (answered "ready"; ramp
+ * "steps:growth"), then "dsync" (a sync not timed by the trainer) or "dsync-t" (timed), each
+ * answered by the bucket manifests and closed by the consumer's "ack", then "dend" (answered
+ * "dended <trainer ms> <stage ms> <publish ms> <syncs>").
  */
 #include "wsync_bench_direct.h"
 
 #include <string.h>
 #include <unistd.h>
 
+#include "wsync_bench_pool.h"
 #include "wsync_bench_vmm.h"
 
 #define WB_WARMUP_DIRECT 3
@@ -66,6 +67,8 @@ static const char *wb_trainer_what(const char *trainer)
         return "one cudaMalloc per tensor";
     if (strcmp(trainer, "vmm") == 0)
         return "every tensor in one cuMem range of 20 MiB chunks, as torch's expandable segments";
+    if (strcmp(trainer, "torch") == 0)
+        return "in cudaMalloc segments as torch's default caching allocator places them";
     return "every tensor in one allocation";
 }
 
@@ -93,6 +96,25 @@ int wb_direct_serve(const wsync_plugin_t *p, int fd, cudaStream_t st, const wb_l
     if (strncmp(m, "direct-separate ", 16) == 0 && (bases = wb_separate_alloc(l, st)) == NULL) {
         fprintf(stderr, "wsync-bench-cuda producer: no host memory for %zu tensors\n", l->n);
         exit(1);
+    }
+    wb_pool_t pool = {0};
+    if (strncmp(m, "direct-torch ", 13) == 0) {
+        uint64_t *bytes = calloc(l->n ? l->n : 1, sizeof(*bytes));
+        for (size_t i = 0; bytes != NULL && i < l->n; i++)
+            bytes[i] = l->t[i].bytes;
+        if (bytes == NULL || wb_pool_place(bytes, l->n, &pool) != 0 ||
+            (bases = wb_pool_alloc(&pool, l->n)) == NULL) {
+            fprintf(stderr, "wsync-bench-cuda producer: no memory for torch's segments\n");
+            exit(1);
+        }
+        free(bytes);
+        printf("      trainer: torch's default allocator places the %zu tensors in %zu segments\n",
+               l->n, pool.n_seg);
+        fflush(stdout);
+        for (size_t i = 0; i < l->n; i++)
+            WB_CK(wh_fill_mask(bases[i], l->t[i].bytes, WB_SEED + l->t[i].offset / 8, WB_FILL_MASK,
+                               st));
+        WB_CK(cudaStreamSynchronize(st));
     }
     wb_vmm_t vmm = {0};
     if (strncmp(m, "direct-vmm ", 11) == 0) { /* the packed layout again, in cuMem chunks */
@@ -165,9 +187,10 @@ int wb_direct_serve(const wsync_plugin_t *p, int fd, cudaStream_t st, const wb_l
     char msg[128];
     snprintf(msg, sizeof(msg), "dended %.3f %.3f %.3f %u", nt ? wh_median(t, nt) : 0.0,
              nt ? stage_ms / nt : 0.0, nt ? publish_ms / nt : 0.0, nt);
-    for (size_t i = 0; bases != NULL && i < l->n; i++)
+    for (size_t i = 0; bases != NULL && pool.n_seg == 0 && i < l->n; i++)
         WB_CK(cudaFree(bases[i]));
     free(bases);
+    wb_pool_free(&pool);
     wb_vmm_free(&vmm);
     free(t);
     wb_plan_free(&plan);
@@ -442,6 +465,7 @@ unsigned long long wb_direct_run(wb_engine_t *E, int fd, uint64_t bucket, unsign
     for (size_t r = 0; r < nr; r++)
         bad +=
             wb_direct_rows(E, fd, bucket, ramps[r], "separate", iters, ms_flat, ms_staged, bad_dev);
+    bad += wb_direct_rows(E, fd, bucket, ramps[0], "torch", iters, ms_flat, ms_staged, bad_dev);
     bad += wb_direct_rows(E, fd, bucket, ramps[0], "one", iters, ms_flat, ms_staged, bad_dev);
     return bad + wb_direct_rows(E, fd, bucket, ramps[0], "vmm", iters, ms_flat, ms_staged, bad_dev);
 }
