@@ -12,7 +12,9 @@ fused layout (qkv_proj, gate_up_proj, w13/w2). Two processes, one GPU. Prints, i
   the direct sync with 1 and 2 GiB buckets: the trainer's wall clock from sync() to *consumed* of
   the last bucket, the engine's handle() time per sync (the median of the steady syncs, and the
   first, which opens every segment, apart), and the copies' GPU time alone (every request
-  queued behind a sleep on the engine's stream).
+  queued behind a sleep on the engine's stream); and each direct run's last sync as a timeline,
+  ms from the trainer's sync(): every handle() on the engine's host, every request's work on its
+  stream, and the GPU's idle time between requests.
 
 With --alloc expandable the trainer's allocator runs with expandable_segments:True (torch maps
 its parameters into cuMem chunks of 20 MiB, which the engine maps from fds instead of legacy
@@ -31,7 +33,7 @@ import time
 
 import torch
 from bench_fp8 import MOE_CFG, placement
-from bench_python import CFG, event_ms, flat_views, plugin, timed_syncs
+from bench_python import CFG, GpuClock, event_ms, flat_views, plugin, timed_syncs
 
 RUNS = (("staged", 2048), ("direct", 1024), ("direct", 2048), ("direct gpu", 1024))
 
@@ -64,10 +66,26 @@ def trainer(conn, layout, iters, alloc="cudamalloc"):
         conn.recv()
         kw = dict(direct=True) if what.startswith("direct") else dict(digests=False, buffers=2)
         with wsync.Producer("sglang", device="cuda", bucket_bytes=mib << 20, plugin=plugin(), **kw) as prod:
-            times = timed_syncs(conn, prod, params, iters)
+            times = timed_syncs(conn, prod, params, iters, mark=True)
         conn.send(("done", (mib, times[1:])))
         conn.recv()
     conn.send(("end", None))
+
+
+def timeline(t0, marks, clock):
+    """The last sync of a run, ms from the trainer's sync(): each handle() on the host, and on
+    the engine's stream each request's work (stream reached - done), with the GPU's idle gaps."""
+    host = [(x - t0, y - t0) for x, y in marks if x >= t0]
+    gpu = [t - t0 for _, t in clock.times() if t >= t0]
+    work = list(zip(gpu[::2], gpu[1::2]))
+    idle = sum(max(0.0, b[0] - a[1]) for a, b in zip(work, work[1:]))
+    print("    last sync, ms from sync(): engine handle() start-end " +
+          " ".join(f"{x * 1e3:.2f}-{y * 1e3:.2f}" for x, y in host))
+    print("    engine stream, each request's work (reached - done) " +
+          " ".join(f"{x * 1e3:.2f}-{y * 1e3:.2f}" for x, y in work))
+    if work:
+        print(f"    first copy reached {work[0][0] * 1e3:.2f} ms after sync(), GPU idle between requests "
+              f"{idle * 1e3:.2f} ms, last done {work[-1][1] * 1e3:.2f} ms")
 
 
 def baselines(hf, where, eng, iters):
@@ -108,6 +126,7 @@ def run_layout(layout, iters, alloc="cudamalloc"):
     p = ctx.Process(target=trainer, args=(b, layout, iters, alloc), daemon=True)
     p.start()
     what, handle_ms, gpu_ms, start, cur = "", [], [], None, 0.0
+    t0, marks, clock = 0.0, [], None  # the timeline of a run's last sync
     rows = {}
     while a.poll(300):
         op, m = a.recv()
@@ -117,7 +136,13 @@ def run_layout(layout, iters, alloc="cudamalloc"):
                 start = torch.cuda.Event(enable_timing=True)
                 start.record()
             t = time.perf_counter()
-            a.send(w.handle(m))
+            if clock is not None:
+                clock.mark("reached")
+            reply = w.handle(m)
+            if clock is not None:
+                clock.mark("done")
+            marks.append((t, time.perf_counter()))
+            a.send(reply)
             cur += (time.perf_counter() - t) * 1e3
             if '"flush_cache":true' in m:  # the sync's last bucket: one sync's handle() time
                 handle_ms.append(cur)
@@ -128,10 +153,13 @@ def run_layout(layout, iters, alloc="cudamalloc"):
                 end.synchronize()
                 gpu_ms.append(start.elapsed_time(end))
                 start = None
+        elif op == "t0":
+            t0 = m
         elif op == "segments":
             print(f"  the trainer's parameters lie in {m} torch allocator segments")
         elif op == "run":
-            what, handle_ms, gpu_ms = m, [], []
+            what, handle_ms, gpu_ms, marks = m, [], [], []
+            clock = GpuClock() if what == "direct" else None
             a.send("ok")
         elif op == "release":
             w.release()
@@ -150,6 +178,9 @@ def run_layout(layout, iters, alloc="cudamalloc"):
                 print(f"  {what:6s}, {mib} MiB buckets: sync() to consumed {ms:8.2f} ms ({flat_ms / ms:.3f} of the "
                       f"flat copy, {loop_ms / ms:.2f}x the copy_ loop); engine handle() per sync {steady:.2f} ms "
                       f"steady, {first:.2f} ms the first")
+                if clock is not None:
+                    timeline(t0, marks, clock)
+                    clock = None
             a.send("ok")
         elif op == "end":
             break

@@ -176,9 +176,10 @@ def direct(conn, params, iters, bucket_mib):
     conn.recv()
 
 
-def timed_syncs(conn, prod, params, iters):
+def timed_syncs(conn, prod, params, iters, mark=False):
     """iters + 1 syncs of params through prod, each request sent down conn and its reply read back
-    when the Producer needs it; then ("release", None) and its answer. Each sync's wall clock, ms."""
+    when the Producer needs it; then ("release", None) and its answer. mark: each sync's start on
+    the host clock sent first, as ("t0", seconds). Each sync's wall clock, ms."""
     times = []
 
     def send(m):
@@ -187,6 +188,8 @@ def timed_syncs(conn, prod, params, iters):
     for k in range(iters + 1):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
+        if mark:
+            conn.send(("t0", t0))
         prod.sync(params, send, weight_version=str(k))
         times.append((time.perf_counter() - t0) * 1e3)
     conn.send(("release", None))
