@@ -166,6 +166,7 @@ void wsync_validate_memo_free(wsync_validate_memo_t *memo)
         return;
     for (unsigned k = 0; k < WSYNC_VALIDATE_MEMO_SLOTS; k++)
         free(memo->slot[k].spans);
+    free(memo->scratch);
     memset(memo, 0, sizeof(*memo));
 }
 
@@ -267,19 +268,21 @@ static size_t wsync_quant_src_size(wsync_dtype_t d)
     return d == WSYNC_DTYPE_F32 ? 4u : d == WSYNC_DTYPE_BF16 || d == WSYNC_DTYPE_F16 ? 2u : 0u;
 }
 
-/* shared[i] = 1 for a TENSOR op whose scale an earlier TENSOR op of the call names (sorted, not
- * compared pairwise: a MoE bucket has thousands). NULL when out of memory. */
-static uint8_t *wsync_quant_shared_scales(const wsync_copy_op_t *ops, const wsync_quant_t *quant,
-                                          size_t n)
+/* shared[i] = 1 for a TENSOR op whose scale an earlier TENSOR op of the call names, else 0
+ * (sorted, not compared pairwise: a MoE bucket has thousands). -1 when out of memory. */
+static int wsync_quant_shared_scales(const wsync_copy_op_t *ops, const wsync_quant_t *quant,
+                                     size_t n, uint8_t *shared)
 {
-    uint8_t *shared = calloc(n ? n : 1, 1);
-    wsync_fp8_ref_t *by = calloc(n ? n : 1, sizeof(*by));
     size_t m = 0;
-    if (shared == NULL || by == NULL) {
-        free(shared);
-        free(by);
-        return NULL;
-    }
+    memset(shared, 0, n);
+    for (size_t i = 0; i < n; i++)
+        m += quant[i].kind == WSYNC_QUANT_FP8_TENSOR && ops[i].rows > 0 && ops[i].row_bytes > 0;
+    if (m < 2)
+        return 0;
+    wsync_fp8_ref_t *by = malloc(m * sizeof(*by));
+    if (by == NULL)
+        return -1;
+    m = 0;
     for (size_t i = 0; i < n; i++)
         if (quant[i].kind == WSYNC_QUANT_FP8_TENSOR && ops[i].rows > 0 && ops[i].row_bytes > 0)
             by[m++] = (wsync_fp8_ref_t){(uintptr_t)quant[i].scale_dst, i};
@@ -287,7 +290,25 @@ static uint8_t *wsync_quant_shared_scales(const wsync_copy_op_t *ops, const wsyn
     for (size_t j = 1; j < m; j++)
         shared[by[j].op] = by[j].scale == by[j - 1].scale;
     free(by);
-    return shared;
+    return 0;
+}
+
+/* The call's 2n destinations and n scale flags: the memo's scratch (grown when short; a
+ * consumer's steady calls allocate nothing), or a fresh allocation without a memo. NULL when
+ * out of memory. */
+static void *wsync_quant_scratch(wsync_validate_memo_t *memo, size_t n)
+{
+    const size_t bytes = 2 * n * sizeof(wsync_copy_op_t) + n + 1;
+    if (memo == NULL)
+        return malloc(bytes);
+    if (bytes > memo->scratch_cap) {
+        void *p = realloc(memo->scratch, bytes);
+        if (p == NULL)
+            return NULL;
+        memo->scratch = p;
+        memo->scratch_cap = bytes;
+    }
+    return memo->scratch;
 }
 
 wsync_result_t wsync_validate_quant_ops(const wsync_copy_op_t *ops, const wsync_quant_t *quant,
@@ -304,11 +325,12 @@ wsync_result_t wsync_validate_quant_ops_memo(wsync_validate_memo_t *memo,
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "copy_quantized needs ops and quant (n_ops %zu)", n);
     /* each op's destination, then each quantized op's scales as op n + i */
-    wsync_copy_op_t *dst = calloc(2 * n + 1, sizeof(*dst));
-    uint8_t *shared = wsync_quant_shared_scales(ops, quant, n);
-    if (dst == NULL || shared == NULL) {
-        free(dst);
-        free(shared);
+    void *scratch = wsync_quant_scratch(memo, n);
+    wsync_copy_op_t *dst = scratch;
+    uint8_t *shared = scratch != NULL ? (uint8_t *)(dst + 2 * n) : NULL;
+    if (scratch == NULL || wsync_quant_shared_scales(ops, quant, n, shared) != 0) {
+        if (memo == NULL)
+            free(scratch);
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory to check %zu ops", n);
     }
     wsync_result_t r = WSYNC_OK;
@@ -316,6 +338,7 @@ wsync_result_t wsync_validate_quant_ops_memo(wsync_validate_memo_t *memo,
         const wsync_copy_op_t *o = &ops[i];
         const wsync_quant_t *q = &quant[i];
         dst[i] = *o;
+        dst[n + i] = (wsync_copy_op_t){0}; /* no scales (a plain or empty op) */
         if (q->kind == WSYNC_QUANT_NONE) {
             r = wsync_validate_op(o, i, src_bytes, err);
             continue;
@@ -369,8 +392,8 @@ wsync_result_t wsync_validate_quant_ops_memo(wsync_validate_memo_t *memo,
                 dst[n + i].rows = 0; /* the same tensor's scale, counted at its first op */
         r = wsync_validate_disjoint(dst, 2 * n, memo, err);
     }
-    free(dst);
-    free(shared);
+    if (memo == NULL)
+        free(scratch);
     return r;
 }
 

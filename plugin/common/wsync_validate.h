@@ -27,6 +27,8 @@ typedef struct wsync_validate_kept {
 typedef struct wsync_validate_memo {
     wsync_validate_kept_t slot[WSYNC_VALIDATE_MEMO_SLOTS];
     unsigned next; /* the slot a new set takes */
+    void *scratch; /* copy_quantized's destinations and scale flags, reused by the next call */
+    size_t scratch_cap;
 } wsync_validate_memo_t;
 void wsync_validate_memo_free(wsync_validate_memo_t *memo);
 

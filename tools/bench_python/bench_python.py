@@ -118,7 +118,7 @@ PROBE = ("allocations", "one storage", "side streams", "stage on copy engines", 
 ALL_CE = {"WSYNC_CUDA_CE_MIN_BYTES": "0", "WSYNC_CUDA_CE_SHARE": "1"}
 
 
-def trainer(conn, iters, skip_staged=False, probe=False):
+def trainer(conn, iters, skip_staged=False, probe=()):
     from wsync.export import TorchExport
 
     shapes = hf_shapes()
@@ -135,7 +135,7 @@ def trainer(conn, iters, skip_staged=False, probe=False):
     torch.cuda.synchronize()
     if probe:
         del flat
-        for variant in PROBE:
+        for variant in probe:
             conn.send(("variant", variant, None, None))
             conn.recv()
             ps, side = params, None
@@ -293,6 +293,8 @@ def main():
     ap.add_argument("--foreign-only", action="store_true", help="skip the staged sync")
     ap.add_argument("--skip-staged", action="store_true", help="foreign and direct syncs only")
     ap.add_argument("--staged-probe", action="store_true", help="the staged sync three ways, with timelines (PROBE)")
+    ap.add_argument("--probe-variants", default=",".join(PROBE),
+                    help="--staged-probe: the variants to run, comma separated (default: all of PROBE)")
     args = ap.parse_args()
     iters = args.iters
     import wsync
@@ -300,7 +302,11 @@ def main():
     c_out = c_path_run(iters)  # first, while this process holds no GPU memory (an 80 GB card)
     ctx = mp.get_context("spawn")
     a, b = ctx.Pipe()
-    p = ctx.Process(target=trainer, args=(b, iters, args.skip_staged, args.staged_probe), daemon=True)
+    variants = tuple(v for v in args.probe_variants.split(",") if v) if args.staged_probe else ()
+    bad = [v for v in variants if v not in PROBE]
+    if bad:
+        ap.error(f"--probe-variants: {bad[0]!r} is none of {', '.join(PROBE)}")
+    p = ctx.Process(target=trainer, args=(b, iters, args.skip_staged, variants), daemon=True)
     p.start()
     eng = {n: torch.zeros(s, dtype=torch.bfloat16, device="cuda") for n, s in engine_shapes().items()}
     w = wsync.EngineWorker(eng, engine="sglang", config=CFG, plugin=plugin())

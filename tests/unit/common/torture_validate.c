@@ -332,9 +332,9 @@ static void test_quant_ops(void **state)
 
 /* Per-channel scales: one float per row inside scale_extent; per-tensor: one float shared by
  * every TENSOR op naming it, counted once, but not by an op of another kind. */
-static void test_quant_row_and_tensor_scales(void **state)
+/* Row and tensor scales, checked with memo (NULL: none). */
+static void row_and_tensor_scales(wsync_validate_memo_t *memo)
 {
-    (void)state;
     wsync_copy_op_t ops[2] = {
         {.src_pitch = 512,
          .dst = q_dst,
@@ -360,15 +360,15 @@ static void test_quant_row_and_tensor_scales(void **state)
                                .scale_pitch = 4,
                                .scale_extent = 800 - 400 * (uint64_t)k};
     wsync_error_t err = {.struct_size = sizeof(err)};
-    assert_int_equal(wsync_validate_quant_ops(ops, q, 2, 200 * 512, &err), WSYNC_OK);
+    assert_int_equal(wsync_validate_quant_ops_memo(memo, ops, q, 2, 200 * 512, &err), WSYNC_OK);
     q[1].scale_dst = scales + 396; /* its first row's scale is op 0's last */
     err = (wsync_error_t){.struct_size = sizeof(err)};
-    assert_int_equal(wsync_validate_quant_ops(ops, q, 2, 200 * 512, &err), INVAL);
+    assert_int_equal(wsync_validate_quant_ops_memo(memo, ops, q, 2, 200 * 512, &err), INVAL);
     assert_non_null(strstr(err.message, "ops 2 and 3 write overlapping destination bytes"));
     q[1].scale_dst = scales + 400;
     q[1].scale_extent = 396; /* 100 floats need 400 bytes */
     err = (wsync_error_t){.struct_size = sizeof(err)};
-    assert_int_equal(wsync_validate_quant_ops(ops, q, 2, 200 * 512, &err), OOB);
+    assert_int_equal(wsync_validate_quant_ops_memo(memo, ops, q, 2, 200 * 512, &err), OOB);
     assert_non_null(strstr(err.message, "op 3:"));
     for (int k = 0; k < 2; k++)
         q[k] = (wsync_quant_t){.kind = WSYNC_QUANT_FP8_TENSOR,
@@ -377,13 +377,29 @@ static void test_quant_row_and_tensor_scales(void **state)
                                .scale_dst = scales,
                                .scale_extent = 4};
     err = (wsync_error_t){.struct_size = sizeof(err)};
-    assert_int_equal(wsync_validate_quant_ops(ops, q, 2, 200 * 512, &err), WSYNC_OK);
+    assert_int_equal(wsync_validate_quant_ops_memo(memo, ops, q, 2, 200 * 512, &err), WSYNC_OK);
     q[1].kind = WSYNC_QUANT_FP8_CHANNEL; /* a row scale on the tensor's */
     q[1].scale_pitch = 4;
     q[1].scale_extent = 800;
     err = (wsync_error_t){.struct_size = sizeof(err)};
-    assert_int_equal(wsync_validate_quant_ops(ops, q, 2, 200 * 512, &err), INVAL);
+    assert_int_equal(wsync_validate_quant_ops_memo(memo, ops, q, 2, 200 * 512, &err), INVAL);
     assert_non_null(strstr(err.message, "overlapping destination bytes"));
+}
+
+static void test_quant_row_and_tensor_scales(void **state)
+{
+    (void)state;
+    row_and_tensor_scales(NULL);
+    /* with a consumer's memo: its scratch is reused by every call (the shared-scale flags of the
+     * tensor-scale call before the channel-scale call must not hide that call's overlap) */
+    wsync_validate_memo_t memo = {0};
+    row_and_tensor_scales(&memo);
+    void *scratch = memo.scratch;
+    assert_non_null(scratch);
+    row_and_tensor_scales(&memo);
+    assert_ptr_equal(memo.scratch, scratch);
+    wsync_validate_memo_free(&memo);
+    assert_null(memo.scratch);
 }
 
 /* A consumer's memo: the same ops again pass without a sort; ops whose destinations differ from
