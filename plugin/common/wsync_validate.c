@@ -270,13 +270,18 @@ static size_t wsync_quant_src_size(wsync_dtype_t d)
 
 /* shared[i] = 1 for a TENSOR op whose scale an earlier TENSOR op of the call names, else 0
  * (sorted, not compared pairwise: a MoE bucket has thousands). -1 when out of memory. */
+static int wsync_quant_tensor_op(const wsync_copy_op_t *o, const wsync_quant_t *q)
+{
+    return q->kind == WSYNC_QUANT_FP8_TENSOR && o->rows > 0 && o->row_bytes > 0;
+}
+
 static int wsync_quant_shared_scales(const wsync_copy_op_t *ops, const wsync_quant_t *quant,
                                      size_t n, uint8_t *shared)
 {
     size_t m = 0;
     memset(shared, 0, n);
     for (size_t i = 0; i < n; i++)
-        m += quant[i].kind == WSYNC_QUANT_FP8_TENSOR && ops[i].rows > 0 && ops[i].row_bytes > 0;
+        m += wsync_quant_tensor_op(&ops[i], &quant[i]);
     if (m < 2)
         return 0;
     wsync_fp8_ref_t *by = malloc(m * sizeof(*by));
@@ -284,7 +289,7 @@ static int wsync_quant_shared_scales(const wsync_copy_op_t *ops, const wsync_qua
         return -1;
     m = 0;
     for (size_t i = 0; i < n; i++)
-        if (quant[i].kind == WSYNC_QUANT_FP8_TENSOR && ops[i].rows > 0 && ops[i].row_bytes > 0)
+        if (wsync_quant_tensor_op(&ops[i], &quant[i]))
             by[m++] = (wsync_fp8_ref_t){(uintptr_t)quant[i].scale_dst, i};
     qsort(by, m, sizeof(*by), wsync_fp8_ref_cmp);
     for (size_t j = 1; j < m; j++)

@@ -297,15 +297,15 @@ def main():
                     help="--staged-probe: the variants to run, comma separated (default: all of PROBE)")
     args = ap.parse_args()
     iters = args.iters
+    variants = tuple(v for v in args.probe_variants.split(",") if v) if args.staged_probe else ()
+    bad = [v for v in variants if v not in PROBE]
+    if bad:
+        ap.error(f"--probe-variants: {bad[0]!r} is none of {', '.join(PROBE)}")
     import wsync
 
     c_out = c_path_run(iters)  # first, while this process holds no GPU memory (an 80 GB card)
     ctx = mp.get_context("spawn")
     a, b = ctx.Pipe()
-    variants = tuple(v for v in args.probe_variants.split(",") if v) if args.staged_probe else ()
-    bad = [v for v in variants if v not in PROBE]
-    if bad:
-        ap.error(f"--probe-variants: {bad[0]!r} is none of {', '.join(PROBE)}")
     p = ctx.Process(target=trainer, args=(b, iters, args.skip_staged, variants), daemon=True)
     p.start()
     eng = {n: torch.zeros(s, dtype=torch.bfloat16, device="cuda") for n, s in engine_shapes().items()}
