@@ -147,6 +147,9 @@ static wsync_result_t wsync_shim_txn(wsync_shim_ctx_t *ctx, const char *method, 
 
 wsync_result_t wsync_shim_commit(wsync_shim_ctx_t *ctx, wsync_error_t *err)
 {
+    wsync_result_t rc = wsync_driver_drain(ctx->driver, err);
+    if (rc != WSYNC_OK)
+        return rc;
     int updating = 0;
     (void)wsync_driver_committed(ctx->driver, &updating);
     return updating ? wsync_driver_commit(ctx->driver, 0, err) : WSYNC_OK;

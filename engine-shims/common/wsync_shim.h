@@ -73,8 +73,10 @@ char *wsync_shim_serve(const wsync_shim_t *s, wsync_shim_ctx_t *ctx, const char 
                        wsync_result_t *rc, wsync_error_t *err);
 
 /* For shims, where an engine's API ends a weight version (SGLang's flush_cache, vLLM's
- * finish_weight_update, LMDeploy's finished), after the copies are drained: commit the open
- * version (wsync_driver_commit), refused naming what is missing. OK when none is open. */
+ * finish_weight_update, LMDeploy's finished): drain the copies (wsync_driver_drain), then commit
+ * the open version (wsync_driver_commit), refused naming what is missing; the version commits
+ * only when everything it declared arrived and was copied. OK when the copies drained and no
+ * version is open. */
 wsync_result_t wsync_shim_commit(wsync_shim_ctx_t *ctx, wsync_error_t *err);
 
 /* For shims: hand decoded manifests (stolen) to the driver. *generation may be NULL. */

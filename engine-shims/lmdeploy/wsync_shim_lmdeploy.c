@@ -53,9 +53,7 @@ static wsync_result_t wsync_lmdeploy_update(wsync_shim_ctx_t *ctx, json_t *req, 
         rc = wsync_shim_apply_rank_manifest(ctx, json_object_get(req, "serialized_named_tensors"),
                                             "serialized_named_tensors", &gen, err);
         if (rc == WSYNC_OK && finished) {
-            rc = wsync_driver_drain(ctx->driver, err);
-            if (rc == WSYNC_OK)
-                rc = wsync_shim_commit(ctx, err);
+            rc = wsync_shim_commit(ctx, err);
             if (rc == WSYNC_OK)
                 wsync_driver_post_load(ctx->driver);
         }
@@ -78,9 +76,7 @@ static wsync_result_t wsync_lmdeploy_update(wsync_shim_ctx_t *ctx, json_t *req, 
     if (fresh != NULL)
         json_object_set(ctx->state, "persistent_buffer", fresh);
     if (finished) {
-        rc = wsync_driver_drain(ctx->driver, err);
-        if (rc == WSYNC_OK) /* the version commits only when everything it declared arrived */
-            rc = wsync_shim_commit(ctx, err);
+        rc = wsync_shim_commit(ctx, err);
         if (rc != WSYNC_OK)
             return rc;
         wsync_driver_post_load(ctx->driver);

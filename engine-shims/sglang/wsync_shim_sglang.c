@@ -51,9 +51,7 @@ static wsync_result_t wsync_sglang_update(wsync_shim_ctx_t *ctx, json_t *req, js
         return rc;
     /* SGLang's default is flush_cache=True. */
     if (flush == NULL || json_is_true(flush)) {
-        rc = wsync_driver_drain(ctx->driver, err);
-        if (rc == WSYNC_OK) /* a version's last bucket flushes: it commits here */
-            rc = wsync_shim_commit(ctx, err);
+        rc = wsync_shim_commit(ctx, err); /* a version's last bucket flushes: it commits here */
         if (rc != WSYNC_OK)
             return rc;
         wsync_driver_flush_cache(ctx->driver);

@@ -216,9 +216,7 @@ static wsync_result_t wsync_vllm_handle(wsync_shim_ctx_t *ctx, const char *metho
             return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
                                 "finish_weight_update without start_weight_update");
         json_object_set_new(ctx->state, "updating", json_false());
-        rc = wsync_driver_drain(ctx->driver, err);
-        if (rc == WSYNC_OK) /* the version commits only when everything it declared arrived */
-            rc = wsync_shim_commit(ctx, err);
+        rc = wsync_shim_commit(ctx, err);
         if (rc != WSYNC_OK)
             return rc;
         wsync_driver_post_load(ctx->driver);
