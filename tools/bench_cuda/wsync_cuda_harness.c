@@ -165,9 +165,10 @@ double wh_median(double *v, unsigned n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-double wh_time_events_gpu(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaStream_t s,
-                          unsigned warmup, unsigned iters, uint64_t spin_ns, wh_timed_fn fn,
-                          void *arg)
+/* spin_ns > 0: a kernel spins on s before each e0; wait: the host waits for it first. */
+static double time_events(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaStream_t s,
+                          unsigned warmup, unsigned iters, uint64_t spin_ns, int wait,
+                          wh_timed_fn fn, void *arg)
 {
     double *t = calloc(iters, sizeof(*t));
     if (t == NULL) {
@@ -177,6 +178,8 @@ double wh_time_events_gpu(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaS
     for (unsigned i = 0; i < warmup + iters; i++) {
         if (spin_ns > 0)
             WH_CK(who, wh_spin(spin_ns, s));
+        if (spin_ns > 0 && wait)
+            WH_CK(who, cudaStreamSynchronize(s));
         WH_CK(who, cudaEventRecord(e0, s));
         fn(arg, s);
         WH_CK(who, cudaEventRecord(e1, s));
@@ -191,10 +194,24 @@ double wh_time_events_gpu(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaS
     return med;
 }
 
+double wh_time_events_gpu(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaStream_t s,
+                          unsigned warmup, unsigned iters, uint64_t spin_ns, wh_timed_fn fn,
+                          void *arg)
+{
+    return time_events(who, e0, e1, s, warmup, iters, spin_ns, 0, fn, arg);
+}
+
+double wh_time_events_busy(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaStream_t s,
+                           unsigned warmup, unsigned iters, uint64_t busy_ns, wh_timed_fn fn,
+                           void *arg)
+{
+    return time_events(who, e0, e1, s, warmup, iters, busy_ns, 1, fn, arg);
+}
+
 double wh_time_events(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaStream_t s,
                       unsigned warmup, unsigned iters, wh_timed_fn fn, void *arg)
 {
-    return wh_time_events_gpu(who, e0, e1, s, warmup, iters, 0, fn, arg);
+    return time_events(who, e0, e1, s, warmup, iters, 0, 0, fn, arg);
 }
 
 const char *wh_plugin_path(const char *name, char *buf, size_t cap)

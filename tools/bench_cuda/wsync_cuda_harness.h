@@ -68,6 +68,14 @@ double wh_time_events(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaStrea
 double wh_time_events_gpu(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaStream_t s,
                           unsigned warmup, unsigned iters, uint64_t spin_ns, wh_timed_fn fn,
                           void *arg);
+/* wh_time_events with the GPU busy just before each call, as after a training step: a kernel
+ * spinning about `busy_ns` on s, the host waiting for it, then e0, fn(arg, s) and e1 (fn's host
+ * work inside the time). Timed back to back instead, a quantizing kernel ran slower than its
+ * GPU-alone time while one cudaMemcpyAsync did not (docs/PERFORMANCE.md). */
+#define WH_BUSY_NS 2000000ull
+double wh_time_events_busy(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaStream_t s,
+                           unsigned warmup, unsigned iters, uint64_t busy_ns, wh_timed_fn fn,
+                           void *arg);
 
 /* Device helpers, enqueued on `s`. Word i of a filled buffer is mix(seed + i); bytes past the
  * last full word are the low bytes of the next word. */
