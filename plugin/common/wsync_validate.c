@@ -164,8 +164,10 @@ void wsync_validate_memo_free(wsync_validate_memo_t *memo)
 {
     if (memo == NULL)
         return;
-    for (unsigned k = 0; k < WSYNC_VALIDATE_MEMO_SLOTS; k++)
+    for (unsigned k = 0; k < WSYNC_VALIDATE_MEMO_SLOTS; k++) {
         free(memo->slot[k].spans);
+        free(memo->call[k].in);
+    }
     free(memo->scratch);
     memset(memo, 0, sizeof(*memo));
 }
@@ -322,6 +324,40 @@ wsync_result_t wsync_validate_quant_ops(const wsync_copy_op_t *ops, const wsync_
     return wsync_validate_quant_ops_memo(NULL, ops, quant, n, src_bytes, err);
 }
 
+/* 1 when the memo holds a call equal to this one byte for byte. */
+static int wsync_call_seen(const wsync_validate_memo_t *memo, const wsync_copy_op_t *ops,
+                           const wsync_quant_t *quant, size_t n, uint64_t src_bytes)
+{
+    const size_t ob = n * sizeof(*ops);
+    for (unsigned k = 0; k < WSYNC_VALIDATE_MEMO_SLOTS; k++) {
+        const wsync_validate_call_t *c = &memo->call[k];
+        if (c->n == n && c->src_bytes == src_bytes && memcmp(c->in, ops, ob) == 0 &&
+            memcmp((const char *)c->in + ob, quant, n * sizeof(*quant)) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* The memo's next entry takes this call (found valid); without memory it holds none. */
+static void wsync_call_keep(wsync_validate_memo_t *memo, const wsync_copy_op_t *ops,
+                            const wsync_quant_t *quant, size_t n, uint64_t src_bytes)
+{
+    wsync_validate_call_t *c = &memo->call[memo->call_next++ % WSYNC_VALIDATE_MEMO_SLOTS];
+    const size_t ob = n * sizeof(*ops), bytes = ob + n * sizeof(*quant);
+    c->n = 0;
+    if (bytes > c->cap) {
+        void *p = realloc(c->in, bytes);
+        if (p == NULL)
+            return;
+        c->in = p;
+        c->cap = bytes;
+    }
+    memcpy(c->in, ops, ob);
+    memcpy((char *)c->in + ob, quant, n * sizeof(*quant));
+    c->n = n;
+    c->src_bytes = src_bytes;
+}
+
 wsync_result_t wsync_validate_quant_ops_memo(wsync_validate_memo_t *memo,
                                              const wsync_copy_op_t *ops, const wsync_quant_t *quant,
                                              size_t n, uint64_t src_bytes, wsync_error_t *err)
@@ -329,6 +365,8 @@ wsync_result_t wsync_validate_quant_ops_memo(wsync_validate_memo_t *memo,
     if (n > 0 && (ops == NULL || quant == NULL))
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "copy_quantized needs ops and quant (n_ops %zu)", n);
+    if (n > 0 && memo != NULL && wsync_call_seen(memo, ops, quant, n, src_bytes))
+        return WSYNC_OK;
     /* each op's destination, then each quantized op's scales as op n + i */
     void *scratch = wsync_quant_scratch(memo, n);
     wsync_copy_op_t *dst = scratch;
@@ -399,6 +437,8 @@ wsync_result_t wsync_validate_quant_ops_memo(wsync_validate_memo_t *memo,
     }
     if (memo == NULL)
         free(scratch);
+    else if (r == WSYNC_OK && n > 0)
+        wsync_call_keep(memo, ops, quant, n, src_bytes);
     return r;
 }
 

@@ -24,11 +24,19 @@ typedef struct wsync_validate_kept {
     void *spans;
     size_t n, cap; /* n: spans valid (0: none) */
 } wsync_validate_kept_t;
+/* A copy_quantized call found valid: its ops, then its quant entries, byte for byte. */
+typedef struct wsync_validate_call {
+    void *in;
+    size_t n, cap; /* n: ops held (0: none) */
+    uint64_t src_bytes;
+} wsync_validate_call_t;
 typedef struct wsync_validate_memo {
     wsync_validate_kept_t slot[WSYNC_VALIDATE_MEMO_SLOTS];
     unsigned next; /* the slot a new set takes */
     void *scratch; /* copy_quantized's destinations and scale flags, reused by the next call */
     size_t scratch_cap;
+    wsync_validate_call_t call[WSYNC_VALIDATE_MEMO_SLOTS]; /* copy_quantized calls found valid */
+    unsigned call_next;                                    /* the entry a new call takes */
 } wsync_validate_memo_t;
 void wsync_validate_memo_free(wsync_validate_memo_t *memo);
 
@@ -44,6 +52,10 @@ wsync_result_t wsync_validate_copy_ops_memo(wsync_validate_memo_t *memo, const w
  * bytes, scales) meeting; in messages the scales of op i are op n + i. */
 wsync_result_t wsync_validate_quant_ops(const wsync_copy_op_t *ops, const wsync_quant_t *quant,
                                         size_t n, uint64_t src_bytes, wsync_error_t *err);
+/* The same with a consumer's memo (NULL: none): a call whose ops, quant entries and src_bytes
+ * equal, byte for byte, those of one of the last WSYNC_VALIDATE_MEMO_SLOTS calls found valid is
+ * valid without the checks (the rules depend on nothing else; a MoE bucket's 4 719 ops take
+ * 0.1-0.2 ms to check, host time before the GPU starts). Any other call is checked whole. */
 wsync_result_t wsync_validate_quant_ops_memo(wsync_validate_memo_t *memo,
                                              const wsync_copy_op_t *ops, const wsync_quant_t *quant,
                                              size_t n, uint64_t src_bytes, wsync_error_t *err);

@@ -290,44 +290,69 @@ static void quant_fixture(wsync_copy_op_t ops[2], wsync_quant_t q[2])
     q[1] = (wsync_quant_t){.kind = WSYNC_QUANT_NONE};
 }
 
-static void test_quant_ops(void **state)
+/* copy_quantized's check of ops and q with memo (NULL: none), twice (a refused call must stay
+ * refused): `code`, and a message holding `msg` when not NULL. */
+static void expect_quant(wsync_validate_memo_t *memo, const wsync_copy_op_t *ops,
+                         const wsync_quant_t *q, uint64_t src_bytes, wsync_result_t code,
+                         const char *msg)
 {
-    (void)state;
+    for (int k = 0; k < 2; k++) {
+        wsync_error_t err = {.struct_size = sizeof(err)};
+        assert_int_equal(wsync_validate_quant_ops_memo(memo, ops, q, 2, src_bytes, &err), code);
+        if (msg != NULL)
+            assert_non_null(strstr(err.message, msg));
+    }
+}
+
+/* The rules of wsync_validate_quant_ops, checked with memo (NULL: none) after the valid call. */
+static void quant_ops(wsync_validate_memo_t *memo)
+{
     wsync_copy_op_t ops[2];
     wsync_quant_t q[2];
     quant_fixture(ops, q);
-    wsync_error_t err = {.struct_size = sizeof(err)};
-    assert_int_equal(wsync_validate_quant_ops(ops, q, 2, 200 * 512 + 64, &err), WSYNC_OK);
+    const uint64_t src = 200 * 512 + 64;
+    expect_quant(memo, ops, q, src, WSYNC_OK, NULL);
 
     wsync_quant_t bad[2];
     memcpy(bad, q, sizeof(q));
-    bad[0].scale_extent = 12; /* 2 x 2 floats need 16 */
-    err = (wsync_error_t){.struct_size = sizeof(err)};
-    assert_int_equal(wsync_validate_quant_ops(ops, bad, 2, 200 * 512 + 64, &err), OOB);
-    assert_non_null(strstr(err.message, "op 2:")); /* the scales of op 0 */
+    bad[0].scale_extent = 12;                        /* 2 x 2 floats need 16 */
+    expect_quant(memo, ops, bad, src, OOB, "op 2:"); /* the scales of op 0 */
     memcpy(bad, q, sizeof(q));
     bad[0].cols = 255;
-    err = (wsync_error_t){.struct_size = sizeof(err)};
-    assert_int_equal(wsync_validate_quant_ops(ops, bad, 2, 200 * 512 + 64, &err), INVAL);
-    assert_non_null(strstr(err.message, "op 0: row_bytes 512 is not cols 255"));
+    expect_quant(memo, ops, bad, src, INVAL, "op 0: row_bytes 512 is not cols 255");
     memcpy(bad, q, sizeof(q));
     bad[0].src_dtype = WSYNC_DTYPE_I32;
-    err = (wsync_error_t){.struct_size = sizeof(err)};
-    assert_int_equal(wsync_validate_quant_ops(ops, bad, 2, 200 * 512 + 64, &err), INVAL);
-    assert_non_null(strstr(err.message, "op 0: quant kind 1 from dtype"));
-    err = (wsync_error_t){.struct_size = sizeof(err)}; /* the source runs past the buffer */
-    assert_int_equal(wsync_validate_quant_ops(ops, q, 2, 200 * 512 - 1, &err), OOB);
+    expect_quant(memo, ops, bad, src, INVAL, "op 0: quant kind 1 from dtype");
+    expect_quant(memo, ops, q, 200 * 512 - 1, OOB, NULL); /* the source runs past the buffer */
     memcpy(bad, q, sizeof(q));
     bad[0].scale_dst = q_dst + 256 * 200 + 8; /* the scales land on op 1's bytes */
     bad[0].scale_extent = 64;
-    err = (wsync_error_t){.struct_size = sizeof(err)};
-    assert_int_equal(wsync_validate_quant_ops(ops, bad, 2, 200 * 512 + 64, &err), INVAL);
-    assert_non_null(strstr(err.message, "ops 1 and 2 write overlapping destination bytes"));
+    expect_quant(memo, ops, bad, src, INVAL, "ops 1 and 2 write overlapping destination bytes");
     memcpy(bad, q, sizeof(q));
     bad[0].kind = 4; /* no such kind */
-    err = (wsync_error_t){.struct_size = sizeof(err)};
-    assert_int_equal(wsync_validate_quant_ops(ops, bad, 2, 200 * 512 + 64, &err), INVAL);
-    assert_non_null(strstr(err.message, "op 0: quant kind 4"));
+    expect_quant(memo, ops, bad, src, INVAL, "op 0: quant kind 4");
+    wsync_copy_op_t bad_ops[2];
+    memcpy(bad_ops, ops, sizeof(ops));
+    bad_ops[1].dst = q_dst + 100; /* op 1's bytes on op 0's */
+    expect_quant(memo, bad_ops, q, src, INVAL, "ops 0 and 1 write overlapping destination bytes");
+    expect_quant(memo, ops, q, src, WSYNC_OK, NULL);
+}
+
+static void test_quant_ops(void **state)
+{
+    (void)state;
+    quant_ops(NULL);
+    /* with a consumer's memo, which keeps the calls it found valid: every other call (other ops,
+     * other quant entries, another source size) is still checked whole, twice over one memo */
+    wsync_validate_memo_t memo = {0};
+    quant_ops(&memo);
+    int held = 0;
+    for (unsigned k = 0; k < WSYNC_VALIDATE_MEMO_SLOTS; k++)
+        held += memo.call[k].n == 2;
+    assert_int_equal(held, 1); /* the valid call, kept once: its later checks find it */
+    quant_ops(&memo);
+    wsync_validate_memo_free(&memo);
+    assert_null(memo.call[0].in);
 }
 
 /* Per-channel scales: one float per row inside scale_extent; per-tensor: one float shared by
