@@ -270,13 +270,14 @@ static size_t wsync_quant_src_size(wsync_dtype_t d)
     return d == WSYNC_DTYPE_F32 ? 4u : d == WSYNC_DTYPE_BF16 || d == WSYNC_DTYPE_F16 ? 2u : 0u;
 }
 
-/* shared[i] = 1 for a TENSOR op whose scale an earlier TENSOR op of the call names, else 0
- * (sorted, not compared pairwise: a MoE bucket has thousands). -1 when out of memory. */
+/* 1 for a TENSOR op that moves bytes (its scale is one float, maybe shared with other ops). */
 static int wsync_quant_tensor_op(const wsync_copy_op_t *o, const wsync_quant_t *q)
 {
     return q->kind == WSYNC_QUANT_FP8_TENSOR && o->rows > 0 && o->row_bytes > 0;
 }
 
+/* shared[i] = 1 for a TENSOR op whose scale an earlier TENSOR op of the call names, else 0
+ * (sorted, not compared pairwise: a MoE bucket has thousands). -1 when out of memory. */
 static int wsync_quant_shared_scales(const wsync_copy_op_t *ops, const wsync_quant_t *quant,
                                      size_t n, uint8_t *shared)
 {

@@ -71,6 +71,10 @@ static double bv_time(wsync_validate_memo_t *memo, wsync_copy_op_t **plans, wsyn
 int main(int argc, char **argv)
 {
     const int iters = argc > 1 ? atoi(argv[1]) : 200;
+    if (iters < 1) {
+        fprintf(stderr, "bench_validate: iterations must be at least 1, got %s\n", argv[1]);
+        return 1;
+    }
     enum { PLANS = WSYNC_VALIDATE_MEMO_SLOTS + 1 }; /* one more than the memo holds: never seen */
     wsync_copy_op_t *plans[PLANS];
     wsync_quant_t *q = calloc(BV_N, sizeof(*q));
@@ -82,10 +86,6 @@ int main(int argc, char **argv)
             return 1;
         }
         src_bytes = bv_ops(plans[p], q, (uint64_t)p << 36); /* each plan's engine elsewhere */
-    }
-    if (iters < 1) {
-        fprintf(stderr, "bench_validate: iterations must be at least 1\n");
-        return 1;
     }
     wsync_validate_memo_t memo = {0};
     const double none = bv_time(NULL, plans, q, 1, src_bytes, iters);
