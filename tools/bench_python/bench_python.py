@@ -472,7 +472,14 @@ def main():
         else:
             break
     p.join(60)
-    c_path_report(c_out)
+    # the C path again, now that this program's GPU memory is freed: a card that runs slower as
+    # the run goes on (clocks, heat) shows as a gap between the two C runs, and the Python syncs
+    # between them are compared with each and with their mean
+    w.close()
+    w = eng = src = flat_dst = pairs = None
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    c_path_report(c_out, c_path_run(iters))
 
 
 def c_path_run(iters):
@@ -490,27 +497,41 @@ def c_path_run(iters):
     return run.stdout, why
 
 
-def c_path_report(c_out):
-    """The C path's rows next to this program's figures."""
+def c_path_ms(c_out):
+    """The C path's staged sync (2 buffers, no digests) in ms from its output, or None."""
     import re
 
+    m = re.search(r"producer without digests \(WSYNC_STAGING_NO_DIGESTS\): median ([0-9.]+) ms", c_out[0])
+    return float(m.group(1)) if m else None
+
+
+def c_path_report(c_out, c_after=None):
+    """The C path's rows next to this program's figures: against the C run before the Python
+    syncs and, when given, the one after them and the mean of both."""
     if c_out is None:
         print("C path: set WSYNC_BENCH_CUDA to the wsync-bench-cuda binary to run it here")
         return
-    out, why = c_out
-    if why:
-        print(f"C path: {why}")
-    for line in out.splitlines():
-        if "(c) full sync" in line or "summary" in line:
-            print("C path: " + line.strip())
-    m = re.search(r"producer without digests \(WSYNC_STAGING_NO_DIGESTS\): median ([0-9.]+) ms", out)
-    if m:
-        c_ms = float(m.group(1))
-        print(f"C path dense sync, {C_BUCKET_MIB} MiB buckets, 2 buffers, no digests: {c_ms:.2f} ms")
-        for mib, nbuf, ms in STAGED_MS:
-            print(f"  Python staged sync, {mib} MiB buckets, {nbuf} sets / C path: {ms / c_ms:.3f}x")
-        for what, ms in DIRECT_MS:
-            print(f"  Python direct sync, {what} / C path (staged): {ms / c_ms:.3f}x ({c_ms / ms:.2f}x faster)")
+    runs = [("before", c_out)] + ([("after", c_after)] if c_after is not None else [])
+    for when, (out, why) in runs:
+        if why:
+            print(f"C path ({when}): {why}")
+        for line in out.splitlines():
+            if "(c) full sync" in line or "summary" in line:
+                print(f"C path ({when}): " + line.strip())
+    ms = [(when, c_path_ms(o)) for when, o in runs]
+    ms = [(when, x) for when, x in ms if x is not None]
+    if not ms:
+        return
+    for when, x in ms:
+        print(f"C path dense sync ({when} the Python syncs), {C_BUCKET_MIB} MiB buckets, 2 buffers, no digests: "
+              f"{x:.2f} ms")
+    mean = statistics.mean(x for _, x in ms)
+    for mib, nbuf, py in STAGED_MS:
+        each = ", ".join(f"{py / x:.3f}x the C run {when}" for when, x in ms)
+        print(f"  Python staged sync, {mib} MiB buckets, {nbuf} sets / C path: {py / mean:.3f}x their mean ({each})")
+    for what, py in DIRECT_MS:
+        print(f"  Python direct sync, {what} / C path (staged, mean): {py / mean:.3f}x ({mean / py:.2f}x faster)")
+
 
 if __name__ == "__main__":
     main()
