@@ -10,7 +10,9 @@ GPU, two processes. Prints ratios against baselines run in the same processes:
   direct sync (Producer(direct=True) -> EngineWorker: the engine copies straight from the
   trainer's own parameters, one pass over HBM; wall clock on the trainer, request to consumed);
   the C path (wsync-bench-cuda's dense sync, $WSYNC_BENCH_CUDA) in the same run, first, while
-  this program holds no GPU memory (both fit one 80 GB card that way).
+  this program holds no GPU memory (both fit one 80 GB card that way), and again at the end with
+  that memory freed: the Python syncs are compared with each C run and with their mean, so a
+  card that slows as the run goes on shows instead of landing on one side.
 
   usage: python tools/bench_python/bench_python.py [--iters N]
 """
@@ -528,7 +530,8 @@ def c_path_report(c_out, c_after=None):
     mean = statistics.mean(x for _, x in ms)
     for mib, nbuf, py in STAGED_MS:
         each = ", ".join(f"{py / x:.3f}x the C run {when}" for when, x in ms)
-        print(f"  Python staged sync, {mib} MiB buckets, {nbuf} sets / C path: {py / mean:.3f}x their mean ({each})")
+        of = f"{py / mean:.3f}x their mean ({each})" if len(ms) > 1 else f"{py / mean:.3f}x"
+        print(f"  Python staged sync, {mib} MiB buckets, {nbuf} sets / C path: {of}")
     for what, py in DIRECT_MS:
         print(f"  Python direct sync, {what} / C path (staged, mean): {py / mean:.3f}x ({mean / py:.2f}x faster)")
 
