@@ -10,7 +10,9 @@
 #   stage: tools/bench_python/bench_stage.py and the C benchmark's stage lines; direct: the C
 #   direct sync, wsync-bench-cuda's (e) rows, for DIRECT_PARAMS; pydirect: the Python direct sync
 #   of the dense and MoE models, tools/bench_python/bench_direct.py; nsys: an Nsight Systems kernel
-#   and copy trace of the staged probe, as CSV)
+#   and copy trace of the staged probe, as CSV); fp8 and probe also sample the card's clocks, power
+#   and throttle reasons into $OUT/smi-*.log and print a line of them; PROBE_ARGS: more
+#   bench_python.py options for probe (e.g. --probe-variants allocations)
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$ROOT/device-out}
@@ -24,6 +26,23 @@ export PATH=/usr/local/cuda/bin:$PATH
 nvidia-smi -L | tee "$OUT/machine.log"; python3 -c 'import torch; print("torch", torch.__version__)' | tee -a "$OUT/machine.log"
 B=$ROOT/build-py
 STEPS=${STEPS:-build test digest bench fp8}
+# The card's SM clock, power and throttle reasons every 50 ms while a benchmark runs (nvidia-smi,
+# into $1), then one line of the samples that were not idle: the SM clock's range, the power's
+# peak, and every throttle reason seen besides idle (a card that slows down as a run goes on).
+watch_start() {
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,clocks_event_reasons.active \
+    --format=csv,noheader,nounits -lms 50 >"$1" 2>&1 &
+  WATCH=$!
+}
+watch_end() {
+  kill "$WATCH" 2>/dev/null; wait "$WATCH" 2>/dev/null
+  awk -F', *' 'NF >= 5 && $5 != "0x0000000000000001" {
+      n++; c = $2 + 0; w = $4 + 0
+      if (n == 1 || c < lo) lo = c; if (c > hi) hi = c; if (w > pw) pw = w
+      if ($5 != "0x0000000000000000" && !($5 in r)) { r[$5] = 1; why = why " " $5 } }
+    END { printf "%s: %d busy samples, SM clock %d-%d MHz, power at most %.0f W, throttle reasons besides idle:%s\n",
+          FILENAME, n, lo, hi, pw, (why == "" ? " none" : why) }' "$1"
+}
 status=0
 if [[ " $STEPS " == *" build "* ]]; then
 cmake -S "$ROOT" -B "$B" -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 &&
@@ -62,8 +81,10 @@ if [[ " $STEPS " == *" bench "* ]]; then
   (cd "$ROOT" && timeout ${BENCH_T:-560} python3 tools/bench_python/bench_python.py --iters ${ITERS:-5} ${BENCH_ARGS:-} 2>&1) | tee "$OUT/bench-python.log" | tail -30
 fi
 if [[ " $STEPS " == *" fp8 "* ]]; then  # the quantizing copy vs the bandwidth limit and torch's loop
+  watch_start "$OUT/smi-fp8-c.log"
   timeout ${BENCH_T:-300} "$B/bin/wsync-bench-cuda" --fp8 --layout both --iters ${ITERS:-5} 2>&1 |
-    tee "$OUT/bench-fp8-c.log" | grep -E "summary|limit|copy_quantized|EP 8 rank [07]|checked|error|FAIL"
+    tee "$OUT/bench-fp8-c.log" | grep -E "summary|limit|copy_quantized|busy|EP 8 rank [07]|checked|error|FAIL"
+  watch_end "$OUT/smi-fp8-c.log"
   (cd "$ROOT/tools/bench_python" && timeout ${BENCH_T:-560} python3 bench_fp8.py --iters ${ITERS:-5} ${FP8_ARGS:-} 2>&1) |
     tee "$OUT/bench-fp8.log" | tail -30
 fi
@@ -95,8 +116,10 @@ if [[ " $STEPS " == *" stage "* ]]; then  # the stage's GPU time per bucket, Pyt
 fi
 if [[ " $STEPS " == *" probe "* ]]; then  # where the staged Python sync loses to the C path
   export WSYNC_BENCH_CUDA=${WSYNC_BENCH_CUDA-$B/bin/wsync-bench-cuda}
-  (cd "$ROOT" && timeout ${BENCH_T:-560} python3 tools/bench_python/bench_python.py --staged-probe --iters ${ITERS:-5} 2>&1) |
-    tee "$OUT/bench-probe.log" | tail -40
+  watch_start "$OUT/smi-probe.log"
+  (cd "$ROOT" && timeout ${BENCH_T:-560} python3 tools/bench_python/bench_python.py --staged-probe --iters ${ITERS:-5} \
+    ${PROBE_ARGS:-} 2>&1) | tee "$OUT/bench-probe.log" | tail -40
+  watch_end "$OUT/smi-probe.log"
 fi
 if [[ " $STEPS " == *" direct "* ]]; then  # the C direct sync (wsync-bench-cuda (e)) beside its staged sync
   for prm in ${DIRECT_PARAMS:-fused separate}; do
