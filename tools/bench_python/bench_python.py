@@ -528,12 +528,14 @@ def c_path_report(c_out, c_after=None):
         print(f"C path dense sync ({when} the Python syncs), {C_BUCKET_MIB} MiB buckets, 2 buffers, no digests: "
               f"{x:.2f} ms")
     mean = statistics.mean(x for _, x in ms)
+    both = len(ms) > 1
     for mib, nbuf, py in STAGED_MS:
         each = ", ".join(f"{py / x:.3f}x the C run {when}" for when, x in ms)
-        of = f"{py / mean:.3f}x their mean ({each})" if len(ms) > 1 else f"{py / mean:.3f}x"
+        of = f"{py / mean:.3f}x their mean ({each})" if both else f"{py / mean:.3f}x"
         print(f"  Python staged sync, {mib} MiB buckets, {nbuf} sets / C path: {of}")
     for what, py in DIRECT_MS:
-        print(f"  Python direct sync, {what} / C path (staged, mean): {py / mean:.3f}x ({mean / py:.2f}x faster)")
+        print(f"  Python direct sync, {what} / C path (staged{', mean' if both else ''}): {py / mean:.3f}x "
+              f"({mean / py:.2f}x faster)")
 
 
 if __name__ == "__main__":
