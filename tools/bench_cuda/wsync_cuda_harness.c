@@ -165,7 +165,9 @@ double wh_median(double *v, unsigned n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* spin_ns > 0: a kernel spins on s before each e0; wait: the host waits for it first. */
+/* spin_ns > 0: a kernel spins on s before each e0; wait: the host waits for it first.
+ * WSYNC_BENCH_SAMPLES=1 prints every call's time, warm-up calls included, in call order (a
+ * median that moves with the number of calls: the first calls slower than the rest). */
 static double time_events(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaStream_t s,
                           unsigned warmup, unsigned iters, uint64_t spin_ns, int wait,
                           wh_timed_fn fn, void *arg)
@@ -175,6 +177,8 @@ static double time_events(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaS
         fprintf(stderr, "%s: out of memory\n", who);
         exit(1);
     }
+    const char *env = getenv("WSYNC_BENCH_SAMPLES");
+    const int samples = env != NULL && strcmp(env, "1") == 0;
     for (unsigned i = 0; i < warmup + iters; i++) {
         if (spin_ns > 0)
             WH_CK(who, wh_spin(spin_ns, s));
@@ -188,7 +192,12 @@ static double time_events(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaS
         WH_CK(who, cudaEventElapsedTime(&ms, e0, e1));
         if (i >= warmup)
             t[i - warmup] = ms;
+        if (samples)
+            printf("%s%s%.3f", i == 0 ? "      samples, ms (warm-up | timed): " : " ",
+                   i == warmup ? "| " : "", ms);
     }
+    if (samples)
+        printf("\n");
     double med = wh_median(t, iters);
     free(t);
     return med;

@@ -474,13 +474,24 @@ def main():
         else:
             break
     p.join(60)
+    if p.is_alive():
+        p.kill()
+        p.join(10)
     # the C path again, now that this program's GPU memory is freed: a card that runs slower as
     # the run goes on (clocks, heat) shows as a gap between the two C runs, and the Python syncs
-    # between them are compared with each and with their mean
+    # between them are compared with each and with their mean. The worker's ctypes callbacks
+    # make it a reference cycle, so the engine's parameters go only with a collection.
+    import gc
+
     w.close()
-    w = eng = src = flat_dst = pairs = None
+    w = eng = src = flat_dst = pairs = red = msgs = it = eclock = side = None
+    gc.collect()
     torch.cuda.synchronize()
+    torch.cuda.ipc_collect()
     torch.cuda.empty_cache()
+    free, total_mem = torch.cuda.mem_get_info()
+    print(f"GPU memory before the second C run: {free / 2**30:.1f} of {total_mem / 2**30:.1f} GiB free "
+          f"({torch.cuda.memory_reserved() / 2**30:.1f} GiB still reserved by this program)")
     c_path_report(c_out, c_path_run(iters))
 
 
