@@ -529,7 +529,7 @@ def c_path_report(c_out, c_after=None):
         if why:
             print(f"C path ({when}): {why}")
         for line in out.splitlines():
-            if "(c) full sync" in line or "summary" in line:
+            if "(c) full sync" in line or "summary" in line or "producer host ms" in line:
                 print(f"C path ({when}): " + line.strip())
     ms = [(when, c_path_ms(o)) for when, o in runs]
     ms = [(when, x) for when, x in ms if x is not None]
