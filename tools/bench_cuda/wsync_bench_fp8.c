@@ -186,10 +186,16 @@ static int wf_groups(const wb_layout_t *l, wf_group_t *G)
             G1->scale_pitch = wf_blocks(G1->cols) * 4u;
             WB_CK(cudaMalloc((void **)&G1->w, (uint64_t)G1->rows * (uint64_t)G1->cols));
             WB_CK(cudaMalloc((void **)&G1->scales, G1->scale_rows * G1->scale_pitch));
+            WB_CK(cudaMemset(G1->w, 0, (uint64_t)G1->rows * (uint64_t)G1->cols));
+            WB_CK(cudaMemset(G1->scales, 0, G1->scale_rows * G1->scale_pitch));
         } else {
             WB_CK(cudaMalloc((void **)&G1->w, l->group_bytes[g] ? l->group_bytes[g] : 1));
+            WB_CK(cudaMemset(G1->w, 0, l->group_bytes[g]));
         }
     }
+    /* written once, as an engine's loaded weights are before its first sync: the timed calls
+     * are not the first writes to this memory */
+    WB_CK(cudaDeviceSynchronize());
     return 0;
 }
 
