@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cuda_runtime_api.h>
 
@@ -114,6 +115,15 @@ static double wf_time(wb_engine_t *E, unsigned iters, wh_timed_fn fn, void *arg)
 #define WF_FIRST 6
 static void wf_first_calls(wb_engine_t *E, wf_call_t *c)
 {
+    /* WSYNC_BENCH_FP8_SETTLE_MS: the host sleeps that long first (the GPU idle), to tell work of
+     * the driver's after the setup's frees and allocations from the calls' own */
+    const char *settle = getenv("WSYNC_BENCH_FP8_SETTLE_MS");
+    if (settle != NULL && atoi(settle) > 0) {
+        struct timespec ts = {.tv_sec = atoi(settle) / 1000,
+                              .tv_nsec = atoi(settle) % 1000 * 1000000L};
+        nanosleep(&ts, NULL);
+        printf("      (the host slept %d ms before the first call)\n", atoi(settle));
+    }
     printf("      the consumer's first %d calls (one pass, call to done, not in the medians):",
            WF_FIRST);
     for (int i = 0; i < WF_FIRST; i++) {
