@@ -11,6 +11,7 @@ stream of the parameters' device when the request arrives.
 from __future__ import annotations
 
 import ctypes as C
+import weakref
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import torch
@@ -106,6 +107,7 @@ class EngineWorker:
         self._dims = dims_from_config(config)
         self._shim = _native.shim()
         self._keep = []  # callbacks stay alive as long as the worker
+        self._on_update = (on_update_begin, on_update_end)
         ops = _abi.EngineOps(
             struct_size=C.sizeof(_abi.EngineOps),
             tp=self._cb(_abi.TpFn, self._tp),
@@ -113,8 +115,8 @@ class EngineWorker:
             stream=self._cb(_abi.StreamFn, self._stream_cb),
             flush_cache=self._cb(_abi.HookFn, lambda _u: on_flush and on_flush()),
             post_load=self._cb(_abi.HookFn, lambda _u: on_post_load and on_post_load()),
-            update_begin=self._cb(_abi.UpdateBeginFn, lambda _u, v: self._begin(int(v), on_update_begin)),
-            update_end=self._cb(_abi.UpdateEndFn, lambda _u, v, ok: self._end(int(v), bool(ok), on_update_end)),
+            update_begin=self._cb(_abi.UpdateBeginFn, self._begin_cb),
+            update_end=self._cb(_abi.UpdateEndFn, self._end_cb),
             moe=self._cb(_abi.MoeFn, self._moe),
         )
         self._shadows: dict = {}  # rollback mode: parameter name -> its shadow
@@ -184,9 +186,22 @@ class EngineWorker:
     # ----------------------------------------------------------------- callbacks
 
     def _cb(self, kind: Any, fn: Callable[..., Any]) -> Any:
-        f = kind(fn)
+        """A C callback of `kind` calling fn. A method of this worker is held weakly: the callbacks
+        live on the worker, and a strong reference back would make the worker (and the parameters
+        and shadows it holds) a cycle that only a collection frees, not the last reference."""
+        if getattr(fn, "__self__", None) is self:
+            method = weakref.WeakMethod(fn)
+            f = kind(lambda *a: method()(*a))  # type: ignore[misc]
+        else:
+            f = kind(fn)
         self._keep.append(f)
         return f
+
+    def _begin_cb(self, _user: int, version: int) -> None:
+        self._begin(int(version), self._on_update[0])
+
+    def _end_cb(self, _user: int, version: int, committed: int) -> None:
+        self._end(int(version), bool(committed), self._on_update[1])
 
     def _begin(self, version: int, user: Optional[Callable[[int], None]]) -> None:
         if self._shadows:  # bytes a version does not write carry over from the parameter

@@ -5,10 +5,12 @@ update_end hook told so; a newer version then syncs cleanly. CPU plugin, every e
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing as mp
 import os
 import re
+import weakref
 
 import models
 import pytest
@@ -235,3 +237,29 @@ def test_rollback_mode_trainer_killed(group):
             os.unlink("/dev/shm/" + name)
         except FileNotFoundError:
             pass
+
+
+def test_dropped_worker_frees_itself_and_its_shadows_without_a_collection():
+    """The worker's C callbacks hold it weakly: its last reference closes and frees it, with the
+    rollback shadows it made, while the cyclic collector is off (an engine that rebuilds its
+    worker gets the memory back at once). Its update callbacks still run."""
+    model = models.tiny_model("dense")
+    params = models.zeros_like_layout(models.engine_layout(dict(model.state_dict()), "sglang", 0, 1))
+    events = []
+    gc.disable()
+    try:
+        w = wsync.EngineWorker(params, engine="sglang", config=model.config, plugin=plugin_for("cpu"),
+                               rollback=True, on_update_begin=lambda v: events.append(("begin", v)),
+                               on_update_end=lambda v, ok: events.append(("end", v, ok)))
+        sd = models.step(model, 1)
+        with wsync.Producer("sglang", bucket_bytes=96 << 10, plugin=plugin_for("cpu")) as prod:
+            prod.sync(sd, _send(w), version=1)
+            w.release()
+        assert events == [("begin", 1), ("end", 1, True)]
+        assert _same(params, models.engine_layout(sd, "sglang", 0, 1))
+        shadow, worker = weakref.ref(next(iter(w._shadows.values()))), weakref.ref(w)
+        del w
+        assert worker() is None, "the worker outlived its last reference"
+        assert shadow() is None, "a rollback shadow outlived its worker"
+    finally:
+        gc.enable()

@@ -278,7 +278,7 @@ def run_layout(layout, iters, schemes, profile=False):
     first_scheme = schemes[0]
     for scheme in schemes:
         ref = loop = None  # the last scheme's parameters, freed before this one's are made
-        gc.collect()  # an EngineWorker is a reference cycle (its ctypes callbacks): it holds them till then
+        gc.collect()  # whatever the last layout left in a reference cycle (an EngineWorker was one)
         torch.cuda.empty_cache()
         ref = fp8_params(shapes, scheme=scheme)
         loop = torch_loop(pairs, ref, scheme)

@@ -479,8 +479,8 @@ def main():
         p.join(10)
     # the C path again, now that this program's GPU memory is freed: a card that runs slower as
     # the run goes on (clocks, heat) shows as a gap between the two C runs, and the Python syncs
-    # between them are compared with each and with their mean. The worker's ctypes callbacks
-    # make it a reference cycle, so the engine's parameters go only with a collection.
+    # between them are compared with each and with their mean. Whatever the run left in a
+    # reference cycle goes with a collection (an EngineWorker was one, holding the parameters).
     import gc
 
     w.close()
