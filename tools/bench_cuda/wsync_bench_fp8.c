@@ -110,7 +110,7 @@ static double wf_time(wb_engine_t *E, unsigned iters, wh_timed_fn fn, void *arg)
 }
 
 /* The consumer's first one-pass calls, each timed alone as it comes (call to done, ms): on an
- * H100 the first five ran 1.3-4.6 ms over the steady call, the producer's first stages too
+ * H100 the first five ran 1.0-4.7 ms over the steady call, the producer's first stages too
  * (docs/PERFORMANCE.md), so they are printed apart and the medians time the calls after them. */
 #define WF_FIRST 6
 static void wf_first_calls(wb_engine_t *E, wf_call_t *c)
@@ -118,11 +118,11 @@ static void wf_first_calls(wb_engine_t *E, wf_call_t *c)
     /* WSYNC_BENCH_FP8_SETTLE_MS: the host sleeps that long first (the GPU idle), to tell work of
      * the driver's after the setup's frees and allocations from the calls' own */
     const char *settle = getenv("WSYNC_BENCH_FP8_SETTLE_MS");
-    if (settle != NULL && atoi(settle) > 0) {
-        struct timespec ts = {.tv_sec = atoi(settle) / 1000,
-                              .tv_nsec = atoi(settle) % 1000 * 1000000L};
+    const int settle_ms = settle != NULL ? atoi(settle) : 0;
+    if (settle_ms > 0) {
+        struct timespec ts = {.tv_sec = settle_ms / 1000, .tv_nsec = settle_ms % 1000 * 1000000L};
         nanosleep(&ts, NULL);
-        printf("      (the host slept %d ms before the first call)\n", atoi(settle));
+        printf("      (the host slept %d ms before the first call)\n", settle_ms);
     }
     printf("      the consumer's first %d calls (one pass, call to done, not in the medians):",
            WF_FIRST);
