@@ -191,7 +191,11 @@ class EngineWorker:
         and shadows it holds) a cycle that only a collection frees, not the last reference."""
         if getattr(fn, "__self__", None) is self:
             method = weakref.WeakMethod(fn)
-            f = kind(lambda *a: method()(*a))  # type: ignore[misc]
+
+            def call(*a: Any) -> Any:  # a collector that finalizes a user's cycle drops the ref first
+                m = method()
+                return m(*a) if m is not None else None
+            f = kind(call)
         else:
             f = kind(fn)
         self._keep.append(f)
