@@ -126,15 +126,10 @@ static void wf_first_calls(wb_engine_t *E, wf_call_t *c)
     }
     printf("      the consumer's first %d calls (one pass, call to done, not in the medians):",
            WF_FIRST);
-    for (int i = 0; i < WF_FIRST; i++) {
-        WB_CK(cudaEventRecord(E->e0, E->st));
-        wf_copy(c, E->st);
-        WB_CK(cudaEventRecord(E->e1, E->st));
-        WB_CK(cudaEventSynchronize(E->e1));
-        float ms;
-        WB_CK(cudaEventElapsedTime(&ms, E->e0, E->e1));
-        printf(" %.3f", ms);
-    }
+    double ms[WF_FIRST];
+    wh_time_each(WF_WHO, E->e0, E->e1, E->st, WF_FIRST, wf_copy, c, ms);
+    for (int i = 0; i < WF_FIRST; i++)
+        printf(" %.3f", ms[i]);
     printf(" ms\n");
 }
 

@@ -165,9 +165,34 @@ double wh_median(double *v, unsigned n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* spin_ns > 0: a kernel spins on s before each e0; wait: the host waits for it first.
- * WSYNC_BENCH_SAMPLES=1 prints every call's time, warm-up calls included, in call order (a
- * median that moves with the number of calls: the first calls slower than the rest). */
+/* One call of fn timed by e0 and e1 on s, ms. spin_ns > 0: a kernel spins on s before e0; wait:
+ * the host waits for it first. */
+static double time_one(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaStream_t s,
+                       uint64_t spin_ns, int wait, wh_timed_fn fn, void *arg)
+{
+    if (spin_ns > 0)
+        WH_CK(who, wh_spin(spin_ns, s));
+    if (spin_ns > 0 && wait)
+        WH_CK(who, cudaStreamSynchronize(s));
+    WH_CK(who, cudaEventRecord(e0, s));
+    fn(arg, s);
+    WH_CK(who, cudaEventRecord(e1, s));
+    WH_CK(who, cudaEventSynchronize(e1));
+    float ms;
+    WH_CK(who, cudaEventElapsedTime(&ms, e0, e1));
+    return ms;
+}
+
+void wh_time_each(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaStream_t s, unsigned n,
+                  wh_timed_fn fn, void *arg, double *ms)
+{
+    for (unsigned i = 0; i < n; i++)
+        ms[i] = time_one(who, e0, e1, s, 0, 0, fn, arg);
+}
+
+/* The median of time_one over iters calls after warmup more. WSYNC_BENCH_SAMPLES=1 prints every
+ * call's time, warm-up calls included, in call order (a median that moves with the number of
+ * calls: the first calls slower than the rest). */
 static double time_events(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaStream_t s,
                           unsigned warmup, unsigned iters, uint64_t spin_ns, int wait,
                           wh_timed_fn fn, void *arg)
@@ -180,16 +205,7 @@ static double time_events(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaS
     const char *env = getenv("WSYNC_BENCH_SAMPLES");
     const int samples = env != NULL && strcmp(env, "1") == 0;
     for (unsigned i = 0; i < warmup + iters; i++) {
-        if (spin_ns > 0)
-            WH_CK(who, wh_spin(spin_ns, s));
-        if (spin_ns > 0 && wait)
-            WH_CK(who, cudaStreamSynchronize(s));
-        WH_CK(who, cudaEventRecord(e0, s));
-        fn(arg, s);
-        WH_CK(who, cudaEventRecord(e1, s));
-        WH_CK(who, cudaEventSynchronize(e1));
-        float ms;
-        WH_CK(who, cudaEventElapsedTime(&ms, e0, e1));
+        const double ms = time_one(who, e0, e1, s, spin_ns, wait, fn, arg);
         if (i >= warmup)
             t[i - warmup] = ms;
         if (samples)

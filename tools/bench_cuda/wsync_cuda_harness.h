@@ -61,6 +61,10 @@ double wh_median(double *v, unsigned n);
 typedef void (*wh_timed_fn)(void *arg, cudaStream_t s);
 double wh_time_events(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaStream_t s,
                       unsigned warmup, unsigned iters, wh_timed_fn fn, void *arg);
+/* Each of n calls of fn timed alone by e0 and e1 on s, in order, into ms[0..n) (no warm-up:
+ * the first calls as they come). */
+void wh_time_each(const char *who, cudaEvent_t e0, cudaEvent_t e1, cudaStream_t s, unsigned n,
+                  wh_timed_fn fn, void *arg, double *ms);
 /* The same with a kernel spinning about `spin_ns` on s before each e0, so the host work of fn
  * (planning, uploads, launches) is done while the GPU is busy: the GPU time of fn's work alone.
  * WH_GPU_ALONE_SPIN_NS outlasts the host work of any call the benchmarks time this way. */
