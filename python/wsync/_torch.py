@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes as C
+import operator
 from typing import Any, Iterable, Mapping, Optional, Tuple, Union
 
 import torch
@@ -11,6 +12,7 @@ import torch
 from . import _abi
 from .errors import InvalidArgument
 
+_second = operator.itemgetter(1)
 NamedTensors = Union[Mapping[str, torch.Tensor], Iterable[Tuple[str, torch.Tensor]]]
 
 
@@ -18,6 +20,8 @@ def items(named: NamedTensors) -> list:
     """(name, tensor) pairs of a state_dict, named_parameters() or an iterator of pairs."""
     pairs = list(named.items()) if isinstance(named, Mapping) else list(named)
     plain = torch.Tensor  # isinstance on Parameter runs a metaclass hook: ~10x a type check
+    if set(map(type, map(_second, pairs))) <= {plain}:  # a state_dict: the pairs as they are
+        return pairs
     return [(n, t if type(t) is plain else t.data if isinstance(t, torch.nn.Parameter) else t) for n, t in pairs]
 
 
@@ -44,14 +48,23 @@ def shape_of(name: str, t: torch.Tensor) -> Tuple[int, Any]:
     return t.dim(), arr
 
 
+# torch's current stream as its cudaStream_t, without a torch.cuda.Stream object (what
+# torch.compile's generated code calls per launch); torch.cuda.current_stream where it is missing
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def stream_handle(device: torch.device, stream: Optional[Any]) -> Optional[int]:
     """The cudaStream_t to pass: the given torch stream's, else torch's current stream on
     `device` (0, the legacy default stream, is passed as such); None for CPU tensors (the host
     plugin's own queue)."""
     if device.type != "cuda":
         return None
-    s = stream if stream is not None else torch.cuda.current_stream(device)
-    return int(s.cuda_stream) or None
+    if stream is not None:
+        return int(stream.cuda_stream) or None
+    if _raw_stream is not None and torch.cuda.is_initialized():
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return int(_raw_stream(index)) or None
+    return int(torch.cuda.current_stream(device).cuda_stream) or None
 
 
 def on_stream(stream: Optional[Any]) -> Any:

@@ -294,12 +294,16 @@ class Producer:
 
     # ------------------------------------------------------------------ buckets
 
-    def _wait_set(self, b: _Buffers, stream: Optional[Any]) -> None:
+    def _handles(self, stream: Optional[Any]) -> List[Optional[int]]:
+        """Each engine rank's cudaStream_t for `stream` (the ABI's stream rule)."""
+        return [_torch.stream_handle(d, stream) for d in self.devices]
+
+    def _wait_set(self, b: _Buffers, stream: Optional[Any], handles: Optional[list] = None) -> None:
         for r, st in enumerate(b.staging):
             g = b.published[r]
             if g > b.waited[r]:
                 err = _abi.Error.new()
-                sh = _torch.stream_handle(self.devices[r], stream)
+                sh = handles[r] if handles is not None else _torch.stream_handle(self.devices[r], stream)
                 _native.check(self._ops.wait_consumed(st, sh, g, C.byref(err)), err)
                 b.waited[r] = g
         b.keep = []
@@ -502,23 +506,37 @@ class Producer:
                        weight_version: Optional[str], stream: Optional[Any]) -> List[str]:
         """Stage and publish one bucket (per_rank from _bucket_arrays) into the next buffer set;
         its request messages. `pairs` (None: a cached plan with no casts) feeds direct mode's casts."""
-        b = self._sets[self._turn]
-        if not self.direct:  # direct mode reuses nothing: its buckets may all be in flight
-            self._wait_set(b, stream)
+        handles = self._handles(stream)
+        self._stage_set(self._turn, per_rank, pairs, handles, stream)
+        return self._publish_set(self._turn, keep, handles, finished=finished, weight_version=weight_version)
+
+    def _stage_set(self, k: int, per_rank: list, pairs: Optional[list], handles: list,
+                   stream: Optional[Any]) -> None:
+        """Stage one bucket into buffer set k on `handles` (one stream per rank), once the set's
+        last bucket is consumed (direct mode reuses nothing: its buckets may all be in flight)."""
+        b = self._sets[k]
+        if not self.direct:
+            self._wait_set(b, stream, handles)
         if self.direct and pairs is not None:
             self._run_casts(pairs, stream)
-        manifests = []
+        ops = self._ops
         for r, st in enumerate(b.staging):  # every rank's stage first: the GPUs work at once
-            sh = _torch.stream_handle(self.devices[r], stream)
             err = _abi.Error.new()
             arr, n = per_rank[r]
-            _native.check(self._ops.stage(st, sh, arr, n, C.byref(err)), err)
+            _native.check(ops.stage(st, handles[r], arr, n, C.byref(err)), err)
+
+    def _publish_set(self, k: int, keep: list, handles: list, *, finished: bool,
+                     weight_version: Optional[str]) -> List[str]:
+        """Publish the bucket staged into set k; its request messages. The next bucket goes to
+        the set after k."""
+        b = self._sets[k]
+        manifests = []
         for r, st in enumerate(b.staging):
-            sh = _torch.stream_handle(self.devices[r], stream)
             err = _abi.Error.new()
             text = C.c_char_p()
             gen = C.c_uint64()
-            _native.check(self._ops.publish(st, sh, int(finished), C.byref(text), C.byref(gen), C.byref(err)), err)
+            _native.check(self._ops.publish(st, handles[r], int(finished), C.byref(text), C.byref(gen),
+                                            C.byref(err)), err)
             b.published[r] = gen.value
             manifests.append(text.value.decode())
         # the sources stay alive until the engine consumed them
@@ -530,7 +548,7 @@ class Producer:
                            weight_version=weight_version, with_buffer=with_buffer)
         b.sent = True
         self._first = finished
-        self._turn = (self._turn + 1) % len(self._sets)
+        self._turn = (k + 1) % len(self._sets)
         return msgs
 
     def _sync_plan(self, raw: list) -> Tuple[_SyncPlan, Optional[_SyncCheck]]:
@@ -658,37 +676,8 @@ class Producer:
         if version is not None:
             check_replies(_resolve(send(_begin_text(version, plan.names, plan.nbytes))))
         pending: deque = deque()  # (buffer set, replies to check), oldest first
-        sent: set = set()  # names of the cached plan's buckets staged so far (for _sync_rest)
         try:
-            b = 0
-            while b < len(plan.buckets):
-                if check is not None and not check.holds(b, raw):
-                    # a tensor of this bucket moved or changed: plan what is left afresh
-                    fresh = self._sync_plan_new(raw)
-                    plan = fresh if b == 0 else self._sync_rest(plan, b, fresh, sent)
-                    check = None
-                per_rank, keep = plan.buckets[b]
-                # a staged set's replies are checked before the set is reused; direct buckets
-                # reuse nothing, so their replies are read at the end
-                while not self.direct and pending and (len(pending) >= len(self._sets) or pending[0][0] == self._turn):
-                    check_replies(pending.popleft()[1]())
-                turn = self._turn
-                # the sources are views of the caller's tensors (`raw`): alive until consumed
-                bp = plan.pairs[b] if plan.pairs is not None else None
-                msgs = self._stage_publish(per_rank, [raw, *keep] if b == 0 or not self.direct else keep, bp,
-                                           finished=b == len(plan.buckets) - 1,
-                                           weight_version=weight_version, stream=stream)
-                if check is not None:
-                    sent.update(check.bucket_names[b])
-                for m in msgs:
-                    r = send(m)
-                    if callable(r):
-                        pending.append((turn, r))
-                    elif callable(getattr(r, "result", None)):  # a concurrent.futures.Future
-                        pending.append((turn, r.result))
-                    else:
-                        check_replies(r)
-                b += 1
+            plan = self._sync_buckets(raw, plan, check, send, weight_version, stream, pending)
             if not wait:
                 self._inflight = [r for _, r in pending]
                 pending.clear()
@@ -703,6 +692,94 @@ class Producer:
                     pass
         self.wait(stream)
         return len(plan.buckets)
+
+    def _sync_buckets(self, raw: list, plan: _SyncPlan, check: Optional[_SyncCheck], send: Send,
+                      weight_version: Optional[str], stream: Optional[Any], pending: deque) -> _SyncPlan:
+        """Stage, publish and send every bucket of `plan` through the buffer sets in turn; the
+        plan as it ended (a cached plan whose check failed is made again from that bucket on)."""
+        nsets = len(self._sets)
+        sched = self._schedule if nsets > 1 and not self.direct else "send"
+        turn0 = self._turn
+        sent: set = set()  # names of the cached plan's buckets staged so far (for _sync_rest)
+        keeps: dict = {}
+        handles = self._handles(stream)
+        side = self._fork(stream) if sched == "ahead" and self.devices[0].type == "cuda" else None
+
+        def stage(b: int) -> None:
+            nonlocal plan, check
+            if check is not None and not check.holds(b, raw):
+                # a tensor of this bucket moved or changed: plan what is left afresh
+                fresh = self._sync_plan_new(raw)
+                plan = fresh if b == 0 else self._sync_rest(plan, b, fresh, sent)
+                check = None
+            k = (turn0 + b) % nsets
+            # a staged set's replies are checked before the set is reused; direct buckets reuse
+            # nothing, so their replies are read at the end
+            while not self.direct and pending and (len(pending) >= nsets or pending[0][0] == k):
+                check_replies(pending.popleft()[1]())
+            per_rank, keep = plan.buckets[b]
+            bp = plan.pairs[b] if plan.pairs is not None else None
+            self._stage_set(k, per_rank, bp, side[k] if side else handles, stream)
+            if check is not None:
+                sent.update(check.bucket_names[b])
+            # the sources are views of the caller's tensors (`raw`): alive until consumed
+            keeps[b] = [raw, *keep] if b == 0 or not self.direct else keep
+
+        def publish_send(b: int, then: Optional[int]) -> None:
+            k = (turn0 + b) % nsets
+            msgs = self._publish_set(k, keeps.pop(b), side[k] if side else handles,
+                                     finished=b == len(plan.buckets) - 1, weight_version=weight_version)
+            if then is not None:  # the next bucket staged before this one is sent
+                stage(then)
+            for m in msgs:
+                r = send(m)
+                if callable(r):
+                    pending.append((k, r))
+                elif callable(getattr(r, "result", None)):  # a concurrent.futures.Future
+                    pending.append((k, r.result))
+                else:
+                    check_replies(r)
+
+        try:
+            stage(0)
+            b = 0
+            while b < len(plan.buckets):
+                more = b + 1 < len(plan.buckets)
+                if sched == "ahead" and more:
+                    stage(b + 1)
+                publish_send(b, b + 1 if sched == "next" and more else None)
+                if sched == "send" and more:
+                    stage(b + 1)
+                b += 1
+        finally:
+            if side:
+                self._join(stream)
+        return plan
+
+    #: how a staged sync orders its work (2 or more buffer sets): "send" stages bucket k+1 after
+    #: sending bucket k; "next" stages it before sending bucket k; "ahead" on a second stream
+    #: before publishing bucket k
+    _schedule = os.environ.get("WSYNC_PRODUCER_SCHEDULE", "send")
+
+    def _fork(self, stream: Optional[Any]) -> List[list]:
+        """Per buffer set, per rank, a stream of this Producer's that starts after the work
+        queued so far on `stream` (else torch's current stream)."""
+        if not hasattr(self, "_side"):
+            self._side = [[torch.cuda.Stream(d) for d in self.devices] for _ in self._sets]
+        out = []
+        for streams in self._side:
+            row = []
+            for d, s in zip(self.devices, streams):
+                s.wait_stream(stream if stream is not None else torch.cuda.current_stream(d))
+                row.append(_torch.stream_handle(d, s))
+            out.append(row)
+        return out
+
+    def _join(self, stream: Optional[Any]) -> None:
+        """`stream` (else torch's current stream) waits for this Producer's streams."""
+        for streams in self._side:
+            for d, s in zip(self.devices, streams):
+                (stream if stream is not None else torch.cuda.current_stream(d)).wait_stream(s)
 
     def close(self) -> None:
         """Retire every staging buffer (the engines must have released their mappings first:

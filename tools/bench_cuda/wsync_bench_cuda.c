@@ -55,6 +55,7 @@
 
 #define WB_WARMUP 3
 #define WB_MAX_BUF 4 /* (c) is measured with 1, 2 and 4 staging buffers */
+#define WB_TL_MAX 64 /* buckets of a sync's host timeline */
 
 typedef struct wb_opts {
     const char *layout;
@@ -160,6 +161,10 @@ static int wb_producer_main(const wb_opts_t *o)
     }
     double tw = 0, ts = 0, tp = 0, ta = 0;
     unsigned syncs = 0;
+    /* the last 2-buffer sync without digests, per bucket: wait_consumed called, returned, stage
+     * returned, publish returned, sent (ms, CLOCK_MONOTONIC: one clock for both processes) */
+    double tl[WB_TL_MAX][5];
+    size_t tl_n = 0;
     for (;;) {
         /* "syncN": N staging buffers used in turn (N = 1: one reused for every bucket) */
         wb_recv_expect(o->fd, "sync", &m);
@@ -184,6 +189,7 @@ static int wb_producer_main(const wb_opts_t *o)
         if (quit)
             break;
         syncs++;
+        const int timeline = fast && !kernel_only && nbuf == 2;
         for (size_t b = 0; b < plan.nb; b++) {
             wsync_staging_t *s = sg[set + b % nbuf];
             uint64_t *lg = &last[set + b % nbuf];
@@ -196,12 +202,18 @@ static int wb_producer_main(const wb_opts_t *o)
             WB_OK(p->producer->publish(s, st, b + 1 == plan.nb, &json, lg, err));
             double t3 = wh_now_ms();
             wh_send_str(o->fd, json);
+            const double t_sent = wh_now_ms();
             if (nbuf == 1 || b + 1 == plan.nb) {
                 wb_recv_expect(o->fd, "ack", &m);
                 free(m);
             }
             double t4 = wh_now_ms();
             tw += t1 - t0, ts += t2 - t1, tp += t3 - t2, ta += t4 - t3;
+            if (timeline && b < WB_TL_MAX) {
+                const double row[5] = {t0, t1, t2, t3, t_sent};
+                memcpy(tl[b], row, sizeof(row));
+                tl_n = b + 1;
+            }
         }
         if (nbuf > 1)
             for (size_t b = 0; b + 1 < plan.nb; b++) {
@@ -213,6 +225,14 @@ static int wb_producer_main(const wb_opts_t *o)
         printf("  producer host ms per sync: wait_consumed %.2f, stage %.2f, publish (waits for "
                "the stage kernel) %.2f, send + ack %.2f\n",
                tw / syncs, ts / syncs, tp / syncs, ta / syncs);
+    if (tl_n > 0) {
+        printf("  timeline producer (last sync, 2 buffers, no digests), CLOCK_MONOTONIC ms per "
+               "bucket: wait_consumed called-returned, stage returned, publish returned, sent:");
+        for (size_t b = 0; b < tl_n; b++)
+            printf(" b%zu %.3f-%.3f %.3f %.3f %.3f", b, tl[b][0], tl[b][1], tl[b][2], tl[b][3],
+                   tl[b][4]);
+        printf("\n");
+    }
     /* The stage alone, once the engine has stopped using the GPU (it waits for this process):
      * the whole layout into one buffer, and every bucket in turn into one 1 GiB buffer (a stage
      * may follow a stage before a publish), event-timed. */
@@ -363,6 +383,11 @@ static void wb_row(const char *what, double ms, uint64_t bytes, double limit_ms,
 /* One full sync: ask the producer, copy every bucket as it arrives. Returns wall ms until the
  * engine stream has finished the last copy. */
 static double wb_ct[6]; /* consumer host ms: recv, parse, open, copy, record, close+ack */
+/* the last sync's host timeline when asked (wb_tl_on): its request sent, and per bucket the
+ * manifest received, copy_weights returned, ack sent; then its end (ms, CLOCK_MONOTONIC) */
+static int wb_tl_on;
+static size_t wb_tl_n;
+static double wb_tl_t0, wb_tl_end, wb_tl[WB_TL_MAX][3];
 
 static double wb_sync(wb_engine_t *E, int fd, wb_plan_t *plan, uint32_t flags, int nbuf,
                       wsync_handle_t **keep, int *digest_failures, const char *kind)
@@ -407,9 +432,16 @@ static double wb_sync(wb_engine_t *E, int fd, wb_plan_t *plan, uint32_t flags, i
         double q6 = wh_now_ms();
         wb_ct[0] += q1 - q0, wb_ct[1] += q2 - q1, wb_ct[2] += q3 - q2, wb_ct[3] += q4 - q3;
         wb_ct[4] += q5 - q4, wb_ct[5] += q6 - q5;
+        if (wb_tl_on && b < WB_TL_MAX) {
+            wb_tl[b][0] = q1, wb_tl[b][1] = q4, wb_tl[b][2] = q6;
+            wb_tl_n = b + 1;
+        }
     }
     WB_CK(cudaStreamSynchronize(E->st));
-    return wh_now_ms() - t0;
+    const double end = wh_now_ms();
+    if (wb_tl_on)
+        wb_tl_t0 = t0, wb_tl_end = end;
+    return end - t0;
 }
 
 static int wb_spawn_producer(const wb_opts_t *o, int fd, pid_t *pid)
@@ -703,15 +735,23 @@ static int wb_consumer_main(const wb_opts_t *o)
     }
     /* Producer staging without digests: publish does not wait for the stage kernel. */
     wsync_handle_t *keep_fast[WB_MAX_BUF] = {NULL};
+    wb_tl_on = 1;
     for (unsigned i = 0; i < WB_WARMUP + o->iters; i++) {
         double ms = wb_sync(&E, fd, &plan, 0, 2, keep_fast, &failures, "fast");
         if (i >= WB_WARMUP)
             t[i - WB_WARMUP] = ms;
     }
+    wb_tl_on = 0;
     double ms_fast = wh_median(t, o->iters);
     printf("  (c) full sync, %zu buckets through 2 staging buffers, producer without digests "
            "(WSYNC_STAGING_NO_DIGESTS): median %.2f ms, %.1f GB/s end to end\n",
            plan.nb, ms_fast, E.l.payload / ms_fast / 1e6);
+    printf("  timeline consumer (last sync, 2 buffers, no digests), CLOCK_MONOTONIC ms: request "
+           "%.3f, per bucket manifest received, copy_weights returned, ack sent:",
+           wb_tl_t0);
+    for (size_t b = 0; b < wb_tl_n; b++)
+        printf(" b%zu %.3f %.3f %.3f", b, wb_tl[b][0], wb_tl[b][1], wb_tl[b][2]);
+    printf("; stream synchronized %.3f\n", wb_tl_end);
     /* The copy engines' share on either side: "0" = the consumer's kernel alone; "fastk" =
      * the producer's kernel alone (a stage with digests always runs on the kernel alone). */
     static const struct {

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import pickle
 import statistics
 import time
 
@@ -93,7 +94,7 @@ FOREIGN_ENV = ({}, {"WSYNC_CUDA_CE_SHARE": "0"}, {"WSYNC_CUDA_CE_MIN_BYTES": "0"
 # staged syncs measured: (bucket MiB, buffer sets)
 STAGED = ((2048, 2), (2048, 3), (1280, 3), (1280, 4))
 C_BUCKET_MIB = 2048
-STAGED_MS = []  # (bucket MiB, sets, median ms), filled by main
+STAGED_MS = []  # (bucket MiB, sets, Producer schedule or None, median ms), filled by main
 DIRECT = (1024, 2048, 0)  # direct syncs measured: bucket MiB (0: the whole model in one request)
 # ... each under these copy settings of the engine (docs/PERFORMANCE.md)
 # GPU_ONLY: the engine queues its copies behind a ~50 ms sleep on its stream and times them from
@@ -120,7 +121,7 @@ PROBE = ("allocations", "one storage", "side streams", "stage on copy engines", 
 ALL_CE = {"WSYNC_CUDA_CE_MIN_BYTES": "0", "WSYNC_CUDA_CE_SHARE": "1"}
 
 
-def trainer(conn, iters, skip_staged=False, probe=()):
+def trainer(conn, iters, skip_staged=False, probe=(), probe_sets=2, schedules=(None,)):
     from wsync.export import TorchExport
 
     shapes = hf_shapes()
@@ -153,7 +154,8 @@ def trainer(conn, iters, skip_staged=False, probe=()):
                 side = torch.cuda.Stream()
             if variant.endswith("on copy engines"):
                 os.environ.update(ALL_CE)  # the plugin reads it per call
-            staged(conn, ps, 2048, 2, iters, stream=side)
+            for schedule in schedules:
+                staged(conn, ps, 2048, probe_sets, iters, stream=side, schedule=schedule)
         conn.send(("done", None, None, None))
         return
     for bucket_mib, nbuf in () if skip_staged else STAGED:
@@ -185,8 +187,8 @@ def timed_syncs(conn, prod, params, iters, mark=False):
     times = []
 
     def send(m):
-        conn.send(("msg", m))
-        return lambda: [conn.recv()]
+        conn.send_bytes(m.encode())
+        return lambda: [conn.recv_bytes().decode()]
     for k in range(iters + 1):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -221,7 +223,7 @@ class GpuClock:
         return [(w, self.t0 + self.base.elapsed_time(e) / 1e3) for w, e in self.events]
 
 
-def staged(conn, params, bucket_mib, nbuf, iters, stream=None):
+def staged(conn, params, bucket_mib, nbuf, iters, stream=None, schedule=None):
     """Timed syncs through a Producer; the host time spent staging and waiting for replies, and
     the last sync's timeline (perf_counter: one clock for both processes)."""
     import wsync
@@ -231,7 +233,9 @@ def staged(conn, params, bucket_mib, nbuf, iters, stream=None):
     marks = []  # (what, perf_counter) of the current sync
     with wsync.Producer("sglang", bucket_bytes=bucket_mib << 20, device="cuda", digests=False,
                         buffers=nbuf, plugin=plugin()) as prod:
-        stage_bucket = prod._stage_publish  # each bucket's stage + publish inside sync()
+        if schedule:
+            prod._schedule = schedule
+        stage_set, publish_set = prod._stage_set, prod._publish_set  # each bucket's, inside sync()
 
         clock = [None]
 
@@ -240,22 +244,29 @@ def staged(conn, params, bucket_mib, nbuf, iters, stream=None):
             marks.append(("stage", t))
             clock[0].mark("gpu stage")
             try:
-                return stage_bucket(*a, **k)
+                return stage_set(*a, **k)
+            finally:
+                spent["stage"] += time.perf_counter() - t
+
+        def timed_publish(*a, **k):
+            t = time.perf_counter()
+            try:
+                return publish_set(*a, **k)
             finally:
                 spent["stage"] += time.perf_counter() - t
                 marks.append(("staged", time.perf_counter()))
                 clock[0].mark("gpu staged")
-        prod._stage_publish = timed_stage
+        prod._stage_set, prod._publish_set = timed_stage, timed_publish
 
         def send(m):  # the replies are read when the Producer needs them (a deferred reply)
             t = time.perf_counter()
-            conn.send(("msg", m))
+            conn.send_bytes(m.encode())
             spent["send"] += time.perf_counter() - t
             marks.append(("sent", time.perf_counter()))
 
             def replies():
                 t = time.perf_counter()
-                r = [conn.recv()]
+                r = [conn.recv_bytes().decode()]
                 spent["send"] += time.perf_counter() - t
                 marks.append(("reply", time.perf_counter()))
                 return r
@@ -273,7 +284,7 @@ def staged(conn, params, bucket_mib, nbuf, iters, stream=None):
             parts.append((spent["stage"] * 1e3, spent["send"] * 1e3))
         conn.send(("release", None))
         conn.recv()
-    conn.send(("staged", (bucket_mib, nbuf, times[1:], parts[1:], list(marks)), None, None))
+    conn.send(("staged", (bucket_mib, nbuf, times[1:], parts[1:], list(marks), schedule), None, None))
     conn.recv()
 
 
@@ -295,6 +306,9 @@ def main():
     ap.add_argument("--foreign-only", action="store_true", help="skip the staged sync")
     ap.add_argument("--skip-staged", action="store_true", help="foreign and direct syncs only")
     ap.add_argument("--staged-probe", action="store_true", help="the staged sync three ways, with timelines (PROBE)")
+    ap.add_argument("--probe-sets", type=int, default=2, help="--staged-probe: the Producer's buffer sets")
+    ap.add_argument("--probe-schedules", default="",
+                    help="--staged-probe: each variant under these Producer schedules, comma separated")
     ap.add_argument("--probe-variants", default=",".join(PROBE),
                     help="--staged-probe: the variants to run, comma separated (default: all of PROBE)")
     args = ap.parse_args()
@@ -308,7 +322,9 @@ def main():
     c_out = c_path_run(iters)  # first, while this process holds no GPU memory (an 80 GB card)
     ctx = mp.get_context("spawn")
     a, b = ctx.Pipe()
-    p = ctx.Process(target=trainer, args=(b, iters, args.skip_staged, variants), daemon=True)
+    schedules = tuple(args.probe_schedules.split(",")) if args.probe_schedules else (None,)
+    p = ctx.Process(target=trainer, args=(b, iters, args.skip_staged, variants, args.probe_sets, schedules),
+                    daemon=True)
     p.start()
     eng = {n: torch.zeros(s, dtype=torch.bfloat16, device="cuda") for n, s in engine_shapes().items()}
     w = wsync.EngineWorker(eng, engine="sglang", config=CFG, plugin=plugin())
@@ -376,10 +392,12 @@ def main():
             print("the trainer process sent nothing for 120 s: stopping")
             break
         try:
-            op, m = a.recv()[:2]
+            data = a.recv_bytes()
         except EOFError:
             print("the trainer process is gone")
             break
+        # a request travels as its JSON bytes (as the C path's do), the program's own messages pickled
+        op, m = ("msg", data) if data[:1] == b"{" else pickle.loads(data)[:2]
         if op == "msg":
             if gpu_only and gpu_start is None:
                 torch.cuda._sleep(100_000_000)  # ~50 ms: every request of the sync lands behind it
@@ -395,10 +413,10 @@ def main():
                 reply = w.handle(m)
             if eclock is not None:
                 eclock.mark("gpu copied")
-            a.send(reply)
+            a.send_bytes(reply.encode())
             handle_ms.append((time.perf_counter() - t) * 1e3)
             emarks.append((t, time.perf_counter()))
-            if gpu_only and '"flush_cache":true' in m:  # the sync's last bucket (SGLang drains it)
+            if gpu_only and b'"flush_cache":true' in m:  # the sync's last bucket (SGLang drains it)
                 end = torch.cuda.Event(enable_timing=True)
                 end.record()
                 end.synchronize()
@@ -445,8 +463,8 @@ def main():
             eclock = GpuClock(side)
             a.send("ok")
         elif op == "staged":
-            mib, nbuf, times, parts, marks = m
-            STAGED_MS.append((mib, nbuf, statistics.median(times)))
+            mib, nbuf, times, parts, marks, schedule = m
+            STAGED_MS.append((mib, nbuf, schedule, statistics.median(times)))
             if variant:
                 print(f"--- staged probe: {variant}")
                 t0 = marks[0][1]
@@ -463,8 +481,9 @@ def main():
                     f"{x * 1e3:.2f}-{y * 1e3:.2f}" for x, y in zip(e[::2], e[1::2])))
                 emarks = []
             n_msgs = len(handle_ms)
+            how = f", {schedule} schedule" if schedule else ""
             print(f"staged sync (Python Producer -> EngineWorker, {mib} MiB buckets, {nbuf} buffer set"
-                  f"{'s' if nbuf > 1 else ''}, no digests): median {statistics.median(times):.2f} ms over "
+                  f"{'s' if nbuf > 1 else ''}{how}, no digests): median {statistics.median(times):.2f} ms over "
                   f"{len(times)} syncs ({', '.join(f'{x:.1f}' for x in times)})")
             print(f"  trainer host ms per sync: stage_bucket {statistics.median(p[0] for p in parts):.2f}, "
                   f"send + waiting for replies {statistics.median(p[1] for p in parts):.2f}; engine handle() "
@@ -529,7 +548,7 @@ def c_path_report(c_out, c_after=None):
         if why:
             print(f"C path ({when}): {why}")
         for line in out.splitlines():
-            if "(c) full sync" in line or "summary" in line or "producer host ms" in line:
+            if any(k in line for k in ("(c) full sync", "summary", "producer host ms", "timeline")):
                 print(f"C path ({when}): " + line.strip())
     ms = [(when, c_path_ms(o)) for when, o in runs]
     ms = [(when, x) for when, x in ms if x is not None]
@@ -540,10 +559,11 @@ def c_path_report(c_out, c_after=None):
               f"{x:.2f} ms")
     mean = statistics.mean(x for _, x in ms)
     both = len(ms) > 1
-    for mib, nbuf, py in STAGED_MS:
+    for mib, nbuf, schedule, py in STAGED_MS:
         each = ", ".join(f"{py / x:.3f}x the C run {when}" for when, x in ms)
         of = f"{py / mean:.3f}x their mean ({each})" if both else f"{py / mean:.3f}x"
-        print(f"  Python staged sync, {mib} MiB buckets, {nbuf} sets / C path: {of}")
+        how = f", {schedule} schedule" if schedule else ""
+        print(f"  Python staged sync, {mib} MiB buckets, {nbuf} sets{how} / C path: {of}")
     for what, py in DIRECT_MS:
         print(f"  Python direct sync, {what} / C path (staged{', mean' if both else ''}): {py / mean:.3f}x "
               f"({mean / py:.2f}x faster)")
