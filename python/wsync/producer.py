@@ -162,7 +162,13 @@ class Producer:
     """Retained staging buffers of ``bucket_bytes`` each: ``buffers`` sets (default 2: the engine
     copies bucket k while the trainer stages bucket k+1), one buffer per engine TP rank in each
     (on ``devices[r]``, default: ``device`` for all), speaking to ``engine`` ("sglang", "vllm",
-    "lmdeploy")."""
+    "lmdeploy").
+
+    ``stage_first`` (default): in :meth:`sync`, bucket k+1 is staged, once its buffer set is
+    consumed, before bucket k's requests are sent. The engine's copy of bucket k is then queued
+    while that stage runs instead of reaching an idle GPU beside it (docs/PYTHON.md, "The order
+    of a sync's buckets"). ``stage_first=False`` sends each bucket as soon as it is published,
+    for a transport whose latency exceeds a bucket's stage."""
 
     def __init__(
         self,
@@ -181,6 +187,7 @@ class Producer:
         cast_to: Optional[torch.dtype] = None,
         ep_size: int = 1,
         experts: Optional[int] = None,
+        stage_first: bool = True,
     ) -> None:
         if buffers < 1:
             raise InvalidArgument(1, "Producer", f"buffers={buffers}: at least 1")
@@ -194,6 +201,9 @@ class Producer:
         if cast_to is not None and (not cast_to.is_floating_point or cast_to.itemsize > 8):
             raise InvalidArgument(1, "Producer", f"cast_to={cast_to}: a floating-point dtype")
         self.direct = direct
+        # sync(): the next bucket staged (once its buffer set is consumed) before this one is
+        # sent; False sends each bucket as soon as it is published
+        self.stage_first = bool(stage_first)
         # tensors of another floating dtype are sent as this one (the trainer's fp32 master
         # weights, an f32 checkpoint, for a bf16 engine): staged, the stage converts each element
         # in its copy (src_dtype); direct, they are cast into retained buffers the engine reads
@@ -698,12 +708,14 @@ class Producer:
         """Stage, publish and send every bucket of `plan` through the buffer sets in turn; the
         plan as it ended (a cached plan whose check failed is made again from that bucket on)."""
         nsets = len(self._sets)
-        sched = self._schedule if nsets > 1 and not self.direct else "send"
+        # stage_first: bucket b+1 is staged (once its set is consumed) before bucket b is sent;
+        # one buffer set cannot (its bucket is consumed only once sent), nor direct mode (it
+        # waits for no set)
+        stage_first = self.stage_first and nsets > 1 and not self.direct
         turn0 = self._turn
         sent: set = set()  # names of the cached plan's buckets staged so far (for _sync_rest)
         keeps: dict = {}
         handles = self._handles(stream)
-        side = self._fork(stream) if sched == "ahead" and self.devices[0].type == "cuda" else None
 
         def stage(b: int) -> None:
             nonlocal plan, check
@@ -719,7 +731,7 @@ class Producer:
                 check_replies(pending.popleft()[1]())
             per_rank, keep = plan.buckets[b]
             bp = plan.pairs[b] if plan.pairs is not None else None
-            self._stage_set(k, per_rank, bp, side[k] if side else handles, stream)
+            self._stage_set(k, per_rank, bp, handles, stream)
             if check is not None:
                 sent.update(check.bucket_names[b])
             # the sources are views of the caller's tensors (`raw`): alive until consumed
@@ -727,8 +739,8 @@ class Producer:
 
         def publish_send(b: int, then: Optional[int]) -> None:
             k = (turn0 + b) % nsets
-            msgs = self._publish_set(k, keeps.pop(b), side[k] if side else handles,
-                                     finished=b == len(plan.buckets) - 1, weight_version=weight_version)
+            msgs = self._publish_set(k, keeps.pop(b), handles, finished=b == len(plan.buckets) - 1,
+                                     weight_version=weight_version)
             if then is not None:  # the next bucket staged before this one is sent
                 stage(then)
             for m in msgs:
@@ -740,46 +752,15 @@ class Producer:
                 else:
                     check_replies(r)
 
-        try:
-            stage(0)
-            b = 0
-            while b < len(plan.buckets):
-                more = b + 1 < len(plan.buckets)
-                if sched == "ahead" and more:
-                    stage(b + 1)
-                publish_send(b, b + 1 if sched == "next" and more else None)
-                if sched == "send" and more:
-                    stage(b + 1)
-                b += 1
-        finally:
-            if side:
-                self._join(stream)
+        stage(0)
+        b = 0
+        while b < len(plan.buckets):
+            more = b + 1 < len(plan.buckets)
+            publish_send(b, b + 1 if stage_first and more else None)
+            if more and not stage_first:
+                stage(b + 1)
+            b += 1
         return plan
-
-    #: how a staged sync orders its work (2 or more buffer sets): "send" stages bucket k+1 after
-    #: sending bucket k; "next" stages it before sending bucket k; "ahead" on a second stream
-    #: before publishing bucket k
-    _schedule = os.environ.get("WSYNC_PRODUCER_SCHEDULE", "send")
-
-    def _fork(self, stream: Optional[Any]) -> List[list]:
-        """Per buffer set, per rank, a stream of this Producer's that starts after the work
-        queued so far on `stream` (else torch's current stream)."""
-        if not hasattr(self, "_side"):
-            self._side = [[torch.cuda.Stream(d) for d in self.devices] for _ in self._sets]
-        out = []
-        for streams in self._side:
-            row = []
-            for d, s in zip(self.devices, streams):
-                s.wait_stream(stream if stream is not None else torch.cuda.current_stream(d))
-                row.append(_torch.stream_handle(d, s))
-            out.append(row)
-        return out
-
-    def _join(self, stream: Optional[Any]) -> None:
-        """`stream` (else torch's current stream) waits for this Producer's streams."""
-        for streams in self._side:
-            for d, s in zip(self.devices, streams):
-                (stream if stream is not None else torch.cuda.current_stream(d)).wait_stream(s)
 
     def close(self) -> None:
         """Retire every staging buffer (the engines must have released their mappings first:

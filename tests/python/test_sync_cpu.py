@@ -14,12 +14,14 @@ import wsync
 from conftest import plugin_for
 
 
-def _run(engine_ranks, engine: str, layout: str, tp: int, device: str = "cpu", deferred: bool = False) -> None:
+def _run(engine_ranks, engine: str, layout: str, tp: int, device: str = "cpu", deferred: bool = False,
+         stage_first: bool = True) -> None:
     model = models.tiny_model(layout).to(device)
     ranks = engine_ranks(engine, layout, tp, device=device)
     backend = "cpu " if device == "cpu" else "cuda "
     assert all(b.startswith(backend) for b in ranks.backends), ranks.backends
-    with wsync.Producer(engine, tp_size=tp, bucket_bytes=96 << 10, device=device, plugin=plugin_for(device)) as prod:
+    with wsync.Producer(engine, tp_size=tp, bucket_bytes=96 << 10, device=device, plugin=plugin_for(device),
+                        stage_first=stage_first) as prod:
         for k in range(3):
             sd = models.step(model, k)
             n = prod.sync(sd, ranks.send_deferred if deferred else ranks.send, weight_version=f"step-{k}")
@@ -93,6 +95,57 @@ def test_sglang_sync_deferred_replies(engine_ranks, tp):
     """send returns a callable: the trainer stages bucket k+1 while the engines copy bucket k,
     and every parameter still equals the reference after each sync."""
     _run(engine_ranks, "sglang", "moe", tp, deferred=True)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_sglang_sync_send_first(engine_ranks, tp):
+    """Producer(stage_first=False): each bucket sent as soon as it is published; the same values."""
+    _run(engine_ranks, "sglang", "moe", tp, deferred=True, stage_first=False)
+
+
+@pytest.mark.parametrize("stage_first,buffers", [(True, 2), (False, 2), (True, 3), (True, 1)])
+def test_bucket_order(engine_ranks, stage_first, buffers):
+    """The order a sync stages, publishes and sends its buckets: with stage_first (and 2 or more
+    buffer sets) bucket k+1 is staged before bucket k is sent; otherwise (or with one set, whose
+    bucket is consumed only once sent) each bucket is sent before the next is staged."""
+    model = models.tiny_model("dense")
+    ranks = engine_ranks("sglang", "dense", 1)
+    events = []
+    with wsync.Producer("sglang", bucket_bytes=96 << 10, plugin=plugin_for("cpu"), buffers=buffers,
+                        stage_first=stage_first) as prod:
+        stage_set, publish_set = prod._stage_set, prod._publish_set
+
+        def stage(k, *a, **kw):
+            events.append(("stage", k))
+            return stage_set(k, *a, **kw)
+
+        def publish(k, *a, **kw):
+            events.append(("publish", k))
+            return publish_set(k, *a, **kw)
+
+        def send(m):
+            events.append(("send",))
+            return ranks.send_deferred(m)
+        prod._stage_set, prod._publish_set = stage, publish
+        for step in range(2):
+            events.clear()
+            sd = models.step(model, step)
+            n = prod.sync(sd, send)
+            assert n > 2
+            want = []
+            for b in range(n):
+                k = (step * n + b) % buffers
+                if b == 0:
+                    want.append(("stage", k))
+                want.append(("publish", k))
+                nxt = [("stage", (k + 1) % buffers)] if b + 1 < n else []
+                first = stage_first and buffers > 1
+                want += nxt + [("send",)] if first else [("send",)] + nxt
+            assert events == want
+            got, same = ranks.state()[0]
+            ref = models.engine_layout(sd, "sglang", 0, 1)
+            assert same and all(torch.equal(got[n], ref[n]) for n in ref)
+        ranks.release()
 
 
 def test_deferred_refusal_raises_before_reuse(engine_ranks):

@@ -94,7 +94,7 @@ FOREIGN_ENV = ({}, {"WSYNC_CUDA_CE_SHARE": "0"}, {"WSYNC_CUDA_CE_MIN_BYTES": "0"
 # staged syncs measured: (bucket MiB, buffer sets)
 STAGED = ((2048, 2), (2048, 3), (1280, 3), (1280, 4))
 C_BUCKET_MIB = 2048
-STAGED_MS = []  # (bucket MiB, sets, Producer schedule or None, median ms), filled by main
+STAGED_MS = []  # (bucket MiB, sets, the buckets' order (--probe-orders) or None, median ms), filled by main
 DIRECT = (1024, 2048, 0)  # direct syncs measured: bucket MiB (0: the whole model in one request)
 # ... each under these copy settings of the engine (docs/PERFORMANCE.md)
 # GPU_ONLY: the engine queues its copies behind a ~50 ms sleep on its stream and times them from
@@ -121,7 +121,7 @@ PROBE = ("allocations", "one storage", "side streams", "stage on copy engines", 
 ALL_CE = {"WSYNC_CUDA_CE_MIN_BYTES": "0", "WSYNC_CUDA_CE_SHARE": "1"}
 
 
-def trainer(conn, iters, skip_staged=False, probe=(), probe_sets=2, schedules=(None,)):
+def trainer(conn, iters, skip_staged=False, probe=(), probe_sets=2, orders=(None,)):
     from wsync.export import TorchExport
 
     shapes = hf_shapes()
@@ -154,8 +154,8 @@ def trainer(conn, iters, skip_staged=False, probe=(), probe_sets=2, schedules=(N
                 side = torch.cuda.Stream()
             if variant.endswith("on copy engines"):
                 os.environ.update(ALL_CE)  # the plugin reads it per call
-            for schedule in schedules:
-                staged(conn, ps, 2048, probe_sets, iters, stream=side, schedule=schedule)
+            for order in orders:
+                staged(conn, ps, 2048, probe_sets, iters, stream=side, order=order)
         conn.send(("done", None, None, None))
         return
     for bucket_mib, nbuf in () if skip_staged else STAGED:
@@ -223,7 +223,7 @@ class GpuClock:
         return [(w, self.t0 + self.base.elapsed_time(e) / 1e3) for w, e in self.events]
 
 
-def staged(conn, params, bucket_mib, nbuf, iters, stream=None, schedule=None):
+def staged(conn, params, bucket_mib, nbuf, iters, stream=None, order=None):
     """Timed syncs through a Producer; the host time spent staging and waiting for replies, and
     the last sync's timeline (perf_counter: one clock for both processes)."""
     import wsync
@@ -233,8 +233,8 @@ def staged(conn, params, bucket_mib, nbuf, iters, stream=None, schedule=None):
     marks = []  # (what, perf_counter) of the current sync
     with wsync.Producer("sglang", bucket_bytes=bucket_mib << 20, device="cuda", digests=False,
                         buffers=nbuf, plugin=plugin()) as prod:
-        if schedule:
-            prod._schedule = schedule
+        if order:  # the order a sync stages and sends its buckets (Producer(stage_first=))
+            prod.stage_first = order == "stage-first"
         stage_set, publish_set = prod._stage_set, prod._publish_set  # each bucket's, inside sync()
 
         clock = [None]
@@ -284,7 +284,7 @@ def staged(conn, params, bucket_mib, nbuf, iters, stream=None, schedule=None):
             parts.append((spent["stage"] * 1e3, spent["send"] * 1e3))
         conn.send(("release", None))
         conn.recv()
-    conn.send(("staged", (bucket_mib, nbuf, times[1:], parts[1:], list(marks), schedule), None, None))
+    conn.send(("staged", (bucket_mib, nbuf, times[1:], parts[1:], list(marks), order), None, None))
     conn.recv()
 
 
@@ -307,8 +307,9 @@ def main():
     ap.add_argument("--skip-staged", action="store_true", help="foreign and direct syncs only")
     ap.add_argument("--staged-probe", action="store_true", help="the staged sync three ways, with timelines (PROBE)")
     ap.add_argument("--probe-sets", type=int, default=2, help="--staged-probe: the Producer's buffer sets")
-    ap.add_argument("--probe-schedules", default="",
-                    help="--staged-probe: each variant under these Producer schedules, comma separated")
+    ap.add_argument("--probe-orders", default="",
+                    help="--staged-probe: each variant with the Producer's buckets in these orders, comma "
+                         "separated: stage-first (the default), send-first (Producer(stage_first=False))")
     ap.add_argument("--probe-variants", default=",".join(PROBE),
                     help="--staged-probe: the variants to run, comma separated (default: all of PROBE)")
     args = ap.parse_args()
@@ -322,8 +323,11 @@ def main():
     c_out = c_path_run(iters)  # first, while this process holds no GPU memory (an 80 GB card)
     ctx = mp.get_context("spawn")
     a, b = ctx.Pipe()
-    schedules = tuple(args.probe_schedules.split(",")) if args.probe_schedules else (None,)
-    p = ctx.Process(target=trainer, args=(b, iters, args.skip_staged, variants, args.probe_sets, schedules),
+    orders = tuple(args.probe_orders.split(",")) if args.probe_orders else (None,)
+    bad = [o for o in orders if o not in (None, "stage-first", "send-first")]
+    if bad:
+        ap.error(f"--probe-orders: {bad[0]!r} is neither stage-first nor send-first")
+    p = ctx.Process(target=trainer, args=(b, iters, args.skip_staged, variants, args.probe_sets, orders),
                     daemon=True)
     p.start()
     eng = {n: torch.zeros(s, dtype=torch.bfloat16, device="cuda") for n, s in engine_shapes().items()}
@@ -463,8 +467,8 @@ def main():
             eclock = GpuClock(side)
             a.send("ok")
         elif op == "staged":
-            mib, nbuf, times, parts, marks, schedule = m
-            STAGED_MS.append((mib, nbuf, schedule, statistics.median(times)))
+            mib, nbuf, times, parts, marks, order = m
+            STAGED_MS.append((mib, nbuf, order, statistics.median(times)))
             if variant:
                 print(f"--- staged probe: {variant}")
                 t0 = marks[0][1]
@@ -481,7 +485,7 @@ def main():
                     f"{x * 1e3:.2f}-{y * 1e3:.2f}" for x, y in zip(e[::2], e[1::2])))
                 emarks = []
             n_msgs = len(handle_ms)
-            how = f", {schedule} schedule" if schedule else ""
+            how = f", {order}" if order else ""
             print(f"staged sync (Python Producer -> EngineWorker, {mib} MiB buckets, {nbuf} buffer set"
                   f"{'s' if nbuf > 1 else ''}{how}, no digests): median {statistics.median(times):.2f} ms over "
                   f"{len(times)} syncs ({', '.join(f'{x:.1f}' for x in times)})")
@@ -559,10 +563,10 @@ def c_path_report(c_out, c_after=None):
               f"{x:.2f} ms")
     mean = statistics.mean(x for _, x in ms)
     both = len(ms) > 1
-    for mib, nbuf, schedule, py in STAGED_MS:
+    for mib, nbuf, order, py in STAGED_MS:
         each = ", ".join(f"{py / x:.3f}x the C run {when}" for when, x in ms)
         of = f"{py / mean:.3f}x their mean ({each})" if both else f"{py / mean:.3f}x"
-        how = f", {schedule} schedule" if schedule else ""
+        how = f", {order}" if order else ""
         print(f"  Python staged sync, {mib} MiB buckets, {nbuf} sets{how} / C path: {of}")
     for what, py in DIRECT_MS:
         print(f"  Python direct sync, {what} / C path (staged{', mean' if both else ''}): {py / mean:.3f}x "
