@@ -741,16 +741,18 @@ class Producer:
             k = (turn0 + b) % nsets
             msgs = self._publish_set(k, keeps.pop(b), handles, finished=b == len(plan.buckets) - 1,
                                      weight_version=weight_version)
-            if then is not None:  # the next bucket staged before this one is sent
-                stage(then)
-            for m in msgs:
-                r = send(m)
-                if callable(r):
-                    pending.append((k, r))
-                elif callable(getattr(r, "result", None)):  # a concurrent.futures.Future
-                    pending.append((k, r.result))
-                else:
-                    check_replies(r)
+            try:
+                if then is not None:  # the next bucket staged before this one is sent
+                    stage(then)
+            finally:  # a published bucket is always delivered: its set then waits for its consumed
+                for m in msgs:
+                    r = send(m)
+                    if callable(r):
+                        pending.append((k, r))
+                    elif callable(getattr(r, "result", None)):  # a concurrent.futures.Future
+                        pending.append((k, r.result))
+                    else:
+                        check_replies(r)
 
         stage(0)
         b = 0

@@ -148,6 +148,33 @@ def test_bucket_order(engine_ranks, stage_first, buffers):
         ranks.release()
 
 
+@pytest.mark.parametrize("stage_first", [True, False])
+def test_failed_next_stage_still_delivers_the_published_bucket(engine_ranks, stage_first):
+    """A tensor of the last bucket turned into a dtype wsync has no type for: the sync raises
+    naming it while staging that bucket, after the bucket before was published. That bucket is
+    still delivered (stage first stages the next before sending), so the next good sync waits
+    for no consumed that would never come and lands whole."""
+    model = models.tiny_model("dense")
+    ranks = engine_ranks("sglang", "dense", 1)
+    with wsync.Producer("sglang", bucket_bytes=96 << 10, plugin=plugin_for("cpu"), timeout_ms=10000,
+                        stage_first=stage_first) as prod:
+        sd = models.step(model, 0)
+        prod.sync(sd, ranks.send_deferred)
+        last = prod.plan(sd)[-1][-1]
+        bad = dict(models.step(model, 1))
+        bad[last] = bad[last].to(torch.complex64)
+        with pytest.raises(wsync.WsyncError, match=last.replace(".", r"\.")):
+            prod.sync(bad, ranks.send_deferred)
+        sd = models.step(model, 2)
+        t = time.monotonic()
+        prod.sync(sd, ranks.send_deferred)
+        assert time.monotonic() - t < 5
+        got, same = ranks.state()[0]
+        want = models.engine_layout(sd, "sglang", 0, 1)
+        assert same and all(torch.equal(got[n], want[n]) for n in want)
+        ranks.release()
+
+
 def test_deferred_refusal_raises_before_reuse(engine_ranks):
     """A bucket the engine refuses, its reply read late, raises from sync before the buffer
     set that carried it is written again; the engine's parameters keep the last good sync."""
