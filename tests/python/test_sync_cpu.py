@@ -148,6 +148,18 @@ def test_bucket_order(engine_ranks, stage_first, buffers):
         ranks.release()
 
 
+def _good_sync_lands_at_once(prod, ranks, model, step: int) -> None:
+    """A good sync after a failed one starts at once (it waits for no consumed that would never
+    come), and every engine parameter equals the reference after it."""
+    sd = models.step(model, step)
+    t = time.monotonic()
+    prod.sync(sd, ranks.send_deferred)
+    assert time.monotonic() - t < 5
+    got, same = ranks.state()[0]
+    want = models.engine_layout(sd, "sglang", 0, 1)
+    assert same and all(torch.equal(got[n], want[n]) for n in want)
+
+
 @pytest.mark.parametrize("stage_first", [True, False])
 def test_failed_next_stage_still_delivers_the_published_bucket(engine_ranks, stage_first):
     """A tensor of the last bucket turned into a dtype wsync has no type for: the sync raises
@@ -165,13 +177,7 @@ def test_failed_next_stage_still_delivers_the_published_bucket(engine_ranks, sta
         bad[last] = bad[last].to(torch.complex64)
         with pytest.raises(wsync.WsyncError, match=last.replace(".", r"\.")):
             prod.sync(bad, ranks.send_deferred)
-        sd = models.step(model, 2)
-        t = time.monotonic()
-        prod.sync(sd, ranks.send_deferred)
-        assert time.monotonic() - t < 5
-        got, same = ranks.state()[0]
-        want = models.engine_layout(sd, "sglang", 0, 1)
-        assert same and all(torch.equal(got[n], want[n]) for n in want)
+        _good_sync_lands_at_once(prod, ranks, model, 2)
         ranks.release()
 
 
@@ -194,11 +200,5 @@ def test_deferred_refusal_raises_before_reuse(engine_ranks):
         assert same
         assert torch.equal(got[name], good[name])  # the refused tensor was not written
         # the engine gave the refused bucket back as consumed: the next sync goes on at once
-        sd = models.step(model, 2)
-        t = time.monotonic()
-        prod.sync(sd, ranks.send_deferred)
-        assert time.monotonic() - t < 5
-        got, same = ranks.state()[0]
-        want = models.engine_layout(sd, "sglang", 0, 1)
-        assert same and all(torch.equal(got[n], want[n]) for n in want)
+        _good_sync_lands_at_once(prod, ranks, model, 2)
         ranks.release()
