@@ -308,13 +308,12 @@ class Producer:
         """Each engine rank's cudaStream_t for `stream` (the ABI's stream rule)."""
         return [_torch.stream_handle(d, stream) for d in self.devices]
 
-    def _wait_set(self, b: _Buffers, stream: Optional[Any], handles: Optional[list] = None) -> None:
+    def _wait_set(self, b: _Buffers, handles: list) -> None:
         for r, st in enumerate(b.staging):
             g = b.published[r]
             if g > b.waited[r]:
                 err = _abi.Error.new()
-                sh = handles[r] if handles is not None else _torch.stream_handle(self.devices[r], stream)
-                _native.check(self._ops.wait_consumed(st, sh, g, C.byref(err)), err)
+                _native.check(self._ops.wait_consumed(st, handles[r], g, C.byref(err)), err)
                 b.waited[r] = g
         b.keep = []
 
@@ -331,16 +330,18 @@ class Producer:
                         pass
                 raise
         if inflight:
+            handles = self._handles(stream)
             for b in self._sets:
-                self._wait_set(b, stream)
+                self._wait_set(b, handles)
 
     def wait(self, stream: Optional[Any] = None) -> None:
         """Wait until every engine rank has consumed every published bucket (call after their
         acks; a sync sent with wait=False has its replies checked here first). Raises Timeout or
         PeerGone when an engine stalls or dies, the engine's error when it refused the sync."""
         self._finish_inflight(stream)
+        handles = self._handles(stream)
         for b in self._sets:
-            self._wait_set(b, stream)
+            self._wait_set(b, handles)
 
     def abort(self, send: Send, reason: str = "aborted by its producer") -> None:
         """End the open update transaction on every engine rank unfinished (it is reported
@@ -526,7 +527,7 @@ class Producer:
         last bucket is consumed (direct mode reuses nothing: its buckets may all be in flight)."""
         b = self._sets[k]
         if not self.direct:
-            self._wait_set(b, stream, handles)
+            self._wait_set(b, handles)
         if self.direct and pairs is not None:
             self._run_casts(pairs, stream)
         ops = self._ops

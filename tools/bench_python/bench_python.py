@@ -318,15 +318,15 @@ def main():
     bad = [v for v in variants if v not in PROBE]
     if bad:
         ap.error(f"--probe-variants: {bad[0]!r} is none of {', '.join(PROBE)}")
+    orders = tuple(args.probe_orders.split(",")) if args.probe_orders else (None,)
+    bad = [o for o in orders if o not in (None, "stage-first", "send-first")]
+    if bad:
+        ap.error(f"--probe-orders: {bad[0]!r} is neither stage-first nor send-first")
     import wsync
 
     c_out = c_path_run(iters)  # first, while this process holds no GPU memory (an 80 GB card)
     ctx = mp.get_context("spawn")
     a, b = ctx.Pipe()
-    orders = tuple(args.probe_orders.split(",")) if args.probe_orders else (None,)
-    bad = [o for o in orders if o not in (None, "stage-first", "send-first")]
-    if bad:
-        ap.error(f"--probe-orders: {bad[0]!r} is neither stage-first nor send-first")
     p = ctx.Process(target=trainer, args=(b, iters, args.skip_staged, variants, args.probe_sets, orders),
                     daemon=True)
     p.start()
