@@ -14,6 +14,7 @@
 #include "wsync_driver.h"
 #include "wsync_error.h"
 #include "wsync_loader.h"
+#include "wsync_map_rules.h"
 #include "wsync_request.h"
 #include "wsync_shim.h"
 
@@ -224,6 +225,15 @@ WSYNC_SHIM_API wsync_result_t wsync_shim_worker_open(const wsync_shim_worker_con
     const wsync_shim_t *s = find_shim(cfg->engine, err);
     if (s == NULL)
         return WSYNC_ERR_NOT_FOUND;
+    const wsync_map_table_t *map = s->map;
+    if (cfg->mapping != NULL && cfg->mapping[0] != '\0') {
+        if (strcmp(cfg->mapping, "checkpoint") != 0)
+            return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
+                                "unknown mapping \"%.64s\": use \"checkpoint\", or none for "
+                                "the engine's own layout",
+                                cfg->mapping);
+        map = &wsync_map_checkpoint;
+    }
     wsync_shim_worker_t *w = calloc(1, sizeof(*w));
     if (w == NULL)
         return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for a shim worker");
@@ -235,7 +245,7 @@ WSYNC_SHIM_API wsync_result_t wsync_shim_worker_open(const wsync_shim_worker_con
     }
     wsync_driver_config_t dc = {.plugin_path = cfg->plugin_path,
                                 .engine = &w->ops,
-                                .map = s->map,
+                                .map = map,
                                 .log = cfg->log,
                                 .log_user = cfg->log_user,
                                 .log_level = cfg->log_level,

@@ -50,6 +50,11 @@ typedef struct wsync_shim_worker_config {
      * ops->dims and ops->moe are asked once, at open. */
     const wsync_shim_param_t *params;
     size_t n_params;
+    /* Optional: the parameter layout the mapping fills. NULL or "": the engine's own (fused,
+     * narrowed for the worker's TP rank); "checkpoint": every HF tensor whole, in the parameter
+     * of its own name (for an engine that runs its own loaders on them: vLLM's layerwise
+     * reload). */
+    const char *mapping;
 } wsync_shim_worker_config_t;
 
 /* One engine worker (one TP rank): the shim of cfg->engine over a request driver. When no plugin

@@ -16,8 +16,8 @@ static const wsync_map_rule_t wsync_dense_rules[] = {
     {"post_attention_layernorm.weight", "post_attention_layernorm.weight", WSYNC_PART_WHOLE,
      WSYNC_TP_REPLICATED},
     {"model.norm.weight", "model.norm.weight", WSYNC_PART_WHOLE, WSYNC_TP_REPLICATED},
-    {"model.embed_tokens.weight", "model.embed_tokens.weight", WSYNC_PART_WHOLE, WSYNC_TP_COLUMN},
-    {"lm_head.weight", "lm_head.weight", WSYNC_PART_WHOLE, WSYNC_TP_COLUMN},
+    {"model.embed_tokens.weight", "model.embed_tokens.weight", WSYNC_PART_VOCAB, WSYNC_TP_COLUMN},
+    {"lm_head.weight", "lm_head.weight", WSYNC_PART_VOCAB, WSYNC_TP_COLUMN},
 };
 
 const wsync_map_table_t wsync_map_dense = {
@@ -40,4 +40,18 @@ const wsync_map_table_t wsync_map_fused_moe_w13 = {
     .rules = wsync_fused_moe_rules,
     .n_rules = sizeof(wsync_fused_moe_rules) / sizeof(wsync_fused_moe_rules[0]),
     .next = &wsync_map_dense,
+};
+
+/* The checkpoint layout: every HF tensor lands whole in the parameter of its own name. For
+ * engines that load through their own loaders (vLLM's layerwise reload): the shim fills
+ * checkpoint-shaped tensors, and the engine's loader maps, narrows and processes them. */
+static const wsync_map_rule_t wsync_checkpoint_rules[] = {
+    {"*", "", WSYNC_PART_WHOLE, WSYNC_TP_REPLICATED},
+};
+
+const wsync_map_table_t wsync_map_checkpoint = {
+    .engine = "checkpoint",
+    .rules = wsync_checkpoint_rules,
+    .n_rules = 1,
+    .next = NULL,
 };

@@ -15,4 +15,7 @@ extern const wsync_map_table_t wsync_map_dense;
  * down_proj -> experts.w2_weight[e]; chained to wsync_map_dense. */
 extern const wsync_map_table_t wsync_map_fused_moe_w13;
 
+/* The checkpoint layout: each HF tensor whole, in the parameter of its own name, on every rank. */
+extern const wsync_map_table_t wsync_map_checkpoint;
+
 #endif

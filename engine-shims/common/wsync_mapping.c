@@ -13,6 +13,8 @@
 /* Does `name` (from its start) match `pat` exactly? '#' matches [0-9]+ and stores the value. */
 static int wsync_map_match(const char *name, const char *pat, int64_t *expert)
 {
+    if (strcmp(pat, "*") == 0)
+        return 1;
     while (*pat != '\0') {
         if (*pat == '#') {
             char *end;
@@ -58,8 +60,11 @@ wsync_result_t wsync_map_resolve(const wsync_map_table_t *table, const char *hf_
             int64_t expert;
             if (!wsync_map_rule_matches(&t->rules[i], hf_name, &prefix, &expert))
                 continue;
+            /* "*" matched at the name's start: the engine name is the HF name. */
             if (snprintf(out->engine_name, sizeof(out->engine_name), "%.*s%s", (int)prefix, hf_name,
-                         t->rules[i].engine_suffix) >= (int)sizeof(out->engine_name))
+                         strcmp(t->rules[i].hf_suffix, "*") == 0 ? hf_name
+                                                                 : t->rules[i].engine_suffix) >=
+                (int)sizeof(out->engine_name))
                 return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
                                     "tensor \"%s\": engine name longer than %d bytes", hf_name,
                                     WSYNC_MAP_NAME_MAX - 1);
@@ -152,7 +157,7 @@ static wsync_result_t wsync_map_geometry(const wsync_map_target_t *tg, const wsy
                                          wsync_map_geom_t *g, wsync_error_t *err)
 {
     const char *pname = tg->engine_name;
-    int expert = tg->rule->part >= WSYNC_PART_EXPERT_W1;
+    int expert = WSYNC_MAP_IS_EXPERT(tg->rule->part);
     uint32_t base = expert ? 1 : 0; /* dims before the 2-D view */
 
     memset(g, 0, sizeof(*g));
@@ -192,10 +197,22 @@ static wsync_result_t wsync_map_geometry(const wsync_map_target_t *tg, const wsy
     }
     /* Column-parallel. */
     g->hf_cols = g->cols = p->shape[base + 1];
-    if (tg->rule->part == WSYNC_PART_WHOLE) {
+    if (tg->rule->part == WSYNC_PART_WHOLE || (tg->rule->part == WSYNC_PART_VOCAB && d->vocab <= 0)) {
         g->rows = p->shape[base];
         g->hf_rows = g->rows * n;
         g->src_row = (int64_t)r * g->rows;
+        return WSYNC_OK;
+    }
+    if (tg->rule->part == WSYNC_PART_VOCAB) {
+        const int64_t per_rank = p->shape[base];
+        WSYNC_MAP_REQUIRE(per_rank * (int64_t)n >= d->vocab,
+                          "%s holds %" PRId64 " vocabulary rows per rank, %" PRId64
+                          " over %u ranks, fewer than the model's vocab_size %" PRId64,
+                          pname, per_rank, per_rank * (int64_t)n, n, d->vocab);
+        g->hf_rows = d->vocab;
+        g->src_row = (int64_t)r * per_rank;
+        g->rows = d->vocab - g->src_row;
+        g->rows = g->rows < 0 ? 0 : (g->rows > per_rank ? per_rank : g->rows);
         return WSYNC_OK;
     }
     return wsync_map_column_part(tg->rule->part, d, r, n, pname, &g->hf_rows, &g->src_row, &g->rows,
@@ -273,7 +290,7 @@ int64_t wsync_map_expert_of(const wsync_map_table_t *table, const char *name)
 {
     wsync_map_target_t tg;
     if (wsync_map_resolve(table, name, &tg, NULL) != WSYNC_OK ||
-        tg.rule->part < WSYNC_PART_EXPERT_W1)
+        !WSYNC_MAP_IS_EXPERT(tg.rule->part))
         return -1;
     return tg.expert;
 }
@@ -389,7 +406,7 @@ static wsync_result_t wsync_map_plan_fp8(const wsync_engine_ops_t *eng,
                                          wsync_error_t *err)
 {
     const int64_t B = WSYNC_MAP_FP8_BLOCK;
-    const int expert = tg->rule->part >= WSYNC_PART_EXPERT_W1;
+    const int expert = WSYNC_MAP_IS_EXPERT(tg->rule->part);
     const uint32_t base = expert ? 1 : 0;
     if (tg->rule->split == WSYNC_TP_REPLICATED || p->ndim != base + 2)
         return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
@@ -523,7 +540,7 @@ wsync_result_t wsync_map_plan_quant(const wsync_map_table_t *table, const wsync_
         return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT, "engine reports tp rank %u of size %u",
                             rank, size);
     int skip = 0;
-    if (tg.rule->part >= WSYNC_PART_EXPERT_W1) {
+    if (WSYNC_MAP_IS_EXPERT(tg.rule->part)) {
         rc = wsync_map_experts(eng, &d, &p, t->name, &tg, &rank, &size, &skip, err);
         if (rc != WSYNC_OK)
             return rc;
@@ -534,7 +551,7 @@ wsync_result_t wsync_map_plan_quant(const wsync_map_table_t *table, const wsync_
     rc = wsync_map_check_shape(t, &tg, &p, &g, err);
     if (rc != WSYNC_OK)
         return rc;
-    if (skip) { /* another EP rank's expert: checked, nothing to read or write here */
+    if (skip || g.rows == 0) { /* another EP rank's expert, or a rank past the vocabulary: checked, nothing to read or write here */
         memset(op, 0, sizeof(*op));
         op->dst = p.ptr;
         op->src_offset = t->offset;

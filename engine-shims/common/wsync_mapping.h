@@ -31,8 +31,16 @@ typedef enum wsync_map_part {
     WSYNC_PART_UP = 5,        /* gate_up_proj rows [i, 2 i) */
     WSYNC_PART_EXPERT_W1 = 6, /* w13[e] rows [0, mi) (gate_proj of expert e) */
     WSYNC_PART_EXPERT_W3 = 7, /* w13[e] rows [mi, 2 mi) (up_proj of expert e) */
-    WSYNC_PART_EXPERT_W2 = 8  /* w2[e] (down_proj of expert e), row-parallel */
+    WSYNC_PART_EXPERT_W2 = 8, /* w2[e] (down_proj of expert e), row-parallel */
+    /* embed_tokens / lm_head: vocabulary rows, column-parallel over a padded vocabulary. Each
+     * rank holds param rows = padded vocab / tp (vLLM and SGLang pad to a multiple of 64 before
+     * the split: VocabParallelEmbedding); rank r takes the real rows [r x rows, (r + 1) x rows)
+     * below dims.vocab, and its padding rows are never written. */
+    WSYNC_PART_VOCAB = 9
 } wsync_map_part_t;
+
+/* Is `part` one expert's share of a fused expert parameter? */
+#define WSYNC_MAP_IS_EXPERT(part) ((part) >= WSYNC_PART_EXPERT_W1 && (part) <= WSYNC_PART_EXPERT_W2)
 
 typedef enum wsync_tp_split {
     WSYNC_TP_REPLICATED = 0,
@@ -41,7 +49,8 @@ typedef enum wsync_tp_split {
 } wsync_tp_split_t;
 
 /* `hf_suffix` matches the end of an HF name at a '.' boundary; '#' in it matches one decimal
- * index (the expert id). The engine name is the matched prefix + `engine_suffix`. */
+ * index (the expert id). The engine name is the matched prefix + `engine_suffix`. The suffix
+ * "*" matches every name, and its engine name is the HF name itself (the checkpoint layout). */
 typedef struct wsync_map_rule {
     const char *hf_suffix;
     const char *engine_suffix;

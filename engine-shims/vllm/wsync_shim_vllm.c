@@ -3,7 +3,7 @@
  *   {"method": "update_weights", "update_info": {
  *        "names": [...], "dtype_names": [...], "shapes": [[...], ...], "generation": g,
  *        "packed": true,  "packed_buffers": [{"buffer": {...}} per TP rank], "offsets": [...]
- *      | "packed": false, "ipc_handles": [[{"buffer": {...}, "offset": o} per TP rank]
+ *      | "packed": false, "tensor_handles": [[{"buffer": {...}, "offset": o} per TP rank]
  *                                         per tensor]
  *      | "manifests": [manifest text per TP rank] (wsync's encoder, for direct buckets, whose
  *                      segments only the manifest carries, and for ranks whose buckets hold
@@ -97,14 +97,14 @@ static wsync_result_t wsync_vllm_update(wsync_shim_ctx_t *ctx, json_t *req, json
             rc = wsync_vllm_add(groups, info, i, json_object_get(pb, "buffer"),
                                 (uint64_t)json_integer_value(json_array_get(offsets, i)), gen, err);
     } else {
-        json_t *handles = json_object_get(info, "ipc_handles");
+        json_t *handles = json_object_get(info, "tensor_handles");
         if (json_array_size(handles) != n)
             rc = WSYNC_RECORD(err, WSYNC_ERR_BAD_MANIFEST,
-                              "update_info: %zu ipc_handles for %zu names",
+                              "update_info: %zu tensor_handles for %zu names",
                               json_array_size(handles), n);
         for (size_t i = 0; i < n && rc == WSYNC_OK; i++) {
             json_t *h = wsync_req_pick_rank(json_array_get(handles, i), ctx->tp_rank, ctx->tp_size,
-                                            "ipc_handles[i]", err);
+                                            "tensor_handles[i]", err);
             rc = h == NULL
                      ? WSYNC_ERR_BAD_REQUEST
                      : wsync_vllm_add(groups, info, i, json_object_get(h, "buffer"),
@@ -290,7 +290,7 @@ static json_t *wsync_vllm_info(const wsync_shim_encode_t *in, json_t *const *m)
         json_object_set_new(info, "offsets", offsets);
         json_decref(handles);
     } else {
-        json_object_set_new(info, "ipc_handles", handles);
+        json_object_set_new(info, "tensor_handles", handles);
         json_decref(buffers);
         json_decref(offsets);
     }

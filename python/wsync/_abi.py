@@ -292,4 +292,5 @@ class WorkerConfig(C.Structure):
         ("log_level", C.c_int),
         ("params", C.POINTER(ShimParam)),
         ("n_params", C.c_size_t),
+        ("mapping", C.c_char_p),
     ]

