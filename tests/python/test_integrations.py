@@ -295,3 +295,49 @@ def test_sglang_session_gives_parameters_new_storage():
         prod.sync(sd, send)
         _check(em, sd, "sglang")
         em._wsync_worker.release()
+
+
+class _SGLangEngine:
+    """Stand-in for ``sglang.Engine`` (SGLang's scheduler and WeightUpdater need its GPU build to
+    import): the calls the README makes, with SGLang 0.5.23's session rule
+    (``update_weights_from_tensor`` refused outside ``begin_weight_update`` /
+    ``end_weight_update``) and the custom loader called as its WeightUpdater calls it."""
+
+    def __init__(self, model):
+        self.model, self.session, self.sessions = model, False, 0
+
+    def begin_weight_update(self):
+        assert not self.session, "a weight-update session is already open"
+        self.session = True
+
+    def end_weight_update(self):
+        assert self.session, "no weight-update session is open"
+        self.session, self.sessions = False, self.sessions + 1
+
+    def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
+        if not self.session:
+            return False, "update_weights_from_tensor must run between begin_weight_update() and end_weight_update()"
+        import importlib
+
+        module, func = load_format.rsplit(".", 1)
+        getattr(importlib.import_module(module), func)(self.model, named_tensors)
+        return True, "Success"
+
+
+def test_sglang_readme_snippet():
+    """The README's SGLang block, run as written but for this machine: tp_size 1 and the CPU
+    (the stand-in engine is one rank in this process)."""
+    from readme import snippet
+
+    code = snippet("sglang").replace("tp_size=2", "tp_size=1").replace('device="cuda"', 'device="cpu"')
+    hf, sd, em = _setup("sglang")
+    engine = _SGLangEngine(em)
+    ns = {"engine": engine, "model": hf, "step": 0}
+    for k in range(2):
+        sd = models.step(hf, k)
+        ns["step"] = k
+        exec(code, ns)
+        _check(em, sd, "sglang")
+    assert engine.sessions == 2
+    em._wsync_worker.release()
+    ns["producer"].close()

@@ -7,7 +7,10 @@ from disk."""
 
 from __future__ import annotations
 
+import functools
 import gc
+import os
+import sys
 
 import pytest
 import torch
@@ -29,6 +32,7 @@ def greedy(llm):
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
+@functools.cache
 def reference(path):
     """The greedy tokens of a vLLM that loaded `path` itself."""
     llm = start(path)
@@ -148,6 +152,29 @@ def test_real_vllm_qwen3_moe(checkpoints):
         print(f"vllm: moe: a fresh LLM(model=moeB) gives {fresh_b}: "
               f"{'the same' if fresh_b == want else 'not what vLLM reload gives on this build'}")
         engine.shutdown()
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+
+
+def test_real_vllm_readme_snippet(checkpoints):
+    """The README's vLLM block, run as written but on the CPU ('device="cuda"' -> "cpu")."""
+    from transformers import AutoModelForCausalLM
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+    from readme import snippet
+
+    want_b = reference(checkpoints["B"])
+    llm = start(checkpoints["A"], weight_transfer_config={"backend": "wsync"})
+    try:
+        model = AutoModelForCausalLM.from_pretrained(checkpoints["A"], dtype=torch.bfloat16)
+        ns = {"llm": llm, "model": model, "steps": 1, "train_step": lambda m: train_to(m, checkpoints["B"])}
+        exec(snippet("vllm").replace('device="cuda"', 'device="cpu"'), ns)
+        got = greedy(llm)
+        print(f"vllm: README snippet: {got}; LLM(model=B) from disk: {want_b}")
+        assert got == want_b and llm.get_weight_version() == "step-0"
+        ns["sender"].shutdown()
     finally:
         llm.llm_engine.engine_core.shutdown()
         del llm

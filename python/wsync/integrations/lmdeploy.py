@@ -6,6 +6,12 @@ worker's model agent. :func:`update_params` serves a wsync request carried in it
 shim's ``update_params`` message (flattened buckets of a persistent staging buffer, *consumed* on
 the copy stream, the post-load hook on ``finished``), as JSON text in
 ``serialized_named_tensors``. :func:`check_weights` answers a ``wsync.checker`` request.
+
+A stock LMDeploy never calls this: as read in LMDeploy 0.18.0
+(``lmdeploy/pytorch/engine/model_agent/agent.py``), ``BaseModelAgent.update_params`` always
+base64-decodes and unpickles ``serialized_named_tensors`` and loads the tensors it finds through
+the model's own loader; it has no custom-loader hook. An LMDeploy build whose model agent passes
+wsync's requests here serves them.
 """
 
 from __future__ import annotations
