@@ -62,9 +62,9 @@ wsync_result_t wsync_map_resolve(const wsync_map_table_t *table, const char *hf_
                 continue;
             /* "*" matched at the name's start: the engine name is the HF name. */
             if (snprintf(out->engine_name, sizeof(out->engine_name), "%.*s%s", (int)prefix, hf_name,
-                         strcmp(t->rules[i].hf_suffix, "*") == 0 ? hf_name
-                                                                 : t->rules[i].engine_suffix) >=
-                (int)sizeof(out->engine_name))
+                         strcmp(t->rules[i].hf_suffix, "*") == 0
+                             ? hf_name
+                             : t->rules[i].engine_suffix) >= (int)sizeof(out->engine_name))
                 return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
                                     "tensor \"%s\": engine name longer than %d bytes", hf_name,
                                     WSYNC_MAP_NAME_MAX - 1);
@@ -197,7 +197,8 @@ static wsync_result_t wsync_map_geometry(const wsync_map_target_t *tg, const wsy
     }
     /* Column-parallel. */
     g->hf_cols = g->cols = p->shape[base + 1];
-    if (tg->rule->part == WSYNC_PART_WHOLE || (tg->rule->part == WSYNC_PART_VOCAB && d->vocab <= 0)) {
+    if (tg->rule->part == WSYNC_PART_WHOLE ||
+        (tg->rule->part == WSYNC_PART_VOCAB && d->vocab <= 0)) {
         g->rows = p->shape[base];
         g->hf_rows = g->rows * n;
         g->src_row = (int64_t)r * g->rows;
@@ -551,7 +552,8 @@ wsync_result_t wsync_map_plan_quant(const wsync_map_table_t *table, const wsync_
     rc = wsync_map_check_shape(t, &tg, &p, &g, err);
     if (rc != WSYNC_OK)
         return rc;
-    if (skip || g.rows == 0) { /* another EP rank's expert, or a rank past the vocabulary: checked, nothing to read or write here */
+    if (skip || g.rows == 0) { /* another EP rank's expert, or a rank past the vocabulary: checked,
+                                  nothing to read or write here */
         memset(op, 0, sizeof(*op));
         op->dst = p.ptr;
         op->src_offset = t->offset;
