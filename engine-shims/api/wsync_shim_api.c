@@ -28,6 +28,7 @@ struct wsync_shim_worker {
     wsync_engine_ops_t ops;           /* what the driver calls: the table, then the engine's */
     wsync_shim_param_t *params;       /* sorted by name; names owned */
     size_t n_params;
+    uint8_t *fed;              /* fed[i]: some request named a tensor that maps to params[i] */
     uint32_t tp_rank, tp_size; /* with a table: asked once at open (fixed for its life) */
     wsync_model_dims_t dims;
     uint32_t ep_rank, ep_size, moe_tp_rank, moe_tp_size; /* the same, when the engine has moe */
@@ -45,8 +46,25 @@ static int table_param(void *user, const char *name, wsync_param_info_t *out)
     const wsync_shim_param_t *p = bsearch(&key, w->params, w->n_params, sizeof(key), param_cmp);
     if (p == NULL)
         return w->engine->param != NULL ? w->engine->param(w->engine->user, name, out) : -1;
+    w->fed[p - w->params] = 1;
     *out = p->info;
     return 0;
+}
+
+/* The table's parameters no request has fed (wsync_shim_ctx_t.unfed); one that shares its
+ * storage with a fed parameter (tied weights held under both names) counts as fed. */
+static json_t *table_unfed(void *user)
+{
+    const wsync_shim_worker_t *w = user;
+    json_t *names = json_array();
+    for (size_t i = 0; names != NULL && i < w->n_params; i++) {
+        int fed = w->fed[i];
+        for (size_t j = 0; !fed && j < w->n_params; j++)
+            fed = w->fed[j] && w->params[j].info.ptr == w->params[i].info.ptr;
+        if (!fed)
+            json_array_append_new(names, json_string(w->params[i].name));
+    }
+    return names;
 }
 
 /* A worker with a parameter table is a fixed model: its TP and EP places and dimensions are
@@ -133,6 +151,7 @@ static void params_free(wsync_shim_worker_t *w)
     for (size_t i = 0; i < w->n_params; i++)
         free((char *)w->params[i].name);
     free(w->params);
+    free(w->fed);
 }
 
 /* Copy and sort the parameter table; route the driver's look-ups through it. */
@@ -153,7 +172,8 @@ static wsync_result_t params_take(wsync_shim_worker_t *w, const wsync_shim_worke
                             "worker_open: a table of %zu parameters at NULL, or no tp/dims",
                             cfg->n_params);
     w->params = calloc(cfg->n_params, sizeof(*w->params));
-    if (w->params == NULL)
+    w->fed = calloc(cfg->n_params, 1);
+    if (w->params == NULL || w->fed == NULL)
         return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu parameters",
                             cfg->n_params);
     for (size_t i = 0; i < cfg->n_params; i++, w->n_params++) {
@@ -262,6 +282,10 @@ WSYNC_SHIM_API wsync_result_t wsync_shim_worker_open(const wsync_shim_worker_con
     cfg->ops->tp(cfg->ops->user, &rank, &size);
     w->shim = s;
     wsync_shim_ctx_init(&w->ctx, w->driver, rank, size);
+    if (w->n_params > 0) { /* a fixed model: every parameter of it must be fed */
+        w->ctx.unfed = table_unfed;
+        w->ctx.unfed_user = w;
+    }
     *out = w;
     return WSYNC_OK;
 }

@@ -26,6 +26,29 @@ void wsync_shim_ctx_init(wsync_shim_ctx_t *ctx, wsync_driver_t *d, uint32_t rank
     ctx->tp_rank = rank;
     ctx->tp_size = size ? size : 1;
     ctx->state = json_object();
+    ctx->unfed = NULL;
+    ctx->unfed_user = NULL;
+}
+
+/* A committed version that left engine parameters unfed: the error naming them. */
+static wsync_result_t wsync_shim_check_fed(wsync_shim_ctx_t *ctx, wsync_error_t *err)
+{
+    json_t *names = ctx->unfed != NULL ? ctx->unfed(ctx->unfed_user) : NULL;
+    const size_t n = json_array_size(names);
+    wsync_result_t rc = WSYNC_OK;
+    if (n > 0) {
+        char *list = json_dumps(names, JSON_COMPACT);
+        rc = WSYNC_RECORD(err, WSYNC_ERR_LAYOUT_MISMATCH,
+                          "%zu engine parameter(s) fed by no tensor of any sync so far: %.300s; "
+                          "they hold what the engine loaded at start. Send them (a checkpoint "
+                          "with tie_word_embeddings has no lm_head tensor: send "
+                          "model.embed_tokens.weight under lm_head.weight too, or let the engine "
+                          "share one storage for both)",
+                          n, list != NULL ? list : "?");
+        free(list);
+    }
+    json_decref(names);
+    return rc;
 }
 
 void wsync_shim_ctx_free(wsync_shim_ctx_t *ctx)
@@ -174,9 +197,15 @@ char *wsync_shim_serve(const wsync_shim_t *s, wsync_shim_ctx_t *ctx, const char 
     else if ((method = json_string_value(json_object_get(req, "method"))) == NULL)
         rc = WSYNC_RECORD(e, WSYNC_ERR_BAD_REQUEST, "%s request has no \"method\" string",
                           s->engine);
-    else if (strncmp(method, "wsync_", 6) == 0)
+    else if (strncmp(method, "wsync_", 6) == 0) {
         rc = wsync_shim_txn(ctx, method, req, &extra, e);
-    else {
+        json_t *names = rc == WSYNC_OK && strcmp(method, "wsync_check") == 0 && ctx->unfed != NULL
+                            ? ctx->unfed(ctx->unfed_user)
+                            : NULL;
+        if (json_array_size(names) > 0 && json_is_object(extra))
+            json_object_set(extra, "unfed", names);
+        json_decref(names);
+    } else {
         const uint64_t before = wsync_driver_committed(ctx->driver, NULL);
         wsync_driver_check(ctx->driver); /* a version whose producer died ends here */
         rc = s->handle(ctx, method, req, &extra, e);
@@ -185,6 +214,7 @@ char *wsync_shim_serve(const wsync_shim_t *s, wsync_shim_ctx_t *ctx, const char 
             if (extra == NULL)
                 extra = json_object();
             json_object_set_new(extra, "committed", json_integer((json_int_t)after));
+            rc = wsync_shim_check_fed(ctx, e);
         }
     }
     const double t2 = t0 > 0 ? wsync_driver_us() : 0;

@@ -19,6 +19,13 @@ typedef struct wsync_shim_ctx {
     wsync_driver_t *driver;
     uint32_t tp_rank, tp_size;
     json_t *state;
+    /* Optional: the engine parameters that no tensor a request named has fed since the worker
+     * opened, as a JSON array of their names (a new reference; empty when every one was fed).
+     * A request that commits a version while some remain fails, naming them: the version's
+     * tensors landed, but those parameters hold whatever the engine loaded at start. A
+     * wsync_check reply lists them as "unfed". */
+    json_t *(*unfed)(void *user);
+    void *unfed_user;
 } wsync_shim_ctx_t;
 
 /* Trainer-side input for one bucket. */

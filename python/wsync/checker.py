@@ -24,12 +24,15 @@ class CheckReport:
     """``ok`` when every engine rank holds exactly the trainer's bytes. ``mismatches``:
     (rank, HF name, engine digest, trainer digest). ``model`` / ``trainer_model``: one wsync64
     over every (rank, name, digest) line of the engines' digests and of the trainer's: equal
-    when ok."""
+    when ok. ``unfed``: (rank, engine parameter) that no tensor of any sync has fed (they hold
+    what the engine loaded at start: a tied ``lm_head`` kept apart, a parameter the mapping does
+    not know); not ok when any."""
 
     ok: bool
     tensors: int
     ranks: int
     mismatches: List[tuple] = field(default_factory=list)
+    unfed: List[tuple] = field(default_factory=list)
     model: str = ""
     trainer_model: str = ""
 
@@ -84,6 +87,7 @@ def check(named: _torch.NamedTensors, send: Any, *, plugin: Optional[str] = None
     dg = _Digester(lp, dev)
     try:
         mismatches, rows, mine_rows = [], [], []
+        unfed = [(rank, name) for rank, rep in enumerate(replies) for name in rep.get("unfed", [])]
         for rank, rep in enumerate(replies):
             entries = rep["check"]
             regions = []
@@ -103,8 +107,8 @@ def check(named: _torch.NamedTensors, send: Any, *, plugin: Optional[str] = None
                 if e["digest"] != want:
                     mismatches.append((rank, e["name"], e["digest"], want))
         model, trainer_model = (_lines_digest(dg, r, dev, stream) for r in (rows, mine_rows))
-        return CheckReport(ok=not mismatches, tensors=len(pairs), ranks=len(replies),
-                           mismatches=mismatches, model=model, trainer_model=trainer_model)
+        return CheckReport(ok=not mismatches and not unfed, tensors=len(pairs), ranks=len(replies),
+                           mismatches=mismatches, unfed=unfed, model=model, trainer_model=trainer_model)
     finally:
         dg.close()
 
