@@ -108,6 +108,13 @@ wsync_python_env() {
         { "$venv/bin/python" -m pip install -q --no-deps vllm==0.33.0 &&
           "$venv/bin/python" -m pip install -q psutil pyzmq cbor2 aiohttp openai openai_harmony regex requests; } ||
         echo "wsync: vllm==0.33.0 could not be installed: the vLLM integration test uses its stand-in"
+    # LMDeploy's own model agent for its integration test (BaseModelAgent.update_params): the
+    # wheel without its CUDA dependencies, plus what its agent module imports (pinned).
+    "$venv/bin/python" -c 'import lmdeploy.pytorch.engine.model_agent.agent' 2>/dev/null ||
+        "$venv/bin/python" -m pip install -q --no-deps lmdeploy==0.18.0 mmengine==0.10.7 yapf==0.43.0 \
+            platformdirs==4.14.9 addict==2.4.0 termcolor==3.3.0 pillow==13.0.0 pybase64==1.5.1 \
+            xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2 shortuuid==1.0.13 ||
+        echo "wsync: lmdeploy==0.18.0 could not be installed: its integration tests skip, saying so"
     "$venv/bin/python" -m pip install -q "$WSYNC_ROOT"
     WSYNC_PY="$venv/bin/python"
 }

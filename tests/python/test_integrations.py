@@ -196,23 +196,82 @@ def test_sglang_custom_weight_loader():
         em._wsync_worker.release()
 
 
-def test_lmdeploy_update_params():
+class _PostLoadCounter(torch.nn.Module):
+    """A module with LMDeploy's post-load hook (process_weights_after_loading, run by LMDeploy
+    with the last bucket), counting its calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def process_weights_after_loading(self):
+        self.calls += 1
+
+
+def _lmdeploy_send(em, monkeypatch, tp_rank=0, tp=1):
+    """LMDeploy 0.18.0's own BaseModelAgent.update_params (installed --no-deps by tests/run.sh)
+    on a model agent that holds `em`, the request made by UpdateParamsRequest(**request(msg)).
+    Stand-ins, for what needs LMDeploy's GPU start: the agent's attributes that update_params
+    reads (patched_model, spec_agent, dist_ctx), and torch.cuda.synchronize, which it calls
+    with `finished` (a no-op here: the CPU has no device to wait for)."""
+    agent_mod = pytest.importorskip("lmdeploy.pytorch.engine.model_agent.agent",
+                                    reason="LMDeploy 0.18.0 is installed --no-deps by tests/run.sh")
     from wsync.integrations import lmdeploy as wl
 
+    agent = agent_mod.BaseModelAgent.__new__(agent_mod.BaseModelAgent)
+    agent.patched_model = types.SimpleNamespace(get_model=lambda: em)
+    agent.spec_agent = types.SimpleNamespace(is_enabled=lambda: False, get_model=lambda: None)
+    agent.dist_ctx = types.SimpleNamespace(tp_group=types.SimpleNamespace(rank=tp_rank),
+                                           dist_config=types.SimpleNamespace(tp=tp))
+    agent.device_ctx = None
+    agent._update_params_ipc_event = agent._update_params_ipc_tensor = None
+    wl.worker_for(em, "lmdeploy", plugin=plugin_for("cpu"))  # the CPU plugin, on a GPU machine too
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(agent_mod, "get_device_manager", lambda: types.SimpleNamespace(context=lambda c: _null()))
+    monkeypatch.setattr(agent_mod, "get_dist_manager", lambda: types.SimpleNamespace(context=lambda c: _null()))
+
+    def send(m):
+        agent.update_params(agent_mod.UpdateParamsRequest(**wl.request(m)))
+        return ['{"ok":true}']  # update_params returns nothing: a refusal raises
+    return send
+
+
+def _null():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def test_lmdeploy_update_params_as_it_ships(monkeypatch):
     hf, sd, em = _setup("lmdeploy", "moe")
-    loaded = []
+    em.hook = _PostLoadCounter()
+    send = _lmdeploy_send(em, monkeypatch)
     with wsync.Producer("lmdeploy", bucket_bytes=64 << 10, plugin=plugin_for("cpu")) as prod:
-        wl.worker_for(em, "lmdeploy", plugin=plugin_for("cpu"), on_post_load=lambda: loaded.append(1))
         for k in range(3):
             sd = models.step(hf, k)
-            prod.sync(sd, lambda m: [wl.update_params(em, wl.request(m))])  # UpdateParamsRequest fields
+            prod.sync(sd, send)
             _check(em, sd, "lmdeploy")
-        assert len(loaded) == 3  # the post-load hook once per finished weight version
+        assert em.hook.calls == 3  # LMDeploy's post-processing once per finished weight version
         em._wsync_worker.release()
 
 
+def test_lmdeploy_request_outside_update_params_is_refused():
+    """Unpickled anywhere but inside a model agent's update_params, a request serves nothing."""
+    import base64
+    import pickle
+
+    from wsync.integrations import lmdeploy as wl
+
+    msg = '{"method":"update_params","serialized_named_tensors":[],"finished":false}'
+    data = wl.request(msg)["serialized_named_tensors"]
+    with pytest.raises(wsync.WsyncError, match="outside LMDeploy's update_params"):
+        pickle.loads(base64.b64decode(data))
+    with pytest.raises(wsync.WsyncError, match="finished must be true or false, got 'yes'"):
+        wl.request(msg.replace("false", '"yes"'))
+
+
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "lmdeploy"])
-def test_direct_mode_through_the_integrations(engine):
+def test_direct_mode_through_the_integrations(engine, monkeypatch):
     """Producer(direct=True) through each engine's integration entry point: the engine reads
     the trainer's own tensors (no staging), every parameter equal after each of 3 syncs."""
     hf, sd, em = _setup(engine, "moe")
@@ -230,10 +289,7 @@ def test_direct_mode_through_the_integrations(engine):
             ws.worker_for(em, "sglang", plugin=plugin_for("cpu"))
             send = lambda m: (ws.load_weights(em, ws.request_tensors(m)), ['{"ok":true}'])[1]  # noqa: E731
         else:
-            from wsync.integrations import lmdeploy as wl
-
-            wl.worker_for(em, "lmdeploy", plugin=plugin_for("cpu"))
-            send = lambda m: [wl.update_params(em, wl.request(m))]  # noqa: E731
+            send = _lmdeploy_send(em, monkeypatch)
         for k in range(3):
             sd = models.step(hf, k)
             prod.sync(sd, send, version=k + 1)
