@@ -233,6 +233,7 @@ def _lmdeploy_send(em, monkeypatch, tp_rank=0, tp=1):
     def send(m):
         agent.update_params(agent_mod.UpdateParamsRequest(**wl.request(m)))
         return ['{"ok":true}']  # update_params returns nothing: a refusal raises
+    send.agent = agent
     return send
 
 
@@ -397,3 +398,21 @@ def test_sglang_readme_snippet():
     assert engine.sessions == 2
     em._wsync_worker.release()
     ns["producer"].close()
+
+
+def test_lmdeploy_readme_snippet(monkeypatch):
+    """The README's LMDeploy block, run as written but for this machine (tp_size 1, the CPU),
+    with `engine` a stand-in whose update_params is the model agent's own (an LMDeploy engine
+    hands the request to every worker's agent)."""
+    from readme import snippet
+
+    code = snippet("lmdeploy").replace("tp_size=2", "tp_size=1").replace('device="cuda"', 'device="cpu"')
+    hf, sd, em = _setup("lmdeploy")
+    agent = _lmdeploy_send(em, monkeypatch).agent
+    ns = {"engine": types.SimpleNamespace(update_params=agent.update_params), "model": hf}
+    for k in range(2):
+        sd = models.step(hf, k)
+        exec(code, ns)
+        _check(em, sd, "lmdeploy")
+        em._wsync_worker.release()
+        ns["producer"].close()
