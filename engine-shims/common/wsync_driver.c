@@ -354,6 +354,28 @@ static wsync_result_t wsync_driver_parse(wsync_driver_t *d, const char *json, si
     return rc;
 }
 
+/* The bucket of a manifest the plugin refused, so it can be given back unread: the same text
+ * without its tensors (and direct-mode segments), parsed by the plugin, which names the buffer
+ * and generation as the trainer published them. NULL when even that is refused (the text is not
+ * a manifest: the trainer did not publish it, and waits for nothing). */
+static const wsync_manifest_t *wsync_driver_parse_bucket(wsync_driver_t *d, const char *json,
+                                                         size_t len)
+{
+    json_t *root = json_loadb(json, len, 0, NULL);
+    const wsync_manifest_t *m = NULL;
+    if (json_is_object(root) && json_object_set_new(root, "tensors", json_array()) == 0) {
+        json_object_del(root, "segments");
+        json_object_del(root, "digests");
+        char *text = json_dumps(root, JSON_COMPACT);
+        wsync_error_t quiet = {.struct_size = sizeof(quiet)};
+        if (text != NULL && wsync_driver_parse(d, text, strlen(text), &m, &quiet) != WSYNC_OK)
+            m = NULL;
+        free(text);
+    }
+    json_decref(root);
+    return m;
+}
+
 static void wsync_driver_free_manifest(wsync_driver_t *d, const wsync_manifest_t *m)
 {
     if (m == NULL)
@@ -756,6 +778,12 @@ wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifest
         rc = wsync_driver_parse(d, manifests[i], lens[i], &m[i], err);
         if (rc == WSYNC_OK)
             total += m[i]->n_tensors;
+    }
+    if (rc != WSYNC_OK) { /* a refusal at parse: every bucket of the request goes back unread */
+        for (size_t i = 0; i < n; i++)
+            if (m[i] == NULL)
+                m[i] = wsync_driver_parse_bucket(d, manifests[i], lens[i]);
+        wsync_driver_release_unread(d, m, n);
     }
     if (rc == WSYNC_OK) {
         ops = calloc(total ? total : 1, sizeof(*ops));

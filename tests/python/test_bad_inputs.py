@@ -209,3 +209,51 @@ def test_vllm_refused_first_bucket_does_not_wedge_the_next_sync():
         assert all(torch.equal(params[n], want[n]) for n in want)
         w.release()
     w.close()
+
+
+def _bad_nbytes(msg: str) -> str:
+    """The staged bucket's manifest with one tensor's nbytes disagreeing with its shape: refused
+    while the manifest is parsed (BAD_MANIFEST)."""
+    req = json.loads(msg)
+    man = json.loads(req["serialized_named_tensors"][0])
+    man["tensors"][0]["nbytes"] += 2
+    req["serialized_named_tensors"][0] = json.dumps(man)
+    return json.dumps(req)
+
+
+REFUSALS = {  # class -> (the bad bucket's tensors, how its message is spoiled, the error, a needle)
+    "bad manifest": (lambda sd: [("model.norm.weight", sd["model.norm.weight"] + 1)], _bad_nbytes,
+                     errors.BadManifest, "nbytes"),
+    "wrong dtype": (lambda sd: [("model.norm.weight", sd["model.norm.weight"].float())], None,
+                    errors.LayoutMismatch, "model.norm.weight"),
+    "unknown name": (lambda sd: [("model.layers.0.mlp.no_such.weight", sd["model.norm.weight"])], None,
+                     errors.NotFound, "no_such"),
+    "wrong shape": (lambda sd: [("model.layers.1.mlp.down_proj.weight",
+                                 sd["model.layers.1.mlp.down_proj.weight"][:, :-1].contiguous())], None,
+                    errors.LayoutMismatch, "down_proj"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(REFUSALS))
+def test_after_any_refusal_the_next_good_sync_lands(kind):
+    """One refused request of each class: the message names the offending value, no engine
+    parameter changes, and the same Producer's next good sync lands bit-exact at once (the
+    refused bucket is given back as consumed, a refusal at parse included: before, that one
+    jammed the trainer until its timeout)."""
+    model = models.tiny_model("dense")
+    sd = models.step(model, 0)
+    params = models.zeros_like_layout(models.engine_layout(sd, ENGINE, 0, 1))
+    w = wsync.EngineWorker(params, engine=ENGINE, config=model.config, plugin=plugin_for("cpu"))
+    with wsync.Producer(ENGINE, bucket_bytes=1 << 20, plugin=plugin_for("cpu"), timeout_ms=5000, buffers=1) as prod:
+        prod.sync(sd, lambda m: [w.handle(m)])
+        before = {k: v.clone() for k, v in params.items()}
+        tensors, spoil, exc, needle = REFUSALS[kind]
+        (msg,) = prod.stage_bucket(tensors(sd), finished=True)
+        refused(w, spoil(msg) if spoil else msg, exc, needle)
+        unchanged(params, before)
+        sd = models.step(model, 1)
+        prod.sync(sd, lambda m: [w.handle(m)])
+        want = models.engine_layout(sd, ENGINE, 0, 1)
+        assert all(torch.equal(params[k], want[k]) for k in want)
+        w.release()
+    w.close()
