@@ -47,6 +47,10 @@ struct wsync_driver {
     wsync_txn_t txn;
     wsync_shadow_t *shadows; /* rollback mode, sorted by param */
     size_t n_shadows;
+    /* A refusal the shim found in the request's own fields (wsync_driver_refuse): the next
+     * apply gives its buckets back unread and returns it. */
+    wsync_result_t refusal;
+    char refusal_msg[WSYNC_ERROR_MESSAGE_LEN];
 };
 
 static int wsync_shadow_cmp(const void *a, const void *b)
@@ -754,6 +758,12 @@ static void wsync_driver_release_unread(wsync_driver_t *d, const wsync_manifest_
     }
 }
 
+void wsync_driver_refuse(wsync_driver_t *d, wsync_result_t rc, const char *message)
+{
+    d->refusal = rc;
+    snprintf(d->refusal_msg, sizeof(d->refusal_msg), "%s", message != NULL ? message : "");
+}
+
 wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifests,
                                   const size_t *lens, size_t n, uint64_t *generation,
                                   wsync_error_t *err)
@@ -779,6 +789,9 @@ wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifest
         if (rc == WSYNC_OK)
             total += m[i]->n_tensors;
     }
+    if (rc == WSYNC_OK && d->refusal != WSYNC_OK) /* the request's own fields were refused */
+        rc = WSYNC_RECORD(err, d->refusal, "%s", d->refusal_msg);
+    d->refusal = WSYNC_OK;
     if (rc != WSYNC_OK) { /* a refusal at parse: every bucket of the request goes back unread */
         for (size_t i = 0; i < n; i++)
             if (m[i] == NULL)

@@ -54,6 +54,12 @@ int wsync_driver_native(const wsync_driver_t *d, const char **why);
 const wsync_plugin_t *wsync_driver_plugin(const wsync_driver_t *d);
 struct wsync_consumer *wsync_driver_consumer(const wsync_driver_t *d);
 
+/* Refuse the request being served for a fault in its own fields (not in its manifests): the
+ * next wsync_driver_apply parses its manifests, gives their buckets back unread (so the trainer's
+ * next bucket does not wait for a *consumed* that never comes), writes nothing and returns `rc`
+ * with `message`. Cleared by that apply, or by wsync_driver_refuse(d, WSYNC_OK, NULL). */
+void wsync_driver_refuse(wsync_driver_t *d, wsync_result_t rc, const char *message);
+
 /* Apply one request: `n` manifests (JSON text, each naming a distinct buffer). All are parsed,
  * validated and planned before the first copy. Non-blocking with a plugin (copies enqueued,
  * consumed recorded); blocking in native mode. On success *generation (may be NULL) gets the

@@ -252,6 +252,32 @@ int wsync_req_get_u64(json_t *obj, const char *key, uint64_t *out, wsync_error_t
     return 0;
 }
 
+char *wsync_req_show(const json_t *v)
+{
+    char *text = v != NULL ? json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+    if (text != NULL && strlen(text) > 80)
+        strcpy(text + 77, "...");
+    return text != NULL ? text : strdup("(none)");
+}
+
+int wsync_req_get_bool(json_t *obj, const char *key, int dflt, int *out, wsync_error_t *err)
+{
+    json_t *v = json_object_get(obj, key);
+    if (v == NULL) {
+        *out = dflt;
+        return 0;
+    }
+    if (!json_is_boolean(v)) {
+        char *shown = wsync_req_show(v);
+        WSYNC_RECORD(err, WSYNC_ERR_BAD_REQUEST, "field \"%s\" must be true or false, got %s", key,
+                     shown != NULL ? shown : "?");
+        free(shown);
+        return -1;
+    }
+    *out = json_is_true(v);
+    return 0;
+}
+
 const char *wsync_req_get_str(json_t *obj, const char *key, wsync_error_t *err)
 {
     const char *s = json_string_value(json_object_get(obj, key));

@@ -67,6 +67,11 @@ json_t *wsync_req_pick_rank(json_t *list, uint32_t rank, uint32_t size, const ch
 /* Typed field access with messages naming the field: 0 on success. */
 int wsync_req_get_u64(json_t *obj, const char *key, uint64_t *out, wsync_error_t *err);
 const char *wsync_req_get_str(json_t *obj, const char *key, wsync_error_t *err);
+/* An optional boolean: `dflt` when absent, BAD_REQUEST naming the field and its value when it is
+ * anything but true or false (a string "false" must not mean false, nor 0 mean true). */
+int wsync_req_get_bool(json_t *obj, const char *key, int dflt, int *out, wsync_error_t *err);
+/* A JSON value as text for a message (malloc'd, at most 80 characters). */
+char *wsync_req_show(const json_t *v);
 
 /* Replies: {"ok":true,"method":m,...extra} / {"ok":false,"method":m,"error":"<strerror>",
  * "code":n,"message":"..."}. `extra` (may be NULL) is merged and stolen. */

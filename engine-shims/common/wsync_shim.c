@@ -141,11 +141,27 @@ static wsync_result_t wsync_shim_txn(wsync_shim_ctx_t *ctx, const char *method, 
                                   "wsync_begin: names[%zu] is not a "
                                   "string",
                                   i);
+        json_t *pid = json_object_get(req, "pid"); /* its producer: gone, the version ends */
+        json_t *bad = (nt != NULL && json_integer_value(nt) < 0)   ? nt
+                      : (nb != NULL && json_integer_value(nb) < 0) ? nb
+                      : (pid != NULL && (!json_is_integer(pid) || json_integer_value(pid) < 1))
+                          ? pid
+                          : NULL;
+        if (rc == WSYNC_OK && bad != NULL) {
+            char *shown = wsync_req_show(bad);
+            rc = WSYNC_RECORD(err, WSYNC_ERR_BAD_REQUEST, "wsync_begin: %s must be %s, got %s",
+                              bad == nt   ? "expect.tensors"
+                              : bad == nb ? "expect.bytes"
+                                          : "pid",
+                              bad == pid ? "the producer's process id (an integer >= 1)"
+                                         : "an integer >= 0",
+                              shown != NULL ? shown : "?");
+            free(shown);
+        }
         if (rc == WSYNC_OK)
             rc = wsync_driver_begin(d, version, nt ? (uint64_t)json_integer_value(nt) : 0,
                                     nb ? (uint64_t)json_integer_value(nb) : 0, list, n, err);
-        json_t *pid = json_object_get(req, "pid"); /* its producer: gone, the version ends */
-        if (rc == WSYNC_OK && json_is_integer(pid))
+        if (rc == WSYNC_OK && pid != NULL)
             wsync_driver_set_producer(d, (int64_t)json_integer_value(pid));
         free(list);
     } else if (strcmp(method, "wsync_commit") == 0) {
@@ -209,6 +225,7 @@ char *wsync_shim_serve(const wsync_shim_t *s, wsync_shim_ctx_t *ctx, const char 
         const uint64_t before = wsync_driver_committed(ctx->driver, NULL);
         wsync_driver_check(ctx->driver); /* a version whose producer died ends here */
         rc = s->handle(ctx, method, req, &extra, e);
+        wsync_driver_refuse(ctx->driver, WSYNC_OK, NULL); /* a refusal no apply took */
         const uint64_t after = wsync_driver_committed(ctx->driver, NULL);
         if (rc == WSYNC_OK && after != before) { /* this request committed a version */
             if (extra == NULL)

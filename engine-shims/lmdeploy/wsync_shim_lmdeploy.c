@@ -43,11 +43,15 @@ static const wsync_map_table_t wsync_lmdeploy_map = {
 static wsync_result_t wsync_lmdeploy_update(wsync_shim_ctx_t *ctx, json_t *req, json_t **extra,
                                             wsync_error_t *err)
 {
-    int finished = json_is_true(json_object_get(req, "finished"));
+    int finished = 0;
     json_t *bucket, *fresh, *manifest;
     uint64_t gen = 0;
     wsync_result_t rc;
     const char *fmt = json_string_value(json_object_get(req, "load_format"));
+
+    if (wsync_req_get_bool(req, "finished", 0, &finished, err) !=
+        0) /* its buckets go back unread */
+        wsync_driver_refuse(ctx->driver, WSYNC_ERR_BAD_REQUEST, err != NULL ? err->message : "");
 
     if (fmt != NULL && strcmp(fmt, WSYNC_SHIM_MANIFEST_FORMAT) == 0) {
         rc = wsync_shim_apply_rank_manifest(ctx, json_object_get(req, "serialized_named_tensors"),

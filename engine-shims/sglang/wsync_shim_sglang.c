@@ -31,12 +31,15 @@ static wsync_result_t wsync_sglang_update(wsync_shim_ctx_t *ctx, json_t *req, js
                                           wsync_error_t *err)
 {
     const char *version = json_string_value(json_object_get(req, "weight_version"));
-    json_t *flush = json_object_get(req, "flush_cache");
     const char *fmt = json_string_value(json_object_get(req, "load_format"));
     json_t *bucket, *manifest;
     uint64_t gen = 0;
     wsync_result_t rc;
+    int flush_cache = 1; /* SGLang's default is flush_cache=True */
 
+    if (wsync_req_get_bool(req, "flush_cache", 1, &flush_cache, err) !=
+        0) /* its buckets go back unread */
+        wsync_driver_refuse(ctx->driver, WSYNC_ERR_BAD_REQUEST, err != NULL ? err->message : "");
     if (fmt != NULL && strcmp(fmt, WSYNC_SHIM_MANIFEST_FORMAT) == 0) {
         rc = wsync_shim_apply_rank_manifest(ctx, json_object_get(req, "serialized_named_tensors"),
                                             "serialized_named_tensors", &gen, err);
@@ -49,8 +52,7 @@ static wsync_result_t wsync_sglang_update(wsync_shim_ctx_t *ctx, json_t *req, js
     }
     if (rc != WSYNC_OK)
         return rc;
-    /* SGLang's default is flush_cache=True. */
-    if (flush == NULL || json_is_true(flush)) {
+    if (flush_cache) {
         rc = wsync_shim_commit(ctx, err); /* a version's last bucket flushes: it commits here */
         if (rc != WSYNC_OK)
             return rc;

@@ -257,3 +257,48 @@ def test_after_any_refusal_the_next_good_sync_lands(kind):
         assert all(torch.equal(params[k], want[k]) for k in want)
         w.release()
     w.close()
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("tensors", -1, 'expect.tensors must be an integer >= 0, got -1'),
+    ("bytes", -5, 'expect.bytes must be an integer >= 0, got -5'),
+    ("pid", 0, "pid must be the producer's process id (an integer >= 1), got 0"),
+    ("pid", -1, "pid must be the producer's process id (an integer >= 1), got -1"),
+    ("pid", "1234", "pid must be the producer's process id (an integer >= 1), got \"1234\""),
+])
+def test_begin_fields_that_would_wrap_are_refused(setup, field, value, needle):
+    """wsync_begin's expect counts and pid: a negative count would wrap (the version could never
+    commit) and a pid that is no process id would turn the trainer-alive check off."""
+    model, sd, params, w, prod, before = setup
+    req = {"method": "wsync_begin", "version": 7, "pid": os.getpid(), "expect": {"tensors": 1, "bytes": 128}}
+    if field == "pid":
+        req["pid"] = value
+    else:
+        req["expect"][field] = value
+    refused(w, json.dumps(req), errors.BadRequest, needle)
+    assert w.state()["state"] == "consistent"
+    unchanged(params, before)
+
+
+@pytest.mark.parametrize("engine, field", [("sglang", "flush_cache"), ("lmdeploy", "finished")])
+@pytest.mark.parametrize("value", ["false", 0, 1, None])
+def test_booleans_that_are_not_booleans_are_refused(engine, field, value):
+    """SGLang's flush_cache and LMDeploy's finished must be true or false: the string "false"
+    meant false, and so did 1. Refused naming the value, nothing written, and the trainer's next
+    good sync lands."""
+    model = models.tiny_model("dense")
+    sd = models.step(model, 0)
+    params = models.zeros_like_layout(models.engine_layout(sd, engine, 0, 1))
+    w = wsync.EngineWorker(params, engine=engine, config=model.config, plugin=plugin_for("cpu"))
+    with wsync.Producer(engine, bucket_bytes=1 << 20, plugin=plugin_for("cpu"), timeout_ms=5000) as prod:
+        (msg,) = prod.stage_bucket([("model.norm.weight", sd["model.norm.weight"] + 1)], finished=True)
+        req = json.loads(msg)
+        req[field] = value
+        before = {k: v.clone() for k, v in params.items()}
+        refused(w, json.dumps(req), errors.BadRequest, f'field "{field}" must be true or false, got {json.dumps(value)}')
+        unchanged(params, before)
+        prod.sync(sd, lambda m: [w.handle(m)])
+        want = models.engine_layout(sd, engine, 0, 1)
+        assert all(torch.equal(params[k], want[k]) for k in want)
+        w.release()
+    w.close()
