@@ -17,7 +17,10 @@
 #include "wsync_txn.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 /* One producer buffer this engine has consumed from. */
 typedef struct wsync_driver_buffer {
@@ -51,6 +54,11 @@ struct wsync_driver {
      * apply gives its buckets back unread and returns it. */
     wsync_result_t refusal;
     char refusal_msg[WSYNC_ERROR_MESSAGE_LEN];
+    /* The open version's producer, held as a pidfd from when its pid was first seen: it reads
+     * as ended once that process exits (a zombie included), and a later process given the same
+     * pid is another one. -1: none (or pidfd_open unavailable: then kill(pid, 0) decides). */
+    int producer_fd;
+    int64_t producer_fd_pid;
 };
 
 static int wsync_shadow_cmp(const void *a, const void *b)
@@ -162,6 +170,8 @@ wsync_result_t wsync_driver_open(const wsync_driver_config_t *cfg, wsync_driver_
                             "driver config needs engine ops with param, tp and dims, and a "
                             "mapping table");
     d = calloc(1, sizeof(*d));
+    if (d != NULL)
+        d->producer_fd = -1;
     if (d == NULL)
         return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "driver: out of memory");
     d->cfg = *cfg;
@@ -251,12 +261,35 @@ void wsync_driver_abort(wsync_driver_t *d, const char *reason)
     }
 }
 
+/* Hold the open version's producer as a pidfd from the moment its pid is known. */
+static void wsync_driver_watch(wsync_driver_t *d)
+{
+    const int64_t pid = d->txn.producer_pid;
+    if (pid == d->producer_fd_pid)
+        return;
+    if (d->producer_fd >= 0)
+        close(d->producer_fd);
+    d->producer_fd = pid > 0 ? (int)syscall(SYS_pidfd_open, (pid_t)pid, 0) : -1;
+    d->producer_fd_pid = pid;
+}
+
+/* Has the producer `pid` ended? Through its pidfd (readable once it exits), else kill(pid, 0). */
+static int wsync_driver_producer_gone(wsync_driver_t *d, int64_t pid)
+{
+    wsync_driver_watch(d);
+    if (d->producer_fd >= 0) {
+        struct pollfd p = {.fd = d->producer_fd, .events = POLLIN};
+        return poll(&p, 1, 0) > 0;
+    }
+    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
 void wsync_driver_check(wsync_driver_t *d)
 {
     const int64_t pid = d->txn.producer_pid;
     if (d->txn.phase != WSYNC_TXN_UPDATING || pid <= 0)
         return;
-    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
+    if (wsync_driver_producer_gone(d, pid)) {
         char why[96];
         snprintf(why, sizeof(why), "left unfinished: its producer (pid %lld) is gone",
                  (long long)pid);
@@ -284,8 +317,10 @@ uint64_t wsync_driver_open_version(const wsync_driver_t *d)
 
 void wsync_driver_set_producer(wsync_driver_t *d, int64_t pid)
 {
-    if (d->txn.phase == WSYNC_TXN_UPDATING && pid > 0)
+    if (d->txn.phase == WSYNC_TXN_UPDATING && pid > 0) {
         d->txn.producer_pid = pid;
+        wsync_driver_watch(d);
+    }
 }
 
 uint64_t wsync_driver_opens(const wsync_driver_t *d)
@@ -828,10 +863,12 @@ wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifest
             const double t_end = wsync_driver_us();
             t_copy += t_copied - t_exec, t_record += t_end - t_copied;
         }
-        if (rc == WSYNC_OK)
+        if (rc == WSYNC_OK) {
             wsync_txn_applied(&d->txn, m[i]->tensors, m[i]->n_tensors, live[i], m[i]->buffer.pid);
-        else if (wrote && live[i])
+            wsync_driver_watch(d);
+        } else if (wrote && live[i]) {
             wsync_txn_wrote(&d->txn);
+        }
         k += m[i]->n_tensors;
         if (m[i]->generation > gen)
             gen = m[i]->generation;
@@ -1062,6 +1099,8 @@ void wsync_driver_close(wsync_driver_t *d)
     }
     wsync_loader_close(&d->loader);
     wsync_txn_free(&d->txn);
+    if (d->producer_fd >= 0)
+        close(d->producer_fd);
     free(d->shadows);
     free(d->buffers);
     free(d);

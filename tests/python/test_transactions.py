@@ -263,3 +263,29 @@ def test_dropped_worker_frees_itself_and_its_shadows_without_a_collection():
         assert shadow() is None, "a rollback shadow outlived its worker"
     finally:
         gc.enable()
+
+
+def test_a_dead_trainer_left_as_a_zombie_is_taken_for_dead():
+    """The trainer-alive check holds the producer as a pidfd from when its pid was first seen:
+    a producer that exited but was never reaped (a zombie, which kill(pid, 0) still finds) ends
+    its open version (here before any bucket: nothing written, so the weights stay consistent),
+    instead of leaving it updating for good; the next version lands."""
+    import os
+    import subprocess
+
+    model = models.tiny_model("dense")
+    sd = models.step(model, 0)
+    params = models.zeros_like_layout(models.engine_layout(sd, "sglang", 0, 1))
+    w = wsync.EngineWorker(params, engine="sglang", config=model.config, plugin=plugin_for("cpu"))
+    child = subprocess.Popen(["true"])
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped: a zombie
+    begin = {"method": "wsync_begin", "version": 3, "pid": child.pid, "expect": {"tensors": 1, "bytes": 128}}
+    w.apply(json.dumps(begin))
+    st = w.state()
+    assert st["state"] == "consistent" and f"producer (pid {child.pid}) is gone" in st["reason"], st
+    child.wait()
+    with wsync.Producer("sglang", bucket_bytes=1 << 20, plugin=plugin_for("cpu")) as prod:
+        prod.sync(sd, lambda m: [w.handle(m)], version=4)
+        assert w.state()["state"] == "consistent" and w.state()["committed"] == 4
+        w.release()
+    w.close()
