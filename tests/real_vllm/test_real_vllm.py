@@ -179,3 +179,32 @@ def test_real_vllm_readme_snippet(checkpoints):
         llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
+
+
+def test_real_vllm_refused_push_then_good_push(checkpoints):
+    """A push that vLLM's own loader refuses (one tensor of the wrong shape): the error names the
+    bucket's tensors, the engine still serves (its reload is finalized, no layer left on the meta
+    device), and the trainer's next good push lands: B's tokens exactly."""
+    want_b = reference(checkpoints["B"])
+    llm = start(checkpoints["A"], weight_transfer_config={"backend": "wsync"})
+    try:
+        model, engine = trainer(llm, checkpoints["A"])
+        train_to(model, checkpoints["B"])
+        o_proj = model.model.layers[1].self_attn.o_proj
+        good = o_proj.weight
+        o_proj.weight = torch.nn.Parameter(good.data[:, :-1].clone(), requires_grad=False)
+        with pytest.raises(Exception) as e:
+            engine.send_weights(weight_version="bad")
+        assert "model.layers.1.self_attn.o_proj.weight" in str(e.value), str(e.value)[-600:]
+        served = greedy(llm)  # still serving
+        assert all(len(t) == 8 for t in served)
+        o_proj.weight = good
+        engine.send_weights(weight_version="good")
+        got = greedy(llm)
+        print(f"vllm: after a refused push and a good one: {got}; LLM(model=B) from disk: {want_b}")
+        assert got == want_b and llm.get_weight_version() == "good"
+        engine.shutdown()
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()

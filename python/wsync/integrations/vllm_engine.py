@@ -32,7 +32,6 @@ Two ways in, chosen per model at the first update (``mode`` in the init info):
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -44,7 +43,7 @@ from vllm.distributed.weight_transfer.base import (
 )
 
 from ..engine import EngineWorker
-from ..errors import InvalidArgument, check_reply
+from ..errors import RESULT_NAMES, InvalidArgument, WsyncError
 from . import worker_for
 from .vllm import MODES, message, tp_place
 
@@ -144,18 +143,20 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
 
     def start_weight_update(self) -> None:
         w = self._worker()
-        if self.mode() == "reload":
-            from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
-
-            initialize_layerwise_reload(self.model)
         start = message("start_weight_update", is_checkpoint_format=True)
-        reply = w.handle(start)
-        if json.loads(reply).get("error") == "BUSY":
+        try:
+            w.apply(start)
+        except WsyncError as e:
+            if RESULT_NAMES.get(e.code) != "BUSY":
+                raise
             # the previous session ended in vLLM without its finish (vLLM drops a session whose
             # update raised): close wsync's side of it, then start
             w.apply(message("finish_weight_update"))
-            reply = w.handle(start)
-        check_reply(reply)
+            w.apply(start)
+        if self.mode() == "reload":  # once wsync's side is open: a refused start leaves the model
+            from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+            initialize_layerwise_reload(self.model)
 
     def update_weights(self, update_info: Dict[str, Any]) -> None:
         """vLLM's base class ends an update with a device-wide synchronize; wsync drains its own
@@ -171,7 +172,14 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
             w.apply(message("update_weights", update_info=update_info.wire()))
             w.drain()
             return
-        self._reload_bucket(w, update_info)
+        try:
+            self._reload_bucket(w, update_info)
+        except BaseException:
+            # vLLM ends a session whose update raised and never calls finish: put every layer
+            # back now (those not loaded keep their weights), or the model would keep layers on
+            # the meta device
+            self._finalize_reload()
+            raise
 
     def _reload_bucket(self, w: EngineWorker, info: WsyncUpdateInfo) -> None:
         from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
@@ -181,7 +189,10 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
             dtype = getattr(torch, str(dt), None)
             if not isinstance(dtype, torch.dtype):
                 raise InvalidArgument(1, "update_weights", f"tensor {name!r}: unknown dtype_name {dt!r}")
-            fresh[name] = torch.empty([int(n) for n in shape], dtype=dtype, device=self.device)
+            try:
+                fresh[name] = torch.empty([int(n) for n in shape], dtype=dtype, device=self.device)
+            except (TypeError, ValueError, RuntimeError) as e:
+                raise InvalidArgument(1, "update_weights", f"tensor {name!r}: shape {shape!r}: {e}") from None
         w.params = fresh
         try:
             w.apply(message("update_weights", update_info=info.wire()))
@@ -189,15 +200,25 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         finally:
             w.params = {}
         with disable_mtp_completeness_check():
-            self.model.load_weights(iter(fresh.items()))
+            for name, t in fresh.items():  # one at a time, so a refusal names its tensor
+                try:
+                    self.model.load_weights([(name, t)])
+                except Exception as e:
+                    raise InvalidArgument(1, "update_weights", f"vLLM's loader refused tensor {name!r} "
+                                          f"{list(t.shape)} {t.dtype}: {type(e).__name__}: {e}") from e
 
     def finish_weight_update(self) -> None:
-        self._worker().apply(message("finish_weight_update"))
-        if self.mode() == "reload":
-            from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+        try:
+            self._worker().apply(message("finish_weight_update"))
+        finally:
+            if self.mode() == "reload":
+                self._finalize_reload()
 
-            finalize_layerwise_reload(self.model, self.model_config)
-            reprocess_tied(self.model)
+    def _finalize_reload(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        finalize_layerwise_reload(self.model, self.model_config)
+        reprocess_tied(self.model)
 
     def shutdown(self) -> None:
         for model in self._served.values():
