@@ -99,18 +99,14 @@ def _round_trip(checkpoints, a, b, label):
         got_a = greedy(llm)
         assert got_a != want_b, "the two checkpoints must generate differently for the test to mean anything"
         model, engine = trainer(llm, checkpoints[a])
-        train_to(model, checkpoints[b])
-        engine.send_weights(weight_version=f"{label}-B")
-        got_b = greedy(llm)
-        print(f"vllm: {label}: greedy tokens after the push of B: {got_b}; LLM(model=B) from disk: {want_b}")
-        assert got_b == want_b
-        assert llm.get_weight_version() == f"{label}-B"
-        train_to(model, checkpoints[a])
-        engine.send_weights(weight_version=f"{label}-A")
-        back = greedy(llm)
-        print(f"vllm: {label}: after pushing A back: {back}; before any push: {got_a}")
-        assert back == got_a
-        assert llm.get_weight_version() == f"{label}-A"
+        # push B (oracle: vLLM's own load of B), then A back (oracle: A's tokens before any push)
+        for name, want, oracle in ((b, want_b, "LLM(model=B) from disk"), (a, got_a, "before any push")):
+            train_to(model, checkpoints[name])
+            engine.send_weights(weight_version=f"{label}-{name}")
+            got = greedy(llm)
+            print(f"vllm: {label}: greedy tokens after the push of {name}: {got}; {oracle}: {want}")
+            assert got == want
+            assert llm.get_weight_version() == f"{label}-{name}"
         engine.shutdown()
 
 
