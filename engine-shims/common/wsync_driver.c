@@ -14,6 +14,7 @@
 #include "wsync_client.h"
 #include "wsync_loader.h"
 #include "wsync_manifest.h"
+#include "wsync_shm_sweep.h"
 #include "wsync_txn.h"
 
 #include <errno.h>
@@ -294,6 +295,7 @@ void wsync_driver_check(wsync_driver_t *d)
         snprintf(why, sizeof(why), "left unfinished: its producer (pid %lld) is gone",
                  (long long)pid);
         wsync_driver_abort(d, why);
+        wsync_shm_sweep(pid); /* its staging, which it could not unlink */
     }
 }
 

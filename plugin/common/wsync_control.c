@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "wsync_error.h"
+#include "wsync_shm_sweep.h"
 
 void wsync_control_init(wsync_control_t *c, uint64_t data_offset, uint64_t data_bytes)
 {
@@ -186,12 +187,14 @@ static wsync_result_t wsync_control_wait(wsync_control_t *c, _Atomic uint64_t *g
         uint64_t seen = atomic_load(gen);
         if (seen >= generation)
             return WSYNC_OK;
-        if (wsync_pid_gone(peer_pid))
+        if (wsync_pid_gone(peer_pid)) {
+            wsync_shm_sweep(peer_pid); /* its segments: nobody else will unlink them */
             return wsync_fail(err, WSYNC_ERR_PEER_GONE, __func__,
                               "waiting for %s generation %llu (last seen %llu): peer pid %lld "
                               "has exited; restart it and publish again",
                               what, (unsigned long long)generation, (unsigned long long)seen,
                               (long long)peer_pid);
+        }
         if (atomic_load(&c->retired))
             return wsync_fail(err, WSYNC_ERR_PEER_GONE, __func__,
                               "waiting for %s generation %llu (last seen %llu): the producer "

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "wsync_error.h"
+#include "wsync_shm_sweep.h"
 
 static _Atomic uint32_t wsync_shm_seq;
 
@@ -59,9 +60,12 @@ wsync_result_t wsync_shm_create(wsync_shm_t *s, const char *tag, size_t size, ws
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "shared memory segment for %s: size 0; ask for at least one byte",
                           tag ? tag : "?");
+    wsync_shm_sweep(0); /* segments of producers killed before they could unlink */
+    const uint64_t ns = wsync_shm_pidns();
     for (int attempt = 0; attempt < 16 && fd < 0; attempt++) {
-        snprintf(s->name, sizeof(s->name), "/wsync-%u-%ld-%u-%08x", (unsigned)geteuid(),
-                 (long)getpid(), (unsigned)atomic_fetch_add(&wsync_shm_seq, 1), wsync_shm_random());
+        snprintf(s->name, sizeof(s->name), "/wsync-%u-%ld-%u-%08x-%llx", (unsigned)geteuid(),
+                 (long)getpid(), (unsigned)atomic_fetch_add(&wsync_shm_seq, 1), wsync_shm_random(),
+                 (unsigned long long)ns);
         fd = shm_open(s->name, O_RDWR | O_CREAT | O_EXCL, 0600);
         if (fd < 0 && errno != EEXIST)
             break;

@@ -10,13 +10,14 @@
 #define WSYNC_SHM_NAME_MAX 64
 
 typedef struct wsync_shm {
-    char name[WSYNC_SHM_NAME_MAX]; /* "/wsync-<uid>-<pid>-<seq>-<rand>" */
+    char name[WSYNC_SHM_NAME_MAX]; /* "/wsync-<uid>-<pid>-<seq>-<rand>-<pidns>" */
     void *addr;
     size_t size;
     int owner; /* 1 when this process created it (may unlink) */
 } wsync_shm_t;
 
-/* Create a new segment of `size` bytes (zero-filled). Blocking. */
+/* Create a new segment of `size` bytes (zero-filled). Blocking. Sweeps dead producers' segments
+ * first (wsync_shm_sweep.h). */
 wsync_result_t wsync_shm_create(wsync_shm_t *s, const char *tag, size_t size, wsync_error_t *err);
 /* Map an existing segment; refuses a foreign owner, a mode other than 0600, or size < min_size. */
 wsync_result_t wsync_shm_open(wsync_shm_t *s, const char *name, size_t min_size,

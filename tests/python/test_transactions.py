@@ -159,7 +159,7 @@ def test_trainer_killed_between_buckets(engine, killed_after):
             if m[0] == "dying":
                 break
             continue
-        shm.update(re.findall(r"wsync-[0-9]+-[0-9]+-[0-9]+-[0-9a-f]+", m))  # its staging segments
+        shm.update(re.findall(r"wsync-[0-9]+-[0-9]+-[0-9]+-[0-9a-f]+-[0-9a-f]+", m))  # its staging segments
         a.send(w.handle(m))
     p.join(30)
     assert p.exitcode == 1
@@ -213,7 +213,7 @@ def test_rollback_mode_trainer_killed(group):
             if m[0] == "dying":
                 break
             continue
-        shm.update(re.findall(r"wsync-[0-9]+-[0-9]+-[0-9]+-[0-9a-f]+", m))
+        shm.update(re.findall(r"wsync-[0-9]+-[0-9]+-[0-9]+-[0-9a-f]+-[0-9a-f]+", m))
         a.send(w.handle(m))
     p.join(30)
     st = w.state()

@@ -1,0 +1,74 @@
+/* Sweep of dead producers' staging segments (see wsync_shm_sweep.h). */
+#include "wsync_shm_sweep.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "wsync_log.h"
+
+uint64_t wsync_shm_pidns(void)
+{
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+int wsync_pid_dead(int64_t pid)
+{
+    char path[48], buf[256];
+
+    if (pid <= 0)
+        return 0;
+    if (kill((pid_t)pid, 0) != 0)
+        return errno == ESRCH;
+    snprintf(path, sizeof(path), "/proc/%lld/stat", (long long)pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return 0;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *paren = strrchr(buf, ')'); /* "pid (comm) S ...": comm may hold spaces */
+    return paren != NULL && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
+}
+
+int wsync_shm_sweep(int64_t only)
+{
+    const unsigned uid = (unsigned)geteuid();
+    const uint64_t ns = wsync_shm_pidns();
+    const int64_t self = (int64_t)getpid();
+    int swept = 0;
+
+    if (ns == 0)
+        return 0;
+    DIR *d = opendir("/dev/shm");
+    if (d == NULL)
+        return 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        unsigned u, seq, rnd;
+        long long pid;
+        uint64_t their_ns;
+        int end = 0;
+        if (sscanf(e->d_name, "wsync-%u-%lld-%u-%8x-%" SCNx64 "%n", &u, &pid, &seq, &rnd,
+                   &their_ns, &end) != 5 ||
+            e->d_name[end] != '\0')
+            continue;
+        if (u != uid || their_ns != ns || pid == self || (only > 0 && pid != only) ||
+            !wsync_pid_dead(pid))
+            continue;
+        char name[300];
+        snprintf(name, sizeof(name), "/%s", e->d_name);
+        if (shm_unlink(name) == 0) {
+            swept++;
+            WSYNC_LOG_INFO("swept %s: its producer (pid %lld) is gone", name, pid);
+        }
+    }
+    closedir(d);
+    return swept;
+}
