@@ -55,8 +55,8 @@ int wsync_shm_sweep(int64_t only)
         long long pid;
         uint64_t their_ns;
         int end = 0;
-        if (sscanf(e->d_name, "wsync-%u-%lld-%u-%8x-%" SCNx64 "%n", &u, &pid, &seq, &rnd,
-                   &their_ns, &end) != 5 ||
+        if (sscanf(e->d_name, "wsync-%u-%lld-%u-%8x-%" SCNx64 "%n", &u, &pid, &seq, &rnd, &their_ns,
+                   &end) != 5 ||
             e->d_name[end] != '\0')
             continue;
         if (u != uid || their_ns != ns || pid == self || (only > 0 && pid != only) ||
