@@ -141,6 +141,13 @@ wsync_result_t wsync_cpu_copy_segments(struct wsync_consumer *c, struct wsync_ha
     wsync_result_t r = wsync_cpu_buffer_call(c, h, ops, n_ops, flags, err);
     if (r != WSYNC_OK)
         return r;
+    for (size_t k = 0; segs != NULL && k < n_segs; k++)
+        if (segs[k] != NULL && segs[k]->consumer == c && segs[k]->is_segment &&
+            segs[k]->peer_pid != h->peer_pid)
+            return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                              "segment %zu names producer pid %lld, but the manifest's buffer was "
+                              "published by pid %lld: a direct bucket reads only its producer",
+                              k, (long long)segs[k]->peer_pid, (long long)h->peer_pid);
     cpu_segs_t sg = {.c = c, .h = h, .segs = segs};
     wsync_copy_op_t *moved = NULL;
     if ((r = wsync_validate_segments(NULL, ops, op_segment, n_ops, segs != NULL ? n_segs : 0,

@@ -54,7 +54,7 @@ static wsync_result_t wsync_cpu_check_mapping(const wsync_buffer_desc_t *d, cons
                           "bytes of segment %s",
                           (unsigned long long)d->base_offset, (unsigned long long)d->bytes,
                           (unsigned long long)ctl->data_bytes, shm->name);
-    if (d->pid > 0 && d->pid != ctl->producer_pid)
+    if (d->pid != ctl->producer_pid) /* pid 0 too: the check is never off */
         return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
                           "manifest says producer pid %lld, segment %s was created by pid %lld",
                           (long long)d->pid, shm->name, (long long)ctl->producer_pid);

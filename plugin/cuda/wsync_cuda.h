@@ -19,6 +19,7 @@
 #include "wsync_cuda_adapter.h"
 #include "wsync_cuda_vmm.h"
 #include "wsync_manifest_cache.h"
+#include "wsync_peers.h"
 #include "wsync_shm.h"
 #include "wsync_validate.h"
 
@@ -216,6 +217,7 @@ typedef struct wsync_cuda_mapping {
     int has_ready, has_consumed;
     wsync_shm_t control_shm;
     wsync_control_t *control;   /* NULL for foreign buffers */
+    int64_t peer_pid;           /* control->producer_pid when control is mapped */
     int control_registered;     /* the control block is host-registered for the GPU */
     void *consumed_dev;         /* device view of control->consumed_generation, or NULL */
     wsync_carriers_t carriers;  /* event: recorded after the last copy on that stream */
@@ -283,6 +285,7 @@ struct wsync_consumer {
     wsync_cuda_ring_t ring;
     wsync_cuda_adapter_state_t adapter; /* the adapter executor's buffers */
     wsync_validate_memo_t valid;        /* op sets found disjoint (used under lock) */
+    wsync_peers_t peers;                /* producers whose control blocks are mapped */
     pthread_mutex_t lock;
 };
 

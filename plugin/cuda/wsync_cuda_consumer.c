@@ -24,6 +24,7 @@ static wsync_result_t consumer_create(const wsync_consumer_config_t *config,
     c->device = config->device_ordinal;
     c->timeout_ms = config->timeout_ms ? config->timeout_ms : WSYNC_CUDA_DEFAULT_TIMEOUT_MS;
     pthread_mutex_init(&c->lock, NULL);
+    wsync_peers_init(&c->peers);
     cudaError_t e = cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, c->device);
     if (e != cudaSuccess) {
         rc = wsync_cuda_fail(err, e, __func__, "cudaDeviceGetAttribute(MultiProcessorCount)");
@@ -61,6 +62,7 @@ fail:
         wsync_cache_destroy(c->cache);
     wsync_cuda_lane_destroy(&c->lane);
     pthread_mutex_destroy(&c->lock);
+    wsync_peers_destroy(&c->peers);
     free(c);
     return rc;
 }
@@ -110,6 +112,7 @@ static wsync_result_t consumer_finalize(struct wsync_consumer *c, wsync_error_t 
     pthread_mutex_unlock(&c->lock);
     wsync_cuda_lane_destroy(&c->lane);
     pthread_mutex_destroy(&c->lock);
+    wsync_peers_destroy(&c->peers);
     free(c);
     wsync_cuda_stats_log();
     return WSYNC_OK;

@@ -294,6 +294,17 @@ wsync_result_t wsync_cuda_copy_segments(struct wsync_consumer *c, struct wsync_h
                           n_segs);
     if ((rc = wsync_validate_copy_args(ops, n_ops, flags, err)) != WSYNC_OK)
         return rc;
+    const wsync_cuda_mapping_t *hm = h->entry->mapping;
+    for (size_t k = 0; k < n_segs; k++) {
+        if (check_handle(c, segs[k], __func__, NULL) != WSYNC_OK || !segs[k]->segment)
+            continue; /* wsync_validate_segments names it */
+        const wsync_cuda_mapping_t *sm = segs[k]->entry->mapping;
+        if (sm->peer_pid != 0 && sm->peer_pid != hm->peer_pid)
+            return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                              "segment %zu names producer pid %lld, but the manifest's buffer was "
+                              "published by pid %lld: a direct bucket reads only its producer",
+                              k, (long long)sm->peer_pid, (long long)hm->peer_pid);
+    }
     cuda_segs_t sg = {.c = c, .segs = segs};
     wsync_copy_op_t *moved = NULL;
     wsync_cuda_range_push("wsync:copy_segments");

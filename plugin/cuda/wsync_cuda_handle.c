@@ -8,6 +8,7 @@
 #include "wsync_cuda_peer.h"
 #include "wsync_error.h"
 #include "wsync_log.h"
+#include "wsync_torch_handle.h"
 
 /* Size of the allocation that starts at p, from the driver (0 when it cannot tell). */
 static uint64_t allocation_bytes(const void *p)
@@ -78,8 +79,77 @@ static void mapping_destroy(wsync_cuda_mapping_t *m)
             cudaHostUnregister(m->control);
         wsync_control_detach(m->control);
         wsync_shm_close(&m->control_shm);
+        if (c != NULL)
+            wsync_peers_drop(&c->peers, m->peer_pid);
     }
     free(m);
+}
+
+/* Map desc's control block (if it names one) and hold its producer as verified: the pid
+ * its creator wrote there, which a manifest's pid must then equal. */
+static wsync_result_t mapping_control_open(struct wsync_consumer *c, wsync_cuda_mapping_t *m,
+                                           const wsync_buffer_desc_t *desc, wsync_error_t *err)
+{
+    wsync_result_t rc =
+        wsync_shm_open(&m->control_shm, desc->control, sizeof(wsync_control_t), err);
+    if (rc != WSYNC_OK)
+        return rc;
+    wsync_control_t *ctl = m->control_shm.addr;
+    rc = wsync_control_check(ctl, err);
+    if (rc == WSYNC_OK && atomic_load(&ctl->retired))
+        rc =
+            WSYNC_FAIL(err, WSYNC_ERR_PEER_GONE,
+                       "the producer retired buffer %s; wait for its next manifest", desc->control);
+    const int64_t owner = atomic_load(&ctl->producer_pid);
+    if (rc == WSYNC_OK && desc->pid > 0 && desc->pid != owner)
+        rc = WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                        "manifest says producer pid %lld, but buffer %s was published by pid %lld",
+                        (long long)desc->pid, desc->control, (long long)owner);
+    if (rc == WSYNC_OK && wsync_peers_add(&c->peers, owner) != 0)
+        rc = WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY,
+                        "this engine already maps buffers of %d producers; close some first",
+                        WSYNC_PEERS_MAX);
+    if (rc == WSYNC_OK && (rc = wsync_control_attach(ctl, err)) != WSYNC_OK)
+        wsync_peers_drop(&c->peers, owner);
+    if (rc != WSYNC_OK) {
+        wsync_shm_close(&m->control_shm);
+        return rc;
+    }
+    m->peer_pid = owner;
+    atomic_store(&ctl->consumer_pid, (int64_t)getpid());
+    m->control = ctl;
+    control_for_the_gpu(m);
+    return WSYNC_OK;
+}
+
+/* A buffer whose mapping takes descriptors from its producer (pidfd_getfd): the pid must be
+ * one whose control block this engine verified (this buffer's own, or the manifest buffer's of
+ * a direct segment), checked before any descriptor is taken. */
+static wsync_result_t mapping_pid_check(struct wsync_consumer *c, const wsync_buffer_desc_t *desc,
+                                        int64_t *verified, wsync_error_t *err)
+{
+    int64_t pid = desc->pid;
+    if (desc->kind == WSYNC_BUFFER_TORCH_EXPANDABLE) {
+        wsync_torch_segments_t seg;
+        wsync_result_t rc = wsync_torch_segments_decode(desc->handle, desc->handle_len, &seg, err);
+        if (rc != WSYNC_OK)
+            return rc;
+        if (desc->pid > 0 && seg.pid != desc->pid)
+            return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                              "segment handle names pid %lld, its descriptor pid %lld",
+                              (long long)seg.pid, (long long)desc->pid);
+        pid = seg.pid;
+    }
+    if (wsync_peers_has(&c->peers, pid)) {
+        *verified = pid;
+        return WSYNC_OK;
+    }
+    char known[256];
+    wsync_peers_show(&c->peers, known, sizeof(known));
+    return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                      "buffer names producer pid %lld, which published no buffer this engine "
+                      "maps (verified producers: %s); its descriptors are not taken",
+                      (long long)pid, known);
 }
 
 wsync_result_t wsync_cuda_map(void *user, const wsync_buffer_desc_t *desc, void **mapping,
@@ -113,6 +183,14 @@ wsync_result_t wsync_cuda_map(void *user, const wsync_buffer_desc_t *desc, void 
     rc = wsync_cuda_peer_enable(c->device, desc->device, NULL, err);
     if (rc != WSYNC_OK)
         goto fail;
+    if (desc->control[0] != '\0' && (rc = mapping_control_open(c, m, desc, err)) != WSYNC_OK)
+        goto fail;
+    int64_t verified = 0;
+    if (desc->kind != WSYNC_BUFFER_CUDA_IPC &&
+        (rc = mapping_pid_check(c, desc, &verified, err)) != WSYNC_OK)
+        goto fail;
+    if (m->control == NULL)
+        m->peer_pid = verified; /* a direct segment: its producer, for copy_segments' check */
     if (desc->kind != WSYNC_BUFFER_CUDA_IPC) {
         if (desc->kind == WSYNC_BUFFER_CUDA_VMM_FD)
             rc = wsync_cuda_vmm_import(desc->handle, desc->handle_len, desc->pid, c->device,
@@ -182,36 +260,12 @@ wsync_result_t wsync_cuda_map(void *user, const wsync_buffer_desc_t *desc, void 
         m->has_consumed = 1;
         atomic_fetch_add(&wsync_cuda_stats.ipc_event_opens, 1);
     }
-    if (desc->control[0] != '\0') {
-        rc = wsync_shm_open(&m->control_shm, desc->control, sizeof(wsync_control_t), err);
-        if (rc != WSYNC_OK)
-            goto fail;
-        wsync_control_t *ctl = m->control_shm.addr;
-        rc = wsync_control_check(ctl, err);
-        if (rc != WSYNC_OK) {
-            wsync_shm_close(&m->control_shm);
-            goto fail;
-        }
-        if (atomic_load(&ctl->retired)) {
-            wsync_shm_close(&m->control_shm);
-            rc = WSYNC_FAIL(err, WSYNC_ERR_PEER_GONE,
-                            "the producer retired buffer %s; wait for its next manifest",
-                            desc->control);
-            goto fail;
-        }
-        rc = wsync_control_attach(ctl, err); /* the producer's retire waits for our detach */
-        if (rc != WSYNC_OK) {
-            wsync_shm_close(&m->control_shm);
-            goto fail;
-        }
-        atomic_store(&ctl->consumer_pid, (int64_t)getpid());
-        m->control = ctl;
-        control_for_the_gpu(m);
-    }
     *mapping = m;
     return WSYNC_OK;
 fail:
-    m->consumer = NULL;
+    if (m->control != NULL)
+        wsync_peers_drop(&c->peers, m->peer_pid);
+    m->consumer = NULL; /* no ring slot is its */
     mapping_destroy(m);
     return rc;
 }

@@ -221,7 +221,30 @@ def _bad_nbytes(msg: str) -> str:
     return json.dumps(req)
 
 
+def _buffer_pid(pid):
+    """The staged bucket's manifest naming `pid` as its producer: refused when the engine maps
+    the segment (its control block says who created it); the creator check is never off."""
+    def spoil(msg: str) -> str:
+        req = json.loads(msg)
+        man = json.loads(req["serialized_named_tensors"][0])
+        man["buffer"]["pid"] = pid() if callable(pid) else pid
+        req["serialized_named_tensors"][0] = json.dumps(man)
+        return json.dumps(req)
+    return spoil
+
+
+def _third_process() -> int:
+    """A live process that is neither trainer nor engine (killed at exit)."""
+    import atexit
+    import subprocess
+
+    p = subprocess.Popen(["sleep", "600"])
+    atexit.register(p.kill)
+    return p.pid
+
+
 REFUSALS = {  # class -> (the bad bucket's tensors, how its message is spoiled, the error, a needle)
+
     "bad manifest": (lambda sd: [("model.norm.weight", sd["model.norm.weight"] + 1)], _bad_nbytes,
                      errors.BadManifest, "nbytes"),
     "wrong dtype": (lambda sd: [("model.norm.weight", sd["model.norm.weight"].float())], None,
@@ -251,6 +274,37 @@ def test_after_any_refusal_the_next_good_sync_lands(kind):
         (msg,) = prod.stage_bucket(tensors(sd), finished=True)
         refused(w, spoil(msg) if spoil else msg, exc, needle)
         unchanged(params, before)
+        sd = models.step(model, 1)
+        prod.sync(sd, lambda m: [w.handle(m)])
+        want = models.engine_layout(sd, ENGINE, 0, 1)
+        assert all(torch.equal(params[k], want[k]) for k in want)
+        w.release()
+    w.close()
+
+
+@pytest.mark.parametrize("pid", ["0", "third process"])
+def test_a_manifest_naming_another_producer_is_refused(pid):
+    """A manifest's buffer.pid must be the pid that created its segment (written in the
+    segment's control block by its creator); 0 no longer turns the check off. Such a text is
+    not a bucket any trainer published as it stands, so nothing is given back for it (its
+    producer's wait for that buffer ends in its timeout); the engine's weights are unchanged,
+    the process it named is untouched, and the next trainer's sync lands."""
+    model = models.tiny_model("dense")
+    sd = models.step(model, 0)
+    params = models.zeros_like_layout(models.engine_layout(sd, ENGINE, 0, 1))
+    w = wsync.EngineWorker(params, engine=ENGINE, config=model.config, plugin=plugin_for("cpu"))
+    with wsync.Producer(ENGINE, bucket_bytes=1 << 20, plugin=plugin_for("cpu")) as prod:
+        prod.sync(sd, lambda m: [w.handle(m)])
+        before = {k: v.clone() for k, v in params.items()}
+        named = 0 if pid == "0" else _third_process()
+        (msg,) = prod.stage_bucket([("model.norm.weight", sd["model.norm.weight"] + 1)], finished=True)
+        refused(w, _buffer_pid(named)(msg), errors.BadManifest,
+                f"manifest says producer pid {named}, segment /wsync-")
+        unchanged(params, before)
+        if named:
+            os.kill(named, 0)  # untouched, still running
+        w.release()
+    with wsync.Producer(ENGINE, bucket_bytes=1 << 20, plugin=plugin_for("cpu")) as prod:
         sd = models.step(model, 1)
         prod.sync(sd, lambda m: [w.handle(m)])
         want = models.engine_layout(sd, ENGINE, 0, 1)
@@ -302,3 +356,38 @@ def test_booleans_that_are_not_booleans_are_refused(engine, field, value):
         assert all(torch.equal(params[k], want[k]) for k in want)
         w.release()
     w.close()
+
+
+def test_a_direct_segment_of_another_process_is_refused():
+    """Direct mode: a segment's pid is the process the engine reads (process_vm_readv). A manifest
+    whose segment names another process than the one that published its buffer is refused
+    before anything is read, naming both pids; nothing of the third process is read, the weights
+    are unchanged, and the trainer's next sync lands."""
+    model = models.tiny_model("dense")
+    sd = models.step(model, 0)
+    params = models.zeros_like_layout(models.engine_layout(sd, ENGINE, 0, 1))
+    w = wsync.EngineWorker(params, engine=ENGINE, config=model.config, plugin=plugin_for("cpu"))
+    third = _third_process()
+    with wsync.Producer(ENGINE, direct=True, plugin=plugin_for("cpu")) as prod:
+        prod.sync(sd, lambda m: [w.handle(m)])
+        before = {k: v.clone() for k, v in params.items()}
+        sd = models.step(model, 1)
+        msgs = []
+        with pytest.raises(errors.BadManifest) as e:
+            prod.sync(sd, lambda m: msgs.append(m) or [w.handle(_segment_pid(m, third))])
+        assert f"names producer pid {third}, but the manifest's buffer was published by pid {os.getpid()}" in str(e.value)
+        unchanged(params, before)
+        sd = models.step(model, 2)
+        prod.sync(sd, lambda m: [w.handle(m)])
+        want = models.engine_layout(sd, ENGINE, 0, 1)
+        assert all(torch.equal(params[k], want[k]) for k in want)
+        w.release()
+    w.close()
+
+
+def _segment_pid(msg: str, pid: int) -> str:
+    req = json.loads(msg)
+    man = json.loads(req["serialized_named_tensors"][0])
+    man["segments"][0]["pid"] = pid
+    req["serialized_named_tensors"][0] = json.dumps(man)
+    return json.dumps(req)
