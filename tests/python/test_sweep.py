@@ -58,21 +58,20 @@ def test_segments_of_killed_trainers_are_swept():
         p = ctx.Process(target=_trainer, args=(b, 2 + i), daemon=True)
         p.start()
         trainers.append((a, p))
-    seen_total, swept_by_engine = 0, 0
-    for i, (a, p) in enumerate(trainers):
+    swept_by_engine = 0
+    for a, p in trainers:
         assert recv(a, p)[0] == "ready"
         a.send("go")
         kill_at = rng.randrange(2, 7)  # after its wsync_begin, on a staged bucket it waits on
-        for _ in range(kill_at):
+        for k in range(kill_at):
             m = recv(a, p)
             assert isinstance(m, str), f"the sync ended ({m}) before message {kill_at}"
-            if _ != kill_at - 1:
+            if k != kill_at - 1:
                 a.send(w.handle(m))
         assert _segments({p.pid}), f"trainer {p.pid} staged nothing before its kill"
         os.kill(p.pid, signal.SIGKILL)
         p.join(30)
         assert p.exitcode == -signal.SIGKILL
-        seen_total += 1
         st = w.state()  # the engine notices: the open version ends, its staging is swept
         assert f"producer (pid {p.pid}) is gone" in st["reason"], st
         assert st["committed"] == 1, st
