@@ -446,12 +446,12 @@ static wsync_result_t wsync_driver_can_quantize(const wsync_driver_t *d, const w
     return WSYNC_OK;
 }
 
-/* A copy_quantized failure names its op ("op N: ..."): name the tensor too. */
+/* A copy failure names its op ("op N: ...", "op N read ..."): name the tensor too. */
 static void wsync_driver_name_op(const wsync_manifest_t *m, wsync_error_t *err)
 {
     const char *at = err != NULL ? strstr(err->message, "op ") : NULL;
     size_t i;
-    if (at == NULL || sscanf(at, "op %zu:", &i) != 1 || i >= m->n_tensors)
+    if (at == NULL || sscanf(at, "op %zu", &i) != 1 || i >= m->n_tensors)
         return;
     char text[sizeof(err->message) + 160];
     snprintf(text, sizeof(text), "tensor \"%.120s\": %s", m->tensors[i].name, err->message);
@@ -752,6 +752,8 @@ static wsync_result_t wsync_driver_execute(wsync_driver_t *d, const wsync_manife
         *wrote = !refused && (rc == WSYNC_ERR_DIGEST_MISMATCH ||
                               (rc == WSYNC_ERR_INVALID_ARGUMENT && quantizes &&
                                (d->cfg.copy_flags & WSYNC_COPY_QUANT_ONE_PASS)));
+        if (rc == WSYNC_ERR_DIGEST_MISMATCH && !quantizes)
+            wsync_driver_name_op(m, err);
         if (rc != WSYNC_OK && quantizes) {
             wsync_driver_name_op(m, err);
             if (refused) /* e.g. a NaN found before any write: the trainer may reuse the buffer */

@@ -580,6 +580,8 @@ static wsync_result_t wsync_parse_tensors(const json_t *arr, wsync_manifest_owne
     m->view.n_tensors = n;
     m->view.tensors = m->tensors;
     m->view.tensor_segment = m->segment_of;
+    if (m->view.n_segments == 0)
+        r = wsync_manifest_check_disjoint(m->tensors, n, err);
 out:
     free(set.slots);
     free(lens);

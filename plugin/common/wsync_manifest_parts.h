@@ -59,4 +59,9 @@ wsync_result_t wsync_manifest_apply_digests(wsync_manifest_owned_t *m,
 wsync_result_t wsync_manifest_parse_ex(const char *json, size_t len, wsync_manifest_owned_t **out,
                                        size_t *root_members, int *had_blob, wsync_error_t *err);
 
+/* A staged manifest's tensors (no segments): their byte ranges must not overlap (nbytes 0
+ * excepted). BAD_MANIFEST naming both tensors. */
+wsync_result_t wsync_manifest_check_disjoint(const wsync_tensor_desc_t *t, size_t n,
+                                             wsync_error_t *err);
+
 #endif

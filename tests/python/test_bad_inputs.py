@@ -221,6 +221,26 @@ def _bad_nbytes(msg: str) -> str:
     return json.dumps(req)
 
 
+def _offsets(how: str):
+    """The staged bucket's manifest with tensors[1]'s offset moved: onto tensors[0]'s bytes
+    ("into"), or the two offsets swapped ("swap"; both tensors are the same size, so the byte
+    ranges stay disjoint and only the digests can tell)."""
+    def spoil(msg: str) -> str:
+        req = json.loads(msg)
+        man = json.loads(req["serialized_named_tensors"][0])
+        a, b = man["tensors"][0], man["tensors"][1]
+        if how == "into":
+            b["offset"] = a["offset"]
+        else:
+            a["offset"], b["offset"] = b["offset"], a["offset"]
+        req["serialized_named_tensors"][0] = json.dumps(man)
+        return json.dumps(req)
+    return spoil
+
+
+NORMS = ("model.layers.0.input_layernorm.weight", "model.layers.0.post_attention_layernorm.weight")
+
+
 def _buffer_pid(pid):
     """The staged bucket's manifest naming `pid` as its producer: refused when the engine maps
     the segment (its control block says who created it); the creator check is never off."""
@@ -244,6 +264,8 @@ def _third_process() -> int:
 
 
 REFUSALS = {  # class -> (the bad bucket's tensors, how its message is spoiled, the error, a needle)
+    "offset into another tensor": (lambda sd: [(n, sd[n] + 1) for n in NORMS], _offsets("into"),
+                                   errors.BadManifest, "overlaps tensors[0]"),
 
     "bad manifest": (lambda sd: [("model.norm.weight", sd["model.norm.weight"] + 1)], _bad_nbytes,
                      errors.BadManifest, "nbytes"),
@@ -391,3 +413,39 @@ def _segment_pid(msg: str, pid: int) -> str:
     man["segments"][0]["pid"] = pid
     req["serialized_named_tensors"][0] = json.dumps(man)
     return json.dumps(req)
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_swapped_offsets_are_caught_only_by_verify(verify):
+    """Two same-size tensors whose offsets were swapped: disjoint byte ranges, so only the
+    digests can tell. verify=True: DIGEST_MISMATCH naming the tensor, found as the bytes pass
+    through the copy, so that bucket's parameters may be written: the engine reports itself not
+    consistent (the version stays open, never committed), and the next version lands. verify=False (the default) writes
+    the swapped bytes and commits (docs/RELIABILITY.md, "What verify buys")."""
+    model = models.tiny_model("dense")
+    sd = models.step(model, 0)
+    params = models.zeros_like_layout(models.engine_layout(sd, ENGINE, 0, 1))
+    w = wsync.EngineWorker(params, engine=ENGINE, config=model.config, plugin=plugin_for("cpu"), verify=verify)
+    from wsync.producer import begin_message, check_replies
+
+    with wsync.Producer(ENGINE, bucket_bytes=1 << 20, plugin=plugin_for("cpu"), buffers=1) as prod:
+        prod.sync(sd, lambda m: [w.handle(m)], version=1)
+        pairs = [(n, sd[n] + 1) for n in NORMS]
+        check_replies([w.handle(begin_message(2, pairs))])
+        (msg,) = prod.stage_bucket(pairs, finished=True, weight_version="2")
+        if verify:
+            refused(w, _offsets("swap")(msg), errors.DigestMismatch, NORMS[0])
+            st = w.state()
+            assert st["committed"] == 1 and st["state"] == "updating" and not st["consistent"], st
+        else:
+            w.apply(_offsets("swap")(msg))
+            assert w.state()["committed"] == 2
+            assert torch.equal(params[NORMS[0]], pairs[1][1]) and torch.equal(params[NORMS[1]], pairs[0][1])
+        sd = models.step(model, 3)
+        prod.sync(sd, lambda m: [w.handle(m)], version=3)
+        st = w.state()
+        assert st["state"] == "consistent" and st["committed"] == 3, st
+        want = models.engine_layout(sd, ENGINE, 0, 1)
+        assert all(torch.equal(params[k], want[k]) for k in want)
+        w.release()
+    w.close()
