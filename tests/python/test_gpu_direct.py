@@ -178,6 +178,60 @@ def test_gpu_direct_expandable_segments_without_ipc_handles(engine_ranks):
     ranks.release()
 
 
+def test_gpu_direct_segment_of_a_third_process_is_refused(engine_ranks):
+    """A direct manifest whose cuMem segments name a third process (not the one that published
+    the manifest's buffer): the engine would take that process's descriptors (pidfd_getfd).
+    Refused before any is taken, naming the pid and the producers this engine verified; the
+    third process is untouched and every engine parameter keeps the last sync's value."""
+    import json
+    import multiprocessing as mp
+    import subprocess
+
+    third = subprocess.Popen(["sleep", "600"])
+    ranks = engine_ranks("sglang", "dense", 1, device="cuda")
+    synced_once = []
+
+    def synced(k, sd, _same):
+        _equal(ranks, sd, "sglang", 1, k)
+        synced_once.append(k)
+        return "ok"
+
+    def spoil(m: str) -> str:
+        req = json.loads(m)
+        mans = [json.loads(x) for x in req["serialized_named_tensors"]]
+        for man in mans:
+            for seg in man.get("segments", []):
+                seg["pid"] = third.pid
+        req["serialized_named_tensors"] = [json.dumps(x) for x in mans]
+        return json.dumps(req)
+
+    from conftest import recv
+
+    ctx = mp.get_context("spawn")
+    a, b = ctx.Pipe()
+    p = ctx.Process(target=_expandable_trainer, args=(b, True), daemon=True)
+    p.start()
+    try:
+        while True:
+            m = recv(a, p, 120)
+            if m[0] == "msg":
+                a.send(ranks.send(spoil(m[1]) if synced_once else m[1]))
+            elif m[0] == "synced":
+                before, _ = ranks.state()[0]
+                a.send(synced(*m[1:]))
+            else:
+                break
+        p.join(30)
+        assert m[0] == "BadManifest", m
+        assert f"buffer names producer pid {third.pid}, which published no buffer this engine maps" in m[1], m
+        assert third.poll() is None  # untouched
+        after, same = ranks.state()[0]
+        assert same and all(torch.equal(after[n], before[n]) for n in before)
+        ranks.release()
+    finally:
+        third.kill()
+
+
 @child
 def _expandable_trainer(conn, ipc: bool) -> None:
     import os
