@@ -8,7 +8,6 @@
 #include "wsync_cuda_peer.h"
 #include "wsync_error.h"
 #include "wsync_log.h"
-#include "wsync_torch_handle.h"
 
 /* Size of the allocation that starts at p, from the driver (0 when it cannot tell). */
 static uint64_t allocation_bytes(const void *p)
@@ -122,26 +121,19 @@ static wsync_result_t mapping_control_open(struct wsync_consumer *c, wsync_cuda_
     return WSYNC_OK;
 }
 
-/* A buffer whose mapping takes descriptors from its producer (pidfd_getfd): the pid must be
- * one whose control block this engine verified (this buffer's own, or the manifest buffer's of
- * a direct segment), checked before any descriptor is taken. */
+/* A mapping that takes descriptors from a process (pidfd_getfd) trusts the pid it names, so
+ * the pid is checked before any descriptor is taken: a cuda_vmm_fd buffer's against its own
+ * control block (mapping_control_open); a cuda_vmm_run segment of a direct manifest must name a
+ * producer whose control block this engine maps (the manifest buffer's, opened first). A
+ * torch_expandable buffer is a foreign export (no control block): its pid is the exporter's
+ * word, trusted as the engine trusts the message (docs/RELIABILITY.md). */
 static wsync_result_t mapping_pid_check(struct wsync_consumer *c, const wsync_buffer_desc_t *desc,
                                         int64_t *verified, wsync_error_t *err)
 {
-    int64_t pid = desc->pid;
-    if (desc->kind == WSYNC_BUFFER_TORCH_EXPANDABLE) {
-        wsync_torch_segments_t seg;
-        wsync_result_t rc = wsync_torch_segments_decode(desc->handle, desc->handle_len, &seg, err);
-        if (rc != WSYNC_OK)
-            return rc;
-        if (desc->pid > 0 && seg.pid != desc->pid)
-            return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                              "segment handle names pid %lld, its descriptor pid %lld",
-                              (long long)seg.pid, (long long)desc->pid);
-        pid = seg.pid;
-    }
-    if (wsync_peers_has(&c->peers, pid)) {
-        *verified = pid;
+    if (desc->kind != WSYNC_BUFFER_CUDA_VMM_RUN)
+        return WSYNC_OK;
+    if (wsync_peers_has(&c->peers, desc->pid)) {
+        *verified = desc->pid;
         return WSYNC_OK;
     }
     char known[256];
@@ -149,7 +141,7 @@ static wsync_result_t mapping_pid_check(struct wsync_consumer *c, const wsync_bu
     return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
                       "buffer names producer pid %lld, which published no buffer this engine "
                       "maps (verified producers: %s); its descriptors are not taken",
-                      (long long)pid, known);
+                      (long long)desc->pid, known);
 }
 
 wsync_result_t wsync_cuda_map(void *user, const wsync_buffer_desc_t *desc, void **mapping,
