@@ -11,6 +11,8 @@
 
 #include "wsync_cache.h"
 
+#include <stdio.h>
+
 #include "wsync_error.h"
 
 /* Byte just past the last one a 2-D region touches: start + (rows-1)*pitch + row_bytes. */
@@ -175,7 +177,31 @@ void wsync_validate_memo_free(wsync_validate_memo_t *memo)
 /* No two ops write a common destination byte (on a GPU the result would be undefined). Sorted by
  * start, each op is compared exactly with the earlier ops whose extent reaches it, which for the
  * ops of real plans (disjoint parameters and row ranges) is none. */
-static wsync_result_t wsync_validate_disjoint(const wsync_copy_op_t *ops, size_t n,
+/* The block-scale region of op i, with op i's checks, its messages naming "the scales of op i". */
+static wsync_result_t wsync_validate_scales(const wsync_copy_op_t *scales, size_t i,
+                                            wsync_error_t *err)
+{
+    wsync_error_t local = {.struct_size = sizeof(local)};
+    wsync_result_t r = wsync_validate_op(scales, i, UINT64_MAX, &local);
+    if (r == WSYNC_OK)
+        return r;
+    char head[32];
+    const int h = snprintf(head, sizeof(head), "op %zu: ", i);
+    const char *rest =
+        strncmp(local.message, head, (size_t)h) == 0 ? local.message + h : local.message;
+    return WSYNC_FAIL(err, r, "the scales of op %zu: %s", i, rest);
+}
+
+/* Region k of a disjointness check: op k, or (k >= n_ops) the block scales of op k - n_ops. */
+static void wsync_region_name(size_t k, size_t n_ops, char *buf, size_t cap)
+{
+    if (k < n_ops)
+        snprintf(buf, cap, "op %zu", k);
+    else
+        snprintf(buf, cap, "the scales of op %zu", k - n_ops);
+}
+
+static wsync_result_t wsync_validate_disjoint(const wsync_copy_op_t *ops, size_t n, size_t n_ops,
                                               wsync_validate_memo_t *memo, wsync_error_t *err)
 {
     if (n < 2)
@@ -233,10 +259,13 @@ static wsync_result_t wsync_validate_disjoint(const wsync_copy_op_t *ops, size_t
             if (s[j].end > s[i].start && wsync_spans_overlap(&s[j], &s[i])) {
                 const size_t a = s[j].op < s[i].op ? s[j].op : s[i].op;
                 const size_t b = s[j].op < s[i].op ? s[i].op : s[j].op;
+                char na[48], nb[48];
+                wsync_region_name(a, n_ops, na, sizeof(na));
+                wsync_region_name(b, n_ops, nb, sizeof(nb));
                 rc = WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                                "ops %zu and %zu write overlapping destination bytes (dst %p and "
-                                "%p); each destination byte takes one op",
-                                a, b, ops[a].dst, ops[b].dst);
+                                "%s and %s write overlapping destination bytes (dst %p and %p); "
+                                "each destination byte takes one op",
+                                na, nb, ops[a].dst, ops[b].dst);
             }
         }
     }
@@ -262,7 +291,7 @@ wsync_result_t wsync_validate_copy_ops_memo(wsync_validate_memo_t *memo, const w
         if (r != WSYNC_OK)
             return r;
     }
-    return wsync_validate_disjoint(ops, n, memo, err);
+    return wsync_validate_disjoint(ops, n, n, memo, err);
 }
 
 static size_t wsync_quant_src_size(wsync_dtype_t d)
@@ -428,13 +457,13 @@ wsync_result_t wsync_validate_quant_ops_memo(wsync_validate_memo_t *memo,
                                        .src_pitch = 4 * bcols,
                                        .dst_extent = q->scale_extent};
         if (r == WSYNC_OK && !shared[i])
-            r = wsync_validate_op(&dst[n + i], n + i, UINT64_MAX, err);
+            r = wsync_validate_scales(&dst[n + i], i, err);
     }
     if (r == WSYNC_OK) {
         for (size_t i = 0; i < n; i++)
             if (shared[i])
                 dst[n + i].rows = 0; /* the same tensor's scale, counted at its first op */
-        r = wsync_validate_disjoint(dst, 2 * n, memo, err);
+        r = wsync_validate_disjoint(dst, 2 * n, n, memo, err);
     }
     if (memo == NULL)
         free(scratch);

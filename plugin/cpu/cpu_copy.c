@@ -112,7 +112,14 @@ wsync_result_t wsync_cpu_copy_quantized(struct wsync_consumer *c, struct wsync_h
         return r;
     if ((r = wsync_validate_quant_ops(ops, quant, n_ops, h->bytes, err)) != WSYNC_OK)
         return r;
-    return wsync_cpu_enqueue(c, h, stream, generation, ops, quant, n_ops, flags, 0, err);
+    r = wsync_cpu_enqueue(c, h, stream, generation, ops, quant, n_ops, flags, 0, err);
+    if (r != WSYNC_OK || (flags & WSYNC_COPY_QUANT_ONE_PASS))
+        return r;
+    /* The ABI's rule: a NaN or infinite source refuses the call itself, nothing written. The
+     * check runs on the stream, after *ready*, before any op writes: wait for it, as the CUDA
+     * plugin reads its check's answer before returning. */
+    wsync_cpu_stream_synchronize(wsync_cpu_consumer_stream(c, stream));
+    return wsync_cpu_sink_take(&h->sink, err);
 }
 
 typedef struct cpu_segs {

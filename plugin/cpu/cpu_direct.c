@@ -116,7 +116,8 @@ static wsync_result_t wsync_cpu_remote_error(int64_t pid, int e, uint64_t addr, 
     if (e == EFAULT)
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_BOUNDS,
                           "process_vm_readv(pid %lld): address 0x%" PRIx64
-                          " is no longer mapped in the producer: it freed memory it published",
+                          " is not mapped in the producer: memory it freed after publishing, or "
+                          "an address the manifest made up",
                           (long long)pid, addr);
     return WSYNC_FAIL(err, WSYNC_ERR_SYSTEM, "process_vm_readv(pid %lld): %s", (long long)pid,
                       strerror(e));

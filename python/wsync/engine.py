@@ -11,6 +11,7 @@ stream of the parameters' device when the request arrives.
 from __future__ import annotations
 
 import ctypes as C
+import operator
 import weakref
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
@@ -44,6 +45,18 @@ def _param_info(info: Any, name: str, t: torch.Tensor) -> None:
     info.ndim = t.dim()
     for k, n in enumerate(t.shape):
         info.shape[k] = n
+
+
+def _u32(field: str, value: Any) -> int:
+    """A rank or size as the engine table carries it (uint32): a negative or non-integer value
+    would wrap there and be reported as 4294967295; the library checks rank against size."""
+    try:
+        v = operator.index(value) if not isinstance(value, bool) else None
+    except TypeError:
+        v = None
+    if v is None or not 0 <= v < 1 << 32:
+        raise ValueError(f"{field} must be an integer in [0, 2**32), got {value!r}")
+    return v
 
 
 class EngineWorker:
@@ -119,11 +132,12 @@ class EngineWorker:
                 raise InvalidArgument(1, "EngineWorker", f"parameter {name} is not contiguous: copies are in place")
             _torch.dtype_code(name, t)  # a dtype wsync has no type for is named here
         self.engine = engine
-        self.tp_rank, self.tp_size = int(tp_rank), int(tp_size)
-        self.ep_rank, self.ep_size = int(ep_rank), int(ep_size)
+        self.tp_rank, self.tp_size = _u32("tp_rank", tp_rank), _u32("tp_size", tp_size)
+        self.ep_rank, self.ep_size = _u32("ep_rank", ep_rank), _u32("ep_size", ep_size)
         if moe_tp_size is None:
             moe_tp_rank, moe_tp_size = (self.tp_rank, self.tp_size) if self.ep_size == 1 else (0, 1)
-        self.moe_tp_rank, self.moe_tp_size = int(moe_tp_rank or 0), int(moe_tp_size)
+        self.moe_tp_rank = _u32("moe_tp_rank", moe_tp_rank or 0)
+        self.moe_tp_size = _u32("moe_tp_size", moe_tp_size)
         self.stream = stream
         self._dims = dims_from_config(config)
         self._shim = _native.shim()

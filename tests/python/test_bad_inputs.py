@@ -449,3 +449,36 @@ def test_swapped_offsets_are_caught_only_by_verify(verify):
         assert all(torch.equal(params[k], want[k]) for k in want)
         w.release()
     w.close()
+
+
+@pytest.mark.parametrize("kw, needle", [
+    ({"ep_rank": -1, "ep_size": 2}, "ep_rank must be an integer in [0, 2**32), got -1"),
+    ({"tp_rank": -1}, "tp_rank must be an integer in [0, 2**32), got -1"),
+    ({"moe_tp_size": 1.5}, "moe_tp_size must be an integer in [0, 2**32), got 1.5"),
+    ({"ep_size": "2"}, "ep_size must be an integer in [0, 2**32), got '2'"),
+])
+def test_engine_ranks_that_would_wrap_are_refused_at_construction(kw, needle):
+    """A rank or size that the engine table's uint32 cannot hold was reported as 4294967295 at
+    the first request; now the worker refuses it when made, naming the field and the value."""
+    model = models.tiny_model("moe")
+    params = models.zeros_like_layout(models.engine_layout(models.step(model, 0), ENGINE, 0, 1))
+    with pytest.raises(ValueError) as e:
+        wsync.EngineWorker(params, engine=ENGINE, config=model.config, plugin=plugin_for("cpu"), **kw)
+    assert needle in str(e.value)
+
+
+def test_engine_ranks_out_of_range_are_refused_naming_them():
+    """The rank-against-size rule is the library's: EP rank 5 of 2 is refused naming both, and
+    nothing is written."""
+    model = models.tiny_model("moe")
+    sd = models.step(model, 0)
+    params = models.zeros_like_layout(models.engine_layout(sd, ENGINE, 0, 1))
+    w = wsync.EngineWorker(params, engine=ENGINE, config=model.config, plugin=plugin_for("cpu"), ep_rank=5, ep_size=2)
+    before = {k: v.clone() for k, v in params.items()}
+    with wsync.Producer(ENGINE, bucket_bytes=1 << 20, plugin=plugin_for("cpu")) as prod:
+        with pytest.raises(errors.InvalidArgument) as e:
+            prod.sync(sd, lambda m: [w.handle(m)])
+        assert "EP rank 5 of 2" in str(e.value)
+        unchanged(params, before)
+        w.release()
+    w.close()

@@ -235,17 +235,17 @@ static void test_overlapping_destinations(void **state)
     ops[0] = op1d(0, 512, 512);
     ops[1] = op1d(0, 512, 512);
     ops[1].dst = dst_mem + 511; /* one byte in common */
-    expect_fail(ops, 2, 4096, INVAL, "ops 0 and 1 write overlapping destination bytes");
+    expect_fail(ops, 2, 4096, INVAL, "op 0 and op 1 write overlapping destination bytes");
     /* the same in reverse order (sorted internally) */
     wsync_copy_op_t rev[2] = {ops[1], ops[0]};
-    expect_fail(rev, 2, 4096, INVAL, "ops 0 and 1 write overlapping");
+    expect_fail(rev, 2, 4096, INVAL, "op 0 and op 1 write overlapping");
     /* columns 0-31 and 32-63 of 8 rows of 64 bytes: interleaved, disjoint */
     ops[0] = op2d(0, 8, 64, 32);
     ops[1] = op2d(32, 8, 64, 32);
     assert_int_equal(wsync_validate_copy_ops(ops, 2, 4096, NULL), WSYNC_OK);
     /* columns 0-32 and 32-63: byte 32 of every row twice */
     ops[0] = op2d(0, 8, 64, 33);
-    expect_fail(ops, 2, 4096, INVAL, "ops 0 and 1");
+    expect_fail(ops, 2, 4096, INVAL, "op 0 and op 1");
     /* a strided op whose gaps hold two contiguous ops, then a third that hits a row */
     ops[0] = op2d(0, 4, 256, 64); /* [0,64) [256,320) [512,576) [768,832) */
     ops[1] = op1d(0, 128, 128);   /* [64,192) */
@@ -257,7 +257,7 @@ static void test_overlapping_destinations(void **state)
     ops[3].dst = dst_mem + 700;
     assert_int_equal(wsync_validate_copy_ops(ops, 4, 4096, NULL), WSYNC_OK);
     ops[3].dst = dst_mem + 828;
-    expect_fail(ops, 4, 4096, INVAL, "ops 0 and 3");
+    expect_fail(ops, 4, 4096, INVAL, "op 0 and op 3");
     /* zero-byte ops at the same place as another are not writes */
     ops[0] = op1d(0, 512, 512);
     ops[1] = op1d(0, 0, 512);
@@ -315,8 +315,8 @@ static void quant_ops(wsync_validate_memo_t *memo)
 
     wsync_quant_t bad[2];
     memcpy(bad, q, sizeof(q));
-    bad[0].scale_extent = 12;                        /* 2 x 2 floats need 16 */
-    expect_quant(memo, ops, bad, src, OOB, "op 2:"); /* the scales of op 0 */
+    bad[0].scale_extent = 12; /* 2 x 2 floats need 16 */
+    expect_quant(memo, ops, bad, src, OOB, "the scales of op 0: ");
     memcpy(bad, q, sizeof(q));
     bad[0].cols = 255;
     expect_quant(memo, ops, bad, src, INVAL, "op 0: row_bytes 512 is not cols 255");
@@ -327,14 +327,15 @@ static void quant_ops(wsync_validate_memo_t *memo)
     memcpy(bad, q, sizeof(q));
     bad[0].scale_dst = q_dst + 256 * 200 + 8; /* the scales land on op 1's bytes */
     bad[0].scale_extent = 64;
-    expect_quant(memo, ops, bad, src, INVAL, "ops 1 and 2 write overlapping destination bytes");
+    expect_quant(memo, ops, bad, src, INVAL,
+                 "op 1 and the scales of op 0 write overlapping destination bytes");
     memcpy(bad, q, sizeof(q));
     bad[0].kind = 4; /* no such kind */
     expect_quant(memo, ops, bad, src, INVAL, "op 0: quant kind 4");
     wsync_copy_op_t bad_ops[2];
     memcpy(bad_ops, ops, sizeof(ops));
     bad_ops[1].dst = q_dst + 100; /* op 1's bytes on op 0's */
-    expect_quant(memo, bad_ops, q, src, INVAL, "ops 0 and 1 write overlapping destination bytes");
+    expect_quant(memo, bad_ops, q, src, INVAL, "op 0 and op 1 write overlapping destination bytes");
     expect_quant(memo, ops, q, src, WSYNC_OK, NULL);
 }
 
@@ -389,12 +390,13 @@ static void row_and_tensor_scales(wsync_validate_memo_t *memo)
     q[1].scale_dst = scales + 396; /* its first row's scale is op 0's last */
     err = (wsync_error_t){.struct_size = sizeof(err)};
     assert_int_equal(wsync_validate_quant_ops_memo(memo, ops, q, 2, 200 * 512, &err), INVAL);
-    assert_non_null(strstr(err.message, "ops 2 and 3 write overlapping destination bytes"));
+    assert_non_null(strstr(err.message, "the scales of op 0 and the scales of op 1 write "
+                                        "overlapping destination bytes"));
     q[1].scale_dst = scales + 400;
     q[1].scale_extent = 396; /* 100 floats need 400 bytes */
     err = (wsync_error_t){.struct_size = sizeof(err)};
     assert_int_equal(wsync_validate_quant_ops_memo(memo, ops, q, 2, 200 * 512, &err), OOB);
-    assert_non_null(strstr(err.message, "op 3:"));
+    assert_non_null(strstr(err.message, "the scales of op 1: "));
     for (int k = 0; k < 2; k++)
         q[k] = (wsync_quant_t){.kind = WSYNC_QUANT_FP8_TENSOR,
                                .src_dtype = WSYNC_DTYPE_BF16,
@@ -495,7 +497,8 @@ static void test_memo(void **state)
     err = (wsync_error_t){.struct_size = sizeof(err)};
     assert_int_equal(wsync_validate_quant_ops_memo(&memo, q_ops, q, 2, 200 * 512 + 64, &err),
                      INVAL);
-    assert_non_null(strstr(err.message, "ops 1 and 2 write overlapping destination bytes"));
+    assert_non_null(
+        strstr(err.message, "op 1 and the scales of op 0 write overlapping destination bytes"));
     /* more op sets than slots: each still checked, the refused one refused */
     for (size_t k = 0; k < 2 * WSYNC_VALIDATE_MEMO_SLOTS; k++) {
         wsync_copy_op_t one[2] = {op1d(0, 16, 16), op1d(0, 16, 16)};

@@ -293,7 +293,7 @@ static void test_bad_ops_leave_destination_untouched(void **state)
     err = (wsync_error_t){.struct_size = sizeof(err)};
     assert_int_equal(P.c->copy_weights(f->c, f->h, NULL, 1, ops, NT, 0, &err),
                      WSYNC_ERR_INVALID_ARGUMENT);
-    assert_non_null(strstr(err.message, "ops 0 and 1 write overlapping destination bytes"));
+    assert_non_null(strstr(err.message, "op 0 and op 1 write overlapping destination bytes"));
     assert_untouched(f);
 
     /* Unknown flag. */
