@@ -634,7 +634,7 @@ static void producer_killed(const char *kind)
         if (start_producer(&p, &pa, &json1) != 0 || first_sync(&e, kind, 1, json1) != 0) {
             kill_all(NULL);
             free(json1);
-            skip();
+            WG_SKIP();
         }
         send_cmd(&p, "wait 1");
         expect_ok(&p, REPLY_MS, "wait_consumed(1)");
@@ -738,7 +738,7 @@ static void engine_killed(const char *kind)
     char *json1 = NULL;
     if (start_producer(&p, &pa, &json1) != 0 || first_sync(&e, kind, 1, json1) != 0) {
         free(json1);
-        skip();
+        WG_SKIP();
     }
     free(json1);
     /* Generation 1 went through first, so the engine's kernels are loaded and its op tables
@@ -815,7 +815,7 @@ static void replay(const char *kind, int close_between)
     char *json1 = NULL, *json2 = NULL;
     if (start_producer(&p, &pa, &json1) != 0 || first_sync(&e, kind, 1, json1) != 0) {
         free(json1);
-        skip();
+        WG_SKIP();
     }
     send_cmd(&p, "wait 1");
     expect_ok(&p, REPLY_MS, "wait_consumed(1)");
@@ -868,7 +868,7 @@ static void retire_while_mapped(const char *kind)
     char *json1 = NULL;
     if (start_producer(&p, &pa, &json1) != 0 || first_sync(&e, kind, 1, json1) != 0) {
         free(json1);
-        skip();
+        WG_SKIP();
     }
     send_cmd(&p, "wait 1");
     expect_ok(&p, REPLY_MS, "wait_consumed(1)");
@@ -909,7 +909,7 @@ static void run_kind(void (*fn)(const char *), const char *kind)
     if (env != NULL && (strcmp(env, "ipc") == 0 || strcmp(env, "vmm") == 0) &&
         strcmp(env, kind) != 0) {
         print_message("SKIPPED: WSYNC_CUDA_STAGING_KIND=%s leaves out the %s run\n", env, kind);
-        skip();
+        WG_SKIP();
     }
     fn(kind);
 }
@@ -956,5 +956,5 @@ int main(void)
         KIND_ENTRIES(replayed_manifest_refused_after_close),
         KIND_ENTRIES(retire_while_mapped_busy),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return wg_finish(cmocka_run_group_tests(tests, NULL, NULL), "torture_gpu_fault");
 }

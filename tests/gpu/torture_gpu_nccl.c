@@ -321,7 +321,7 @@ static void test_ranks(void **state)
     (void)state;
     if (nc_gpus < 2) {
         printf("SKIPPED: nccl ranks needs 2 GPUs, found %d\n", nc_gpus);
-        skip();
+        WG_SKIP();
     }
     nc_group_t gr = {.n_engines = nc_gpus - 1 > NC_MAX_ENGINES ? NC_MAX_ENGINES : nc_gpus - 1};
     int all[2 * NC_MAX_ENGINES];
@@ -373,5 +373,5 @@ int main(void)
         cmocka_unit_test(test_one_rank),
         cmocka_unit_test(test_ranks),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return wg_finish(cmocka_run_group_tests(tests, NULL, NULL), "torture_gpu_nccl");
 }

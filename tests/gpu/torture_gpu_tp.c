@@ -195,7 +195,7 @@ static void tp_run(uint32_t n, const char *shim, const char *layout)
 {
     if (tp_gpus < (int)n) {
         printf("SKIPPED: tp=%u needs %u GPUs, found %d\n", n, n, tp_gpus);
-        skip();
+        WG_SKIP();
     }
     tp_run_t t = {.shim = shim, .layout = layout, .n = n};
     int all[16];
@@ -241,5 +241,5 @@ int main(void)
         cmocka_unit_test(test_tp4),
         cmocka_unit_test(test_tp8),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return wg_finish(cmocka_run_group_tests(tests, NULL, NULL), "torture_gpu_tp");
 }

@@ -172,9 +172,15 @@ def engine_ranks():
         return e
 
     yield make
+    failed = []
     for e in made:
         try:
             e.close()
-        except Exception:
+        except Exception as exc:  # every rank is still stopped; the failure is reported below
             for p in e.procs:
                 p.kill()
+            failed.append(f"{exc}")
+        else:
+            failed += [f"engine rank pid {p.pid} exited with {p.exitcode}" for p in e.procs if p.exitcode not in (0, None)]
+    if failed:
+        pytest.fail("closing the engine ranks failed:\n" + "\n".join(failed), pytrace=False)

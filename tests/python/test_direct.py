@@ -287,3 +287,28 @@ def test_direct_trainer_writes_right_after_consumed_1000_syncs():
     """CPU: the trainer overwrites its tensor as soon as sync() returns, 1 000 times; the engine
     must have copied each sync's bytes before that (consumed follows the copy): 0 torn."""
     assert run_writer_against_a_busy_engine("cpu", 1000, 1 << 14, lambda: None) == 0
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_steady_sync_sees_a_tensor_of_another_dtype_at_the_same_address(direct):
+    """The cached plan's check covers each tensor's dtype: a tensor re-viewed as another dtype of
+    the same size (same storage, shape and strides) is planned anew, so its manifest says the new
+    dtype and the engine refuses it (a bfloat16 parameter fed float16), naming the tensor; a plan that
+    ignored the dtype would send the old one and the engine would take the bytes."""
+    model = models.tiny_model("dense")
+    sd = dict(models.step(model, 0))
+    params = models.zeros_like_layout(models.engine_layout(sd, "sglang", 0, 1))
+    w = wsync.EngineWorker(params, engine="sglang", config=model.config, plugin=plugin_for("cpu"))
+    name = "model.norm.weight"
+    assert sd[name].dtype == torch.bfloat16
+    with wsync.Producer("sglang", direct=direct, bucket_bytes=1 << 20, plugin=plugin_for("cpu")) as prod:
+        for _ in range(2):
+            prod.sync(sd, lambda m: [w.handle(m)])
+        before = {k: v.clone() for k, v in params.items()}
+        sd[name] = sd[name].view(torch.float16)  # same address, shape and strides
+        with pytest.raises(wsync.errors.LayoutMismatch) as e:
+            prod.sync(sd, lambda m: [w.handle(m)])
+        assert name in str(e.value) and "float16" in str(e.value), str(e.value)
+        assert all(torch.equal(params[k], before[k]) for k in before)
+        w.release()
+    w.close()
