@@ -230,3 +230,20 @@ wsync_result_t wsync_control_wait_consumed(wsync_control_t *c, uint64_t generati
     return wsync_control_wait(c, &c->consumed_generation, &c->consumed_seq, "consumed", generation,
                               timeout_ms, peer_pid, err);
 }
+
+void wsync_control_publish(wsync_control_t *c, uint64_t generation)
+{
+    atomic_store(&c->published_generation, generation);
+}
+
+wsync_result_t wsync_control_check_published(wsync_control_t *c, uint64_t generation,
+                                             const char *name, wsync_error_t *err)
+{
+    const uint64_t last = atomic_load(&c->published_generation);
+    if (last == 0 || generation <= last)
+        return WSYNC_OK;
+    return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                      "generation %llu of buffer %s was never published (its producer's last is "
+                      "%llu): the manifest is not the producer's",
+                      (unsigned long long)generation, name, (unsigned long long)last);
+}

@@ -31,6 +31,10 @@ typedef struct wsync_control {
     /* One slot per open mapping: the pid holding it, 0 = free. Lets retire tell a consumer that
      * still maps the buffer from one that crashed while mapping it. */
     _Atomic int64_t mapper_pid[WSYNC_CONTROL_MAX_MAPPERS];
+    /* The last generation whose manifest the producer made (set before publish returns it); 0
+     * from a producer that predates the field. A manifest of a newer generation was never
+     * published: refused at once instead of waited for. */
+    _Atomic uint64_t published_generation;
 } wsync_control_t;
 
 /* Initialise a freshly created (zeroed) control block. */
@@ -63,5 +67,14 @@ wsync_result_t wsync_control_wait_ready(wsync_control_t *c, uint64_t generation,
 wsync_result_t wsync_control_wait_consumed(wsync_control_t *c, uint64_t generation,
                                            uint32_t timeout_ms, int64_t peer_pid,
                                            wsync_error_t *err);
+
+/* Producer: generation g's manifest exists (call before handing it out). */
+void wsync_control_publish(wsync_control_t *c, uint64_t generation);
+/* Consumer, before anything is enqueued: BAD_MANIFEST naming both generations when `generation`
+ * is newer than the last published in buffer `name`. Its manifest cannot be the producer's (the
+ * text exists only once publish made it); waiting for it would hold the engine until its timeout
+ * and then make the producer's real generation look stale, jamming the trainer. */
+wsync_result_t wsync_control_check_published(wsync_control_t *c, uint64_t generation,
+                                             const char *name, wsync_error_t *err);
 
 #endif

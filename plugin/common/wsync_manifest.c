@@ -479,6 +479,13 @@ static wsync_result_t wsync_parse_tensor(const json_t *jt, size_t i, const wsync
                           "tensors[%zu] (\"%.80s\"): nbytes %llu != %s (%zu bytes) x shape = %llu",
                           i, t->name, (unsigned long long)t->nbytes, wsync_dtype_name(t->dtype),
                           wsync_dtype_size(t->dtype), (unsigned long long)expect);
+    const size_t es = wsync_dtype_size(t->dtype);
+    if (mv->n_segments == 0 && es > 1 && t->offset % es != 0) /* staged: aligned by its stage */
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "tensors[%zu] (\"%.80s\").offset: %llu is not a multiple of its %s "
+                          "element (%zu bytes)",
+                          i, t->name, (unsigned long long)t->offset, wsync_dtype_name(t->dtype),
+                          es);
 
     const json_t *sg = json_object_get(jt, "segment");
     if (sg != NULL || mv->n_segments > 0) {

@@ -41,6 +41,8 @@ static wsync_result_t wsync_cpu_enqueue(struct wsync_consumer *c, struct wsync_h
     pthread_mutex_lock(&h->lock);
     if (h->pending_generation == 0 || generation != h->pending_generation)
         r = wsync_validate_generation(wsync_cpu_handle_last_generation(h), generation, err);
+    if (r == WSYNC_OK && h->control != NULL)
+        r = wsync_control_check_published(h->control, generation, h->shm.name, err);
     if (r != WSYNC_OK)
         goto out;
     r = wsync_cpu_stream_wait_ready(s, h->control, generation, c->timeout_ms, h->peer_pid, &h->sink,

@@ -235,6 +235,7 @@ wsync_result_t wsync_cpu_publish(struct wsync_staging *s, wsync_stream_t stream,
         free(json);
         goto out;
     }
+    wsync_control_publish(s->control, g);
     free(s->manifest);
     s->manifest = json;
     s->generation = g;

@@ -113,6 +113,8 @@ static wsync_result_t copy_locked_with(struct wsync_consumer *c, struct wsync_ha
     /* Several calls (e.g. one per stream) may carry one generation until it is recorded. */
     rc = wsync_validate_generation(wsync_cuda_last_generation(entry, m, generation), generation,
                                    err);
+    if (rc == WSYNC_OK && m->control != NULL)
+        rc = wsync_control_check_published(m->control, generation, m->control_shm.name, err);
     if (rc != WSYNC_OK)
         return rc;
     if ((rc = host_ready(c, m, generation, err)) != WSYNC_OK)

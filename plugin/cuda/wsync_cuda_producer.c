@@ -460,6 +460,7 @@ static wsync_result_t publish_body(struct wsync_staging *s, cudaStream_t st, int
     free(s->manifest_json);
     s->manifest_json = text;
     s->generation = m.generation;
+    wsync_control_publish(s->control, s->generation);
     wsync_control_signal_ready(s->control, s->generation);
     if (s->have_current) {
         wsync_layout_free(&s->current);

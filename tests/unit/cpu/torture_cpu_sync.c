@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "cpu_test_util.h"
+#include "wsync_test_publish.h"
 
 #define BUCKETS 40
 #define STAGING_BYTES (4u << 20)
@@ -232,6 +233,16 @@ static void test_producer_dies(void **state)
     free(json);
     assert_int_equal(m->generation, 2);
     assert_int_equal(P.c->open_handle(c, &m->buffer, &h, NULL), WSYNC_OK);
+    char seg[WSYNC_HANDLE_MAX + 1];
+    memcpy(seg, m->buffer.handle, m->buffer.handle_len);
+    seg[m->buffer.handle_len] = '\0';
+    /* never published: refused at once, nothing queued */
+    wsync_copy_op_t none = {.dst = NULL};
+    wsync_error_t early = {.struct_size = sizeof(early)};
+    assert_int_equal(P.c->copy_weights(c, h, NULL, 2, &none, 0, 0, &early), WSYNC_ERR_BAD_MANIFEST);
+    assert_non_null(strstr(early.message, "generation 2 of buffer"));
+    assert_non_null(strstr(early.message, "was never published (its producer's last is 1)"));
+    assert_int_equal(wsync_test_mark_published(seg, 2), 0); /* published, ready still pending */
     assert_int_equal(wsync_test_send(sv[0], "go", 2), 0);
     int status;
     assert_int_equal(waitpid(child, &status, 0), child); /* reaped: the pid is gone */

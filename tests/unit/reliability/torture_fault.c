@@ -22,6 +22,7 @@
 #undef free
 
 #include "rel_harness.h"
+#include "wsync_test_publish.h"
 #include "wsync_client.h"
 
 #define N_TENSORS 16
@@ -184,6 +185,10 @@ static void test_producer_killed_mid_bucket(void **state)
         wsync_copy_op_t *ops = rel_engine_ops(&e, m);
         for (size_t k = 0; k < m->n_tensors; k++)
             ops[k].has_digest = 0; /* the digests of generation 1 do not hold for 2 */
+        char seg[WSYNC_HANDLE_MAX + 1];
+        memcpy(seg, m->buffer.handle, m->buffer.handle_len);
+        seg[m->buffer.handle_len] = '\0';
+        assert_int_equal(wsync_test_mark_published(seg, 2), 0); /* its *ready* still to come */
         assert_int_equal(plugin.C->copy_weights(e.c, h, NULL, 2, ops, m->n_tensors, 0, &err),
                          WSYNC_OK);
         rel_sendf(fd, "bucket");
