@@ -354,8 +354,8 @@ typedef struct wsync_consumer_config_v1 {
     int device_ordinal;  /* CUDA ordinal; ignored by the CPU backend */
     uint32_t timeout_ms; /* bound on any host-side wait (0 = 30000) */
     /* Appended in 0.1.1. parse_manifest refuses a text over these limits before it parses
-     * (nothing is allocated for it): bytes of text (0 = 64 MiB) and JSON objects in it, the
-     * tensors being all but the root and its buffer (0 = 262144). */
+     * (nothing is allocated for it): bytes of text (0 = 16 MiB) and JSON objects in it, the
+     * tensors being all but the root and its buffer (0 = 65536). */
     uint64_t max_manifest_bytes;
     uint64_t max_manifest_tensors;
 } wsync_consumer_config_v1_t;

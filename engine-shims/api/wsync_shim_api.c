@@ -271,7 +271,9 @@ WSYNC_SHIM_API wsync_result_t wsync_shim_worker_open(const wsync_shim_worker_con
                                 .log_level = cfg->log_level,
                                 .device_ordinal = cfg->device_ordinal,
                                 .timeout_ms = cfg->timeout_ms,
-                                .copy_flags = cfg->copy_flags};
+                                .copy_flags = cfg->copy_flags,
+                                .max_manifest_bytes = cfg->max_manifest_bytes,
+                                .max_manifest_tensors = cfg->max_manifest_tensors};
     rc = wsync_driver_open(&dc, &w->driver, err);
     if (rc != WSYNC_OK) {
         params_free(w);

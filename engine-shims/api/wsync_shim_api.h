@@ -55,6 +55,10 @@ typedef struct wsync_shim_worker_config {
      * of its own name (for an engine that runs its own loaders on them: vLLM's layerwise
      * reload). */
     const char *mapping;
+    /* Optional: the manifest limits the consumer enforces before it parses (0: the plugin's
+     * defaults, 16 MiB of text and 65 536 tensors a manifest). */
+    uint64_t max_manifest_bytes;
+    uint64_t max_manifest_tensors;
 } wsync_shim_worker_config_t;
 
 /* One engine worker (one TP rank): the shim of cfg->engine over a request driver. When no plugin

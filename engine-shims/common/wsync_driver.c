@@ -187,7 +187,9 @@ wsync_result_t wsync_driver_open(const wsync_driver_config_t *cfg, wsync_driver_
         const wsync_consumer_ops_t *ops = d->loader.plugin->consumer;
         wsync_consumer_config_t cc = {.struct_size = sizeof(cc),
                                       .device_ordinal = cfg->device_ordinal,
-                                      .timeout_ms = cfg->timeout_ms};
+                                      .timeout_ms = cfg->timeout_ms,
+                                      .max_manifest_bytes = cfg->max_manifest_bytes,
+                                      .max_manifest_tensors = cfg->max_manifest_tensors};
         if (!WSYNC_HAS_OP(wsync_consumer_ops_t, ops, create) ||
             !WSYNC_HAS_OP(wsync_consumer_ops_t, ops, parse_manifest) ||
             !WSYNC_HAS_OP(wsync_consumer_ops_t, ops, open_handle) ||
@@ -323,6 +325,12 @@ void wsync_driver_set_producer(wsync_driver_t *d, int64_t pid)
         d->txn.producer_pid = pid;
         wsync_driver_watch(d);
     }
+}
+
+uint64_t wsync_driver_max_manifest_bytes(const wsync_driver_t *d)
+{
+    return d->cfg.max_manifest_bytes != 0 ? d->cfg.max_manifest_bytes
+                                          : WSYNC_MANIFEST_DEFAULT_MAX_BYTES;
 }
 
 uint64_t wsync_driver_opens(const wsync_driver_t *d)

@@ -33,8 +33,10 @@ typedef struct wsync_driver_config {
     void *log_user;
     wsync_log_level_t log_level;
     int device_ordinal;
-    uint32_t timeout_ms; /* consumer waits (0 = plugin default) */
-    uint32_t copy_flags; /* WSYNC_COPY_VERIFY to check wsync64 digests while copying */
+    uint32_t timeout_ms;         /* consumer waits (0 = plugin default) */
+    uint32_t copy_flags;         /* WSYNC_COPY_VERIFY to check wsync64 digests while copying */
+    uint64_t max_manifest_bytes; /* the consumer's manifest limits (0: the plugin's) */
+    uint64_t max_manifest_tensors;
 } wsync_driver_config_t;
 
 /* Fails only on invalid arguments or out of memory; a plugin that cannot be used selects the
@@ -47,6 +49,8 @@ void wsync_driver_close(wsync_driver_t *d);
 /* How many times the driver called the plugin's open_handle for weight buckets (buffers and
  * direct segments): a steady sync through retained buffers or unchanged segments adds 0. */
 uint64_t wsync_driver_opens(const wsync_driver_t *d);
+/* The manifest text limit the consumer enforces (the config's, else the plugin default). */
+uint64_t wsync_driver_max_manifest_bytes(const wsync_driver_t *d);
 /* 1 when requests go to the engine's native loader; *why (may be NULL) gets the reason. */
 int wsync_driver_native(const wsync_driver_t *d, const char **why);
 /* The loaded plugin and its consumer (NULL in native mode): engines allocate parameters with

@@ -201,6 +201,23 @@ char *wsync_shim_serve(const wsync_shim_t *s, wsync_shim_ctx_t *ctx, const char 
     wsync_error_t *e = err != NULL ? err : &local;
     json_error_t jerr;
     const double t0 = wsync_driver_timing() ? wsync_driver_us() : 0;
+    /* A request carries at most one manifest per rank: past that it is refused unread, so its
+     * size costs nothing (the manifests' own limits are the plugin's). */
+    const uint64_t cap =
+        ((uint64_t)ctx->tp_size + 1) * wsync_driver_max_manifest_bytes(ctx->driver);
+    if (len > cap) {
+        wsync_result_t big = WSYNC_RECORD(e, WSYNC_ERR_BAD_REQUEST,
+                                          "%s request of %zu bytes: over the limit of %llu (%u "
+                                          "rank(s) + 1 times max_manifest_bytes); send smaller "
+                                          "buckets or raise max_manifest_bytes",
+                                          s->engine, len, (unsigned long long)cap, ctx->tp_size);
+        json_t *r = wsync_req_reply_error(NULL, big, e);
+        char *o = r != NULL ? json_dumps(r, JSON_COMPACT) : NULL;
+        json_decref(r);
+        if (rc_out != NULL)
+            *rc_out = big;
+        return o;
+    }
     json_t *req = wsync_req_loadb(text, len, &jerr), *extra = NULL, *reply;
     const double t1 = t0 > 0 ? wsync_driver_us() : 0;
     const char *method = NULL;

@@ -293,4 +293,6 @@ class WorkerConfig(C.Structure):
         ("params", C.POINTER(ShimParam)),
         ("n_params", C.c_size_t),
         ("mapping", C.c_char_p),
+        ("max_manifest_bytes", C.c_uint64),
+        ("max_manifest_tensors", C.c_uint64),
     ]

@@ -80,7 +80,9 @@ class EngineWorker:
     (docs/SHIMS.md), its fused expert parameters by local index, and the others' experts are
     skipped unread; ``moe_tp_rank`` of ``moe_tp_size``: the TP group the rank's experts are split
     over (default: ``tp_rank`` of ``tp_size`` without EP, 0 of 1 with it, as vLLM runs EP;
-    SGLang's is ``tp_size // ep_size``)."""
+    SGLang's is ``tp_size // ep_size``). ``max_manifest_bytes`` / ``max_manifest_tensors``: the
+    manifest limits checked before anything is parsed (0: 16 MiB and 65 536 tensors; raise them
+    for a bigger bucket; docs/RELIABILITY.md, "Costs a manifest can impose")."""
 
     def __init__(
         self,
@@ -94,6 +96,8 @@ class EngineWorker:
         verify: bool = False,
         fp8_one_pass: bool = False,
         timeout_ms: int = 0,
+        max_manifest_bytes: int = 0,
+        max_manifest_tensors: int = 0,
         stream: Optional[Any] = None,
         on_flush: Optional[Callable[[], None]] = None,
         on_post_load: Optional[Callable[[], None]] = None,
@@ -171,6 +175,8 @@ class EngineWorker:
             device_ordinal=(self.device.index or 0) if self.device.type == "cuda" else 0,
             timeout_ms=timeout_ms,
             copy_flags=(_abi.COPY_VERIFY if verify else 0) | (_abi.COPY_QUANT_ONE_PASS if fp8_one_pass else 0),
+            max_manifest_bytes=max_manifest_bytes,
+            max_manifest_tensors=max_manifest_tensors,
         )
         # The parameters as a table: the C worker answers every look-up of the mapping itself
         # (no call into Python per tensor; a name outside the table is unknown to the engine).

@@ -482,3 +482,56 @@ def test_engine_ranks_out_of_range_are_refused_naming_them():
         unchanged(params, before)
         w.release()
     w.close()
+
+
+def _many_tensors(msg: str, n: int, name_len: int = 40) -> str:
+    """The staged bucket's request with a manifest of n one-byte tensors."""
+    req = json.loads(msg)
+    man = json.loads(req["serialized_named_tensors"][0])
+    man.pop("digests", None)
+    man["tensors"] = [{"name": (f"t{i:07d}").ljust(name_len, "x"), "dtype": "uint8", "shape": [1],
+                       "offset": i, "nbytes": 1} for i in range(n)]
+    req["serialized_named_tensors"][0] = json.dumps(man)
+    return json.dumps(req)
+
+
+def test_manifest_limits_bound_the_cost_and_can_be_raised():
+    """A manifest over the consumer's limits (16 MiB of text, 65 536 tensors by default) is
+    refused before it is parsed, naming the limit (the time left is the request's own handling);
+    an EngineWorker made with
+    higher limits parses it (and then refuses its unknown names). Nothing is written."""
+    import time
+
+    model = models.tiny_model("dense")
+    sd = models.step(model, 0)
+    params = models.zeros_like_layout(models.engine_layout(sd, ENGINE, 0, 1))
+    before = {k: v.clone() for k, v in params.items()}
+    w = wsync.EngineWorker(params, engine=ENGINE, config=model.config, plugin=plugin_for("cpu"))
+    big = wsync.EngineWorker(params, engine=ENGINE, config=model.config, plugin=plugin_for("cpu"),
+                             max_manifest_tensors=1 << 17, max_manifest_bytes=64 << 20)
+    with wsync.Producer(ENGINE, bucket_bytes=1 << 20, plugin=plugin_for("cpu")) as prod:
+        (msg,) = prod.stage_bucket([("model.norm.weight", sd["model.norm.weight"])], finished=True)
+        many = _many_tensors(msg, 70000)
+        long_names = _many_tensors(msg, 20000, 1000)  # 20 MB of names
+        for text, needle in ((many, "limit of 65536 tensors (max_manifest_tensors)"),
+                             (long_names, "over this consumer's limit of 16777216 (max_manifest_bytes)")):
+            t0 = time.monotonic()
+            reply = json.loads(w.handle(text))
+            took = time.monotonic() - t0
+            assert not reply["ok"] and needle in reply["message"], reply
+            print(f"{len(text) / 1e6:.1f} MB request refused in {took * 1e3:.0f} ms: {reply['message'][:80]}")
+            assert took < 1.0, f"refused in {took:.2f} s"
+            reply = json.loads(big.handle(text))  # parsed: its names are no parameter's
+            assert not reply["ok"] and "unknown tensor" in reply["message"], reply
+        huge = _many_tensors(msg, 40000, 1000)  # a 42 MB request: refused before it is read
+        t0 = time.monotonic()
+        reply = json.loads(w.handle(huge))
+        took = time.monotonic() - t0
+        print(f"{len(huge) / 1e6:.1f} MB request refused in {took * 1e3:.0f} ms: {reply['message'][:90]}")
+        assert not reply["ok"] and "over the limit of 33554432 (1 rank(s) + 1 times max_manifest_bytes)" in reply["message"]
+        assert took < 0.1, f"refused in {took:.2f} s"
+        unchanged(params, before)
+        w.release()
+        big.release()
+    w.close()
+    big.close()

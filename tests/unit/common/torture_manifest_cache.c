@@ -656,8 +656,8 @@ static void test_huge_manifest_refused_before_parse(void **state)
     wsync_manifest_cache_t *c = wsync_manifest_cache_create();
     const long rss0 = rss_kib();
     const wsync_manifest_limits_t limits[] = {{0, 0}, {1ull << 30, 0}};
-    const char *needles[] = {"over this consumer's limit of 67108864 (max_manifest_bytes)",
-                             "limit of 262144 tensors (max_manifest_tensors)"};
+    const char *needles[] = {"over this consumer's limit of 16777216 (max_manifest_bytes)",
+                             "limit of 65536 tensors (max_manifest_tensors)"};
     for (int k = 0; k < 2; k++) {
         wsync_manifest_cache_set_limits(c, &limits[k]);
         wsync_error_t err = {.struct_size = sizeof(err)};
