@@ -2,9 +2,11 @@
  * refused manifests and ops that leave the destination untouched, the retire handshake, bounded
  * waits, digest mismatches and multi-stream records. */
 #include <fcntl.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -609,6 +611,56 @@ static void test_record_joins_streams(void **state)
     assert_int_equal(P.c->stream_destroy(f->c, b, NULL), WSYNC_OK);
 }
 
+/* What a host function on the NULL stream saw of the work queued before it on NULL. */
+typedef struct seen {
+    fixture_t *f;
+    uint64_t g;
+    _Atomic int slept;
+    pthread_t caller;
+    int ok;
+} seen_t;
+
+static void sleep_mark_fn(void *user)
+{
+    seen_t *x = user;
+    struct timespec ts = {.tv_sec = 0, .tv_nsec = 20 * 1000000L};
+    nanosleep(&ts, NULL);
+    atomic_store(&x->slept, 1);
+}
+
+static void check_fn(void *user)
+{
+    seen_t *x = user;
+    x->ok = atomic_load(&x->slept) && !pthread_equal(pthread_self(), x->caller); /* queued */
+    for (int i = 0; i < NT; i++)
+        x->ok &= wsync_test_check(x->f->dst[i], (size_t)shapes[i] * 4, x->g, (uint64_t)i) == 0;
+}
+
+/* The stream rule on the CPU backend: NULL is the consumer's one in-order queue. A slow host
+ * function, the copies, then a check, all on NULL: the check runs after both, every time (a
+ * backend that ran NULL-stream work anywhere else would run it while the first still sleeps). */
+static void test_null_stream_is_one_queue(void **state)
+{
+    fixture_t *f = *state;
+    wsync_copy_op_t ops[NT];
+    for (uint64_t g = 1; g <= 3; g++) {
+        if (g > 1)
+            assert_int_equal(P.p->wait_consumed(f->s, NULL, g - 1, NULL), WSYNC_OK);
+        publish_gen(f, g);
+        if (f->h == NULL)
+            assert_int_equal(P.c->open_handle(f->c, &f->m->buffer, &f->h, NULL), WSYNC_OK);
+        wsync_test_ops(f->m, f->dst, ops);
+        seen_t x = {.f = f, .g = g, .caller = pthread_self()};
+        assert_int_equal(P.c->enqueue_host_fn(f->c, NULL, sleep_mark_fn, &x, NULL), WSYNC_OK);
+        assert_int_equal(P.c->copy_weights(f->c, f->h, NULL, g, ops, NT, 0, NULL), WSYNC_OK);
+        assert_int_equal(P.c->enqueue_host_fn(f->c, NULL, check_fn, &x, NULL), WSYNC_OK);
+        assert_int_equal(P.c->record_consumed(f->c, f->h, 0, NULL), WSYNC_OK);
+        assert_int_equal(P.c->stream_synchronize(f->c, NULL, NULL), WSYNC_OK);
+        assert_true(atomic_load(&x.slept));
+        assert_true(x.ok);
+    }
+}
+
 static void test_misc_members(void **state)
 {
     fixture_t *f = *state;
@@ -674,6 +726,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bad_name_refused_at_stage, setup, teardown),
         cmocka_unit_test_setup_teardown(test_staging_without_digests, setup, teardown),
         cmocka_unit_test_setup_teardown(test_record_joins_streams, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_null_stream_is_one_queue, setup, teardown),
         cmocka_unit_test_setup_teardown(test_misc_members, setup, teardown),
         cmocka_unit_test(test_negotiation),
     };
