@@ -312,3 +312,37 @@ def test_steady_sync_sees_a_tensor_of_another_dtype_at_the_same_address(direct):
         assert all(torch.equal(params[k], before[k]) for k in before)
         w.release()
     w.close()
+
+
+def test_a_segment_swept_and_named_again_is_opened_again():
+    """Direct mode: after a version, the engine closes every segment that version did not name
+    (memory the trainer freed or moved). A tensor whose storage moved away and then back to its
+    first allocation names that segment again: the engine opens it anew (it never reuses the
+    handle it closed) and reads the right bytes."""
+    model = models.tiny_model("dense")
+    sd = dict(models.step(model, 0))
+    params = models.zeros_like_layout(models.engine_layout(sd, "sglang", 0, 1))
+    w = wsync.EngineWorker(params, engine="sglang", config=model.config, plugin=plugin_for("cpu"))
+    name = "model.embed_tokens.weight"
+    first = torch.empty(1 << 20, dtype=torch.uint8).share_memory_()  # a mapping of its own
+    second = torch.empty(1 << 20, dtype=torch.uint8).share_memory_()
+    n = sd[name].numel() * sd[name].element_size()
+
+    def place(store, values):
+        t = store[:n].view(values.dtype).view(values.shape)
+        t.copy_(values)
+        return t
+
+    with wsync.Producer("sglang", direct=True, bucket_bytes=1 << 22, plugin=plugin_for("cpu")) as prod:
+        opens = []
+        for k, store in enumerate([first, second, first]):
+            sd = dict(models.step(model, k))
+            sd[name] = place(store, sd[name])
+            prod.sync(sd, lambda m: [w.handle(m)], version=k + 1)
+            want = models.engine_layout(sd, "sglang", 0, 1)
+            bad = [p for p in want if not torch.equal(params[p], want[p])]
+            assert not bad, f"version {k + 1}: {bad[:3]} wrong"
+            opens.append(w.opens)
+        assert opens[1] > opens[0] and opens[2] > opens[1], f"opens after each version: {opens}"
+        w.release()
+    w.close()
