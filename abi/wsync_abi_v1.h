@@ -58,7 +58,10 @@ extern "C" {
  *         wsync_producer_ops_v1_t.register_host, unregister_host (optional: stage from host
  *         memory, a checkpoint's mapping, on CUDA).
  *       Appended in 0.1.6: the copy_quantized kinds WSYNC_QUANT_FP8_CHANNEL (one scale per row)
- *         and WSYNC_QUANT_FP8_TENSOR (one scale for every op naming the same scale_dst). */
+ *         and WSYNC_QUANT_FP8_TENSOR (one scale for every op naming the same scale_dst).
+ *       0.1.7: no member added. Behaviour within the rules: a copy of a generation its buffer
+ *         never published is BAD_MANIFEST; the manifest limits' defaults are 16 MiB and 65536
+ *         tensors; a staged manifest's tensors must own disjoint, element-aligned bytes. */
 #define WSYNC_ABI_VERSION_1 1u
 
 /* ------------------------------------------------------------------ results */

@@ -23,11 +23,30 @@ wsync_install_missing() {
     $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
-# wsync_build [extra cmake args...]
+# wsync_build [extra cmake args...]: every target, or only $WSYNC_BUILD_TARGETS (a list of
+# names; one that this configuration does not have, e.g. wsync_cuda without CUDA, is left out).
 wsync_build() {
     wsync_install_missing "${WSYNC_PACKAGES[@]}"
     cmake -S "$WSYNC_ROOT" -B "$WSYNC_BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
-    cmake --build "$WSYNC_BUILD" -j"$(nproc)"
+    local targets=() t
+    if [ -n "${WSYNC_BUILD_TARGETS:-}" ]; then
+        local have
+        have=$(cmake --build "$WSYNC_BUILD" --target help | awk '{print $2}')
+        for t in $WSYNC_BUILD_TARGETS; do
+            grep -qx "$t" <<<"$have" && targets+=(--target "$t")
+        done
+    fi
+    cmake --build "$WSYNC_BUILD" -j"$(nproc)" "${targets[@]}"
+}
+
+# wsync_build_quiet: wsync_build with its output in $WSYNC_BUILD/build.log, shown only on failure.
+wsync_build_quiet() {
+    mkdir -p "$WSYNC_BUILD"
+    if ! wsync_build "$@" >"$WSYNC_BUILD/build.log" 2>&1; then
+        tail -40 "$WSYNC_BUILD/build.log"
+        echo "wsync: the build failed (full log: $WSYNC_BUILD/build.log)"
+        return 1
+    fi
 }
 
 # Sanitizer options for every ASan/UBSan process (tests/run.sh, docs/RELIABILITY.md): leaks are

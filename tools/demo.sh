@@ -2,5 +2,7 @@
 # The main job: build wsync if needed and run the trainer → engine demo.
 # Arguments go to `wsync demo` (e.g. --layout moe --syncs 5 --plugin PATH).
 source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"
-wsync_build
+# Only what the demo runs: the CLI and the plugins (the CUDA one where CUDA is found).
+echo "wsync: building the CLI and the plugins into $WSYNC_BUILD (log: $WSYNC_BUILD/build.log)"
+WSYNC_BUILD_TARGETS="wsync wsync_cpu wsync_cuda wsync_shim" wsync_build_quiet
 exec "$WSYNC_BUILD/bin/wsync" demo "$@"
