@@ -47,3 +47,30 @@ const char *wsync_strerror(wsync_result_t r)
     }
     return "unknown wsync result";
 }
+
+const char *wsync_result_name(wsync_result_t r)
+{
+    static const char *const names[] = {
+        [WSYNC_OK] = "OK",
+        [WSYNC_ERR_INVALID_ARGUMENT] = "INVALID_ARGUMENT",
+        [WSYNC_ERR_INCOMPATIBLE] = "INCOMPATIBLE",
+        [WSYNC_ERR_NO_DEVICE] = "NO_DEVICE",
+        [WSYNC_ERR_NOT_SUPPORTED] = "NOT_SUPPORTED",
+        [WSYNC_ERR_OUT_OF_MEMORY] = "OUT_OF_MEMORY",
+        [WSYNC_ERR_BAD_MANIFEST] = "BAD_MANIFEST",
+        [WSYNC_ERR_OUT_OF_BOUNDS] = "OUT_OF_BOUNDS",
+        [WSYNC_ERR_STALE_GENERATION] = "STALE_GENERATION",
+        [WSYNC_ERR_TIMEOUT] = "TIMEOUT",
+        [WSYNC_ERR_DIGEST_MISMATCH] = "DIGEST_MISMATCH",
+        [WSYNC_ERR_SYSTEM] = "SYSTEM",
+        [WSYNC_ERR_BUSY] = "BUSY",
+        [WSYNC_ERR_LAYOUT_MISMATCH] = "LAYOUT_MISMATCH",
+        [WSYNC_ERR_NOT_FOUND] = "NOT_FOUND",
+        [WSYNC_ERR_PEER_GONE] = "PEER_GONE",
+        [WSYNC_ERR_INTERNAL] = "INTERNAL",
+        [WSYNC_ERR_PERMISSION] = "PERMISSION",
+        [WSYNC_ERR_BAD_REQUEST] = "BAD_REQUEST",
+        [WSYNC_ERR_BAD_ADAPTER] = "BAD_ADAPTER",
+    };
+    return (unsigned)r < sizeof(names) / sizeof(names[0]) ? names[r] : NULL;
+}

@@ -14,6 +14,9 @@ extern "C" {
 /* A short English name of `r` ("stale generation"); "unknown wsync result" for a code this
  * build does not know. Static storage; thread safe. */
 const char *wsync_strerror(wsync_result_t r);
+/* The name of `r` as the enum spells it without its prefix ("STALE_GENERATION"), or NULL for a
+ * code this build does not know. The one table of result names: bindings ask it. */
+const char *wsync_result_name(wsync_result_t r);
 
 #ifdef __cplusplus
 }

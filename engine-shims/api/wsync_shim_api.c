@@ -1,6 +1,7 @@
 /* See wsync_shim_api.h. Each entry point forwards to the shims' own code. */
 #include "wsync_shim_api.h"
 
+#include "wsync_client.h"
 #include "wsync_dtype.h"
 #include "wsync_ckpt_plan.h"
 #include "wsync_model.h"
@@ -219,6 +220,11 @@ static wsync_result_t params_take(wsync_shim_worker_t *w, const wsync_shim_worke
 WSYNC_SHIM_API uint32_t wsync_shim_api_version(void)
 {
     return WSYNC_SHIM_API_VERSION;
+}
+
+WSYNC_SHIM_API const char *wsync_shim_result_name(int code)
+{
+    return wsync_result_name((wsync_result_t)code);
 }
 
 static const wsync_shim_t *find_shim(const char *engine, wsync_error_t *err)

@@ -23,6 +23,9 @@ extern "C" {
 
 /* This library's API version (WSYNC_SHIM_API_VERSION). */
 uint32_t wsync_shim_api_version(void);
+/* The name of result code `code` ("STALE_GENERATION"), NULL past the last one this library
+ * knows (wsync_result_name): bindings take their names and exception classes from it. */
+const char *wsync_shim_result_name(int code);
 
 typedef struct wsync_shim_worker wsync_shim_worker_t;
 

@@ -26,6 +26,7 @@ _P = C.c_void_p
 _E = C.POINTER(_abi.Error)
 _FUNCTIONS = [
     ("wsync_shim_api_version", C.c_uint32, []),
+    ("wsync_shim_result_name", C.c_char_p, [C.c_int]),
     ("wsync_shim_worker_open", C.c_int, [C.POINTER(_abi.WorkerConfig), C.POINTER(_P), _E]),
     ("wsync_shim_worker_close", None, [_P]),
     ("wsync_shim_worker_backend", _P, [_P, C.POINTER(C.c_int)]),

@@ -14,31 +14,20 @@ class WsyncError(RuntimeError):
         self.code = code
         self.where = where
         self.message = message
-        name = RESULT_NAMES.get(code, f"code {code}")
+        name = result_name(code)
         super().__init__(f"{name}: {message}" + (f" (in {where})" if where else ""))
 
 
-RESULT_NAMES = {
-    1: "INVALID_ARGUMENT",
-    2: "INCOMPATIBLE",
-    3: "NO_DEVICE",
-    4: "NOT_SUPPORTED",
-    5: "OUT_OF_MEMORY",
-    6: "BAD_MANIFEST",
-    7: "OUT_OF_BOUNDS",
-    8: "STALE_GENERATION",
-    9: "TIMEOUT",
-    10: "DIGEST_MISMATCH",
-    11: "SYSTEM",
-    12: "BUSY",
-    13: "LAYOUT_MISMATCH",
-    14: "NOT_FOUND",
-    15: "PEER_GONE",
-    16: "INTERNAL",
-    17: "PERMISSION",
-    18: "BAD_REQUEST",
-    19: "BAD_ADAPTER",
-}
+def result_name(code: int) -> str:
+    """The name of a ``wsync_result_t`` code ("STALE_GENERATION"), from the library's one table
+    (``wsync_shim_result_name``); "code N" when it is unknown or the library cannot be loaded."""
+    try:
+        from . import _native
+
+        name = _native.shim().result_name(int(code))
+    except Exception:
+        name = None
+    return name.decode() if name else f"code {code}"
 
 
 class InvalidArgument(WsyncError):
@@ -47,6 +36,10 @@ class InvalidArgument(WsyncError):
 
 class Incompatible(WsyncError):
     code = 2
+
+
+class OutOfMemory(WsyncError):
+    code = 5
 
 
 class NoDevice(WsyncError):
@@ -77,6 +70,18 @@ class DigestMismatch(WsyncError):
     code = 10
 
 
+class System(WsyncError):
+    """A system call failed (its errno text is in the message)."""
+
+    code = 11
+
+
+class Busy(WsyncError):
+    """The object is in use: a staging buffer an engine still maps, an update already open."""
+
+    code = 12
+
+
 class LayoutMismatch(WsyncError):
     code = 13
 
@@ -87,6 +92,16 @@ class NotFound(WsyncError):
 
 class PeerGone(WsyncError):
     code = 15
+
+
+class Internal(WsyncError):
+    code = 16
+
+
+class Permission(WsyncError):
+    """Another user's segment or socket, or no ptrace access to a direct producer."""
+
+    code = 17
 
 
 class BadRequest(WsyncError):
@@ -115,14 +130,19 @@ _BY_CODE = {
         Incompatible,
         NoDevice,
         NotSupported,
+        OutOfMemory,
         BadManifest,
         OutOfBounds,
         StaleGeneration,
         Timeout,
         DigestMismatch,
+        System,
+        Busy,
         LayoutMismatch,
         NotFound,
         PeerGone,
+        Internal,
+        Permission,
         BadRequest,
         BadAdapter,
     )

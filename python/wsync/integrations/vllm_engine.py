@@ -43,7 +43,7 @@ from vllm.distributed.weight_transfer.base import (
 )
 
 from ..engine import EngineWorker
-from ..errors import RESULT_NAMES, InvalidArgument, WsyncError
+from ..errors import Busy, InvalidArgument
 from . import worker_for
 from .vllm import MODES, message, tp_place
 
@@ -146,9 +146,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         start = message("start_weight_update", is_checkpoint_format=True)
         try:
             w.apply(start)
-        except WsyncError as e:
-            if RESULT_NAMES.get(e.code) != "BUSY":
-                raise
+        except Busy:
             # the previous session ended in vLLM without its finish (vLLM drops a session whose
             # update raised): close wsync's side of it, then start
             w.apply(message("finish_weight_update"))
