@@ -44,6 +44,14 @@ def refused(w, msg, exc, needle):
     w.drain()
 
 
+def lands(w, prod, model, params, step: int, **kw) -> None:
+    """The trainer's next good sync (of models.step(model, step)) lands bit-exact."""
+    sd = models.step(model, step)
+    prod.sync(sd, lambda m: [w.handle(m)], **kw)
+    want = models.engine_layout(sd, ENGINE, 0, 1)
+    assert all(torch.equal(params[k], want[k]) for k in want)
+
+
 def test_wrong_dtype(setup):
     model, sd, params, w, prod, before = setup
     name = "model.layers.0.self_attn.q_proj.weight"
@@ -296,10 +304,7 @@ def test_after_any_refusal_the_next_good_sync_lands(kind):
         (msg,) = prod.stage_bucket(tensors(sd), finished=True)
         refused(w, spoil(msg) if spoil else msg, exc, needle)
         unchanged(params, before)
-        sd = models.step(model, 1)
-        prod.sync(sd, lambda m: [w.handle(m)])
-        want = models.engine_layout(sd, ENGINE, 0, 1)
-        assert all(torch.equal(params[k], want[k]) for k in want)
+        lands(w, prod, model, params, 1)
         w.release()
     w.close()
 
@@ -327,10 +332,7 @@ def test_a_manifest_naming_another_producer_is_refused(pid):
             os.kill(named, 0)  # untouched, still running
         w.release()
     with wsync.Producer(ENGINE, bucket_bytes=1 << 20, plugin=plugin_for("cpu")) as prod:
-        sd = models.step(model, 1)
-        prod.sync(sd, lambda m: [w.handle(m)])
-        want = models.engine_layout(sd, ENGINE, 0, 1)
-        assert all(torch.equal(params[k], want[k]) for k in want)
+        lands(w, prod, model, params, 1)
         w.release()
     w.close()
 
@@ -399,10 +401,7 @@ def test_a_direct_segment_of_another_process_is_refused():
             prod.sync(sd, lambda m: msgs.append(m) or [w.handle(_segment_pid(m, third))])
         assert f"names producer pid {third}, but the manifest's buffer was published by pid {os.getpid()}" in str(e.value)
         unchanged(params, before)
-        sd = models.step(model, 2)
-        prod.sync(sd, lambda m: [w.handle(m)])
-        want = models.engine_layout(sd, ENGINE, 0, 1)
-        assert all(torch.equal(params[k], want[k]) for k in want)
+        lands(w, prod, model, params, 2)
         w.release()
     w.close()
 
@@ -441,12 +440,9 @@ def test_swapped_offsets_are_caught_only_by_verify(verify):
             w.apply(_offsets("swap")(msg))
             assert w.state()["committed"] == 2
             assert torch.equal(params[NORMS[0]], pairs[1][1]) and torch.equal(params[NORMS[1]], pairs[0][1])
-        sd = models.step(model, 3)
-        prod.sync(sd, lambda m: [w.handle(m)], version=3)
+        lands(w, prod, model, params, 3, version=3)
         st = w.state()
         assert st["state"] == "consistent" and st["committed"] == 3, st
-        want = models.engine_layout(sd, ENGINE, 0, 1)
-        assert all(torch.equal(params[k], want[k]) for k in want)
         w.release()
     w.close()
 

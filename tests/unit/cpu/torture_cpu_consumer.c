@@ -566,6 +566,17 @@ static void test_staging_without_digests(void **state)
     assert_non_null(strstr(err.message, "0x8"));
 }
 
+/* Generation g published (after g - 1 was consumed), the handle open, ops for every tensor. */
+static void next_gen(fixture_t *f, uint64_t g, wsync_copy_op_t *ops)
+{
+    if (g > 1)
+        assert_int_equal(P.p->wait_consumed(f->s, NULL, g - 1, NULL), WSYNC_OK);
+    publish_gen(f, g);
+    if (f->h == NULL)
+        assert_int_equal(P.c->open_handle(f->c, &f->m->buffer, &f->h, NULL), WSYNC_OK);
+    wsync_test_ops(f->m, f->dst, ops);
+}
+
 typedef struct delay {
     unsigned ms;
 } delay_t;
@@ -587,12 +598,7 @@ static void test_record_joins_streams(void **state)
     assert_int_equal(P.c->stream_create(f->c, &a, NULL), WSYNC_OK);
     assert_int_equal(P.c->stream_create(f->c, &b, NULL), WSYNC_OK);
     for (uint64_t g = 1; g <= 4; g++) {
-        if (g > 1)
-            assert_int_equal(P.p->wait_consumed(f->s, NULL, g - 1, NULL), WSYNC_OK);
-        publish_gen(f, g);
-        if (f->h == NULL)
-            assert_int_equal(P.c->open_handle(f->c, &f->m->buffer, &f->h, NULL), WSYNC_OK);
-        wsync_test_ops(f->m, f->dst, ops);
+        next_gen(f, g, ops);
         /* One bucket over two streams; the slow one is not the first carrier on odd g. */
         wsync_stream_t first = (g & 1) ? a : b, second = (g & 1) ? b : a;
         assert_int_equal(P.c->copy_weights(f->c, f->h, first, g, ops, 1, 0, NULL), WSYNC_OK);
@@ -644,12 +650,7 @@ static void test_null_stream_is_one_queue(void **state)
     fixture_t *f = *state;
     wsync_copy_op_t ops[NT];
     for (uint64_t g = 1; g <= 3; g++) {
-        if (g > 1)
-            assert_int_equal(P.p->wait_consumed(f->s, NULL, g - 1, NULL), WSYNC_OK);
-        publish_gen(f, g);
-        if (f->h == NULL)
-            assert_int_equal(P.c->open_handle(f->c, &f->m->buffer, &f->h, NULL), WSYNC_OK);
-        wsync_test_ops(f->m, f->dst, ops);
+        next_gen(f, g, ops);
         seen_t x = {.f = f, .g = g, .caller = pthread_self()};
         assert_int_equal(P.c->enqueue_host_fn(f->c, NULL, sleep_mark_fn, &x, NULL), WSYNC_OK);
         assert_int_equal(P.c->copy_weights(f->c, f->h, NULL, g, ops, NT, 0, NULL), WSYNC_OK);
