@@ -7,7 +7,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "wsync_adapter_convert.h"
+#include "wsync_convert.h"
+#include "wsync_model_config.h"
 #include "wsync_dtype.h"
 #include "wsync_error.h"
 #include "wsync_safetensors.h"
@@ -213,4 +214,53 @@ void wsync_checkpoint_shard_mapping(const wsync_checkpoint_t *c, size_t k, const
                                     size_t *len)
 {
     wsync_safetensors_mapping(c->shards[k], base, len);
+}
+
+static void wsync_checkpoint_release(void *c)
+{
+    wsync_checkpoint_close(c);
+}
+
+int wsync_checkpoint_load_model(wsync_model_t *m, const char *dir, wsync_dtype_t dtype, char *why,
+                                size_t len)
+{
+    wsync_checkpoint_t *c = NULL;
+    wsync_error_t err = {.struct_size = sizeof(err)};
+    if (wsync_checkpoint_open(dir, &c, &err) != WSYNC_OK) {
+        snprintf(why, len, "%s", err.message);
+        return -1;
+    }
+    const wsync_model_t *src = wsync_checkpoint_model(c);
+    snprintf(m->layout, sizeof(m->layout), "%s", src->layout);
+    m->tensors = malloc((src->n ? src->n : 1) * sizeof(*m->tensors));
+    if (m->tensors == NULL) {
+        wsync_checkpoint_close(c);
+        snprintf(why, len, "out of memory for %zu tensors", src->n);
+        return -1;
+    }
+    m->n = src->n;
+    for (size_t i = 0; i < src->n; i++) {
+        const wsync_ckpt_tensor_t *t = wsync_checkpoint_tensor(c, i);
+        m->tensors[i] = src->tensors[i];
+        m->tensors[i].data = t->data;
+        m->tensors[i].file_dtype = t->file_dtype;
+        if (dtype != WSYNC_DTYPE_INVALID && wsync_convert_is_float(t->file_dtype)) {
+            m->tensors[i].dtype = dtype; /* converted on the way (wsync_model_fill) */
+            m->tensors[i].nbytes =
+                t->file_nbytes / wsync_dtype_size(t->file_dtype) * wsync_dtype_size(dtype);
+        }
+    }
+    m->owner = c;
+    m->owner_close = wsync_checkpoint_release;
+    if (wsync_model_finish(m) != 0) {
+        wsync_model_free(m);
+        snprintf(why, len, "out of memory indexing %zu tensors", src->n);
+        return -1;
+    }
+    return 0;
+}
+
+wsync_checkpoint_t *wsync_checkpoint_of(const wsync_model_t *m)
+{
+    return m->owner_close == wsync_checkpoint_release ? m->owner : NULL;
 }

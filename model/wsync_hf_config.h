@@ -1,7 +1,7 @@
 /* Hugging Face configs to tensor lists: the families RL users train most, with the names,
- * dtypes and shapes transformers gives their checkpoints. Contract in wsync_model.h
- * (wsync_model_from_config); this header is the layer's private interface between the config
- * reader and the list builder. */
+ * dtypes and shapes transformers gives their checkpoints. Contract in
+ * wsync_model_config.h (wsync_model_from_config); this header is the layer's private interface
+ * between the config reader and the list builder. */
 #ifndef WSYNC_HF_CONFIG_H
 #define WSYNC_HF_CONFIG_H
 

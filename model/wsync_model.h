@@ -52,15 +52,18 @@ typedef struct wsync_model {
     uint64_t max_nbytes;
     size_t *slots; /* open-addressing name index: tensor index + 1, 0 = empty */
     size_t nslots;
-    void *checkpoint; /* the open wsync_checkpoint_t of cfg->model_dir, or NULL */
+    /* What holds the tensors' bytes (a checkpoint, wsync_checkpoint.h), closed by
+     * wsync_model_free through owner_close; NULL for synthetic contents. */
+    void *owner;
+    void (*owner_close)(void *owner);
 } wsync_model_t;
 
-/* Build the tensor list. Returns 0, or -1 with `why` explaining (unknown layout, bad scale). */
+/* Build the tensor list from whichever source cfg names (wsync_model_build.c: the top of the
+ * model layer). Returns 0, or -1 with `why` explaining (unknown layout, bad scale). */
 int wsync_model_build(wsync_model_t *m, const wsync_model_config_t *cfg, char *why, size_t len);
-/* The tensor list of a Hugging Face config (config.json text, json_len bytes). -1 with `why`
- * naming what is wrong: not JSON, an unknown model_type (named), a size missing. */
-int wsync_model_from_config(wsync_model_t *m, const char *json, size_t json_len, char *why,
-                            size_t len);
+/* Offsets in the packed image, totals and the name index of a tensor list filled by the model
+ * layer's readers. 0, or -1 out of memory. */
+int wsync_model_finish(wsync_model_t *m);
 void wsync_model_free(wsync_model_t *m);
 
 /* FNV-1a of a name: the hash of the model's name index (and of other name indexes). */

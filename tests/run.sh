@@ -4,7 +4,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/../tools/bootstrap.sh"
 # Style: every C/CUDA source is formatted by the checked-in .clang-format.
 wsync_install_missing clang-format
-(cd "$WSYNC_ROOT" && find abi plugin adapters model engine-shims tools tests \( -name '*.c' -o -name '*.h' \
+(cd "$WSYNC_ROOT" && find abi plugin model engine-shims tools testbed bench tests \( -name '*.c' -o -name '*.h' \
     -o -name '*.cu' -o -name '*.cuh' \) -print0 | xargs -0 clang-format --dry-run --Werror)
 echo "wsync: clang-format: every source is formatted"
 wsync_build

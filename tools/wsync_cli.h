@@ -9,12 +9,11 @@
 #include <jansson.h>
 #include "wsync_loader.h"
 
-/* Subcommands: argv[0] is the subcommand name; return the process exit status. */
+/* The commands wsync holds itself: argv[0] is the command name; return the exit status. The
+ * others (demo, plan, bench) are the programs wsync-<command> beside the executable, run with
+ * the same arguments by wsync_main.c. */
 int wsync_cmd_info(int argc, char **argv);
-int wsync_cmd_demo(int argc, char **argv);
-int wsync_cmd_bench(int argc, char **argv);
 int wsync_cmd_inspect(int argc, char **argv);
-int wsync_cmd_plan(int argc, char **argv);
 
 /* The host struct given to plugins: logs to stderr at or above $WSYNC_LOG_LEVEL
  * (error|warn|info|debug, default warn), prefixed with `who`. Thread safe. `who` must outlive it.

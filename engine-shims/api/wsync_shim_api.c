@@ -4,7 +4,7 @@
 #include "wsync_client.h"
 #include "wsync_dtype.h"
 #include "wsync_ckpt_plan.h"
-#include "wsync_model.h"
+#include "wsync_model_config.h"
 
 #include <pthread.h>
 #include <stddef.h>

@@ -3,10 +3,7 @@
 #define WSYNC_COMMON_MANIFEST_H
 
 #include "wsync_abi.h"
-
-/* Bytes of a cudaIpcMemHandle_t and of a cudaIpcEventHandle_t (CUDA_IPC_HANDLE_SIZE), which
- * every backend checks without including CUDA. */
-#define WSYNC_CUDA_IPC_HANDLE_BYTES 64u
+#include "wsync_torch_handle.h" /* WSYNC_CUDA_IPC_HANDLE_BYTES */
 
 #define WSYNC_MANIFEST_SCHEMA 1u
 #define WSYNC_MANIFEST_MAX_TENSORS (1u << 20) /* a bigger array is refused, not parsed */

@@ -4,7 +4,6 @@
 #include <string.h>
 
 #include "wsync_error.h"
-#include "wsync_manifest.h"
 
 int wsync_torch_handle_is(const uint8_t *h, uint32_t len)
 {

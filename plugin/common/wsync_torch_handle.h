@@ -20,6 +20,10 @@
 
 #include "wsync_abi.h"
 
+/* Bytes of a cudaIpcMemHandle_t and of a cudaIpcEventHandle_t (CUDA_IPC_HANDLE_SIZE), which
+ * every backend checks without including CUDA. */
+#define WSYNC_CUDA_IPC_HANDLE_BYTES 64u
+
 #define WSYNC_TORCH_HANDLE_VERSION 2u
 #define WSYNC_TORCH_TYPE_CUDA_MALLOC 'c'
 #define WSYNC_TORCH_TYPE_EXPANDABLE 'e'

@@ -1,7 +1,7 @@
-/* LoRA hot-load on the CPU backend (docs/DESIGN.md §6). The adapter layer (adapters/) validates
- * the adapter against the slot and plans every byte; this file orders the load after the engine's
- * earlier work and the producer's *ready*, and signals *consumed* for an IPC source once the
- * shadow copy is written and switched. */
+/* LoRA hot-load on the CPU backend (docs/DESIGN.md §6). The adapter layer (plugin/adapters/)
+ * validates the adapter against the slot and plans every byte; this file orders the load after the
+ * engine's earlier work and the producer's *ready*, and signals *consumed* for an IPC source once
+ * the shadow copy is written and switched. */
 #include "cpu_internal.h"
 #include "wsync_adapter_load.h"
 #include "wsync_error.h"

@@ -8,7 +8,7 @@
 
 #include "cpu_direct.h"
 #include "cpu_memcpy.h"
-#include "wsync_adapter_convert.h"
+#include "wsync_convert.h"
 #include "wsync_dtype.h"
 #include "wsync_error.h"
 #include "wsync_fp8.h"

@@ -36,7 +36,7 @@ typedef struct wsync_cpu_join wsync_cpu_join_t;
 
 /* One producer staging copy (src -> dst, nbytes at dst), digest written to *digest when
  * non-NULL. src_dtype != dst_dtype: nbytes / size(dst_dtype) elements converted (0.1.5's
- * src_dtype, wsync_adapter_convert.h). */
+ * src_dtype, wsync_convert.h). */
 typedef struct wsync_cpu_stage_copy {
     const void *src;
     void *dst;

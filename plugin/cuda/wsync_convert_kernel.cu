@@ -1,4 +1,4 @@
-/* See wsync_convert_kernel.h. The conversions below mirror adapters/wsync_adapter_convert.c
+/* See wsync_convert_kernel.h. The conversions below mirror plugin/common/wsync_convert.c
  * operation for operation (frexp/ldexp/rint in double are exact), so results match bit for bit. */
 #include "wsync_convert_kernel.h"
 #include "wsync_kernel_search.cuh"

@@ -1,6 +1,6 @@
 /* The adapter executor's kernel: one launch runs a table of 2-D ops, each a zero fill, a plain
  * copy or a dtype conversion (bf16, f16, f32, f64; optional scale), with round-to-nearest-even
- * results bit-identical to adapters/wsync_adapter_convert.c. Work is dealt in tiles of
+ * results bit-identical to plugin/common/wsync_convert.c. Work is dealt in tiles of
  * WSYNC_CUDA_CONV_TILE units (a prefix sum over the ops gives each op its first tile) over a
  * persistent grid. C-callable; no state; thread safe. */
 #ifndef WSYNC_CONVERT_KERNEL_H

@@ -1,4 +1,4 @@
-/* LoRA hot-load for the CUDA backend: the executor of the adapter layer's plans (adapters/
+/* LoRA hot-load for the CUDA backend: the executor of the adapter layer's plans (plugin/adapters/
  * wsync_adapter_plan.h) and the consumer's hot_load_adapter / unload_adapter. Buffers used by
  * the executor belong to the consumer (wsync_cuda_adapter_state_t) and are reused per load. */
 #ifndef WSYNC_CUDA_ADAPTER_H

@@ -1,7 +1,7 @@
 /* The producer's converting stage and host sources (ABI 0.1.5), the same program for every
  * plugin (WSYNC_TEST_LIB names the .so; the CUDA one skips with exit 77 where there is no
  * device): a stage whose tensors' src_dtype differs from their dtype writes each element
- * converted once, bit for bit as adapters/wsync_adapter_convert.c (the reference), and publishes
+ * converted once, bit for bit as plugin/common/wsync_convert.c (the reference), and publishes
  * digests of the converted bytes; sources may be plugin memory, host memory given to
  * register_host, or a read-only file mapping. Bad inputs (an integer conversion, a converting
  * tensor in direct mode, overlapping or unknown ranges) are refused naming the value, and the
@@ -20,7 +20,7 @@
 #include <cmocka.h>
 
 #include "../unit/cpu/cpu_test_util.h"
-#include "wsync_adapter_convert.h"
+#include "wsync_convert.h"
 #include "wsync_digest.h"
 #include "wsync_dtype.h"
 

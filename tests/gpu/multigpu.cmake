@@ -1,5 +1,5 @@
 # Multi-GPU tests (docs/MULTIGPU.md). Included from tests/gpu/CMakeLists.txt after the
-# wsync_gpu_test library is defined; needs plugin/cuda/multigpu.cmake (wsync_cuda_multigpu).
+# wsync_gpu_test library is defined; needs plugin/cuda/nccl (wsync_cuda_multigpu).
 # Each prints "SKIPPED: <test> needs N GPUs, found M" and exits 77 on smaller machines and on CI;
 # torture_gpu_nccl also skips when libnccl.so.2 is not found (WSYNC_NCCL_LIB names it).
 add_library(wsync_gpu_multi STATIC ${CMAKE_CURRENT_LIST_DIR}/wsync_gpu_multi.c)
@@ -31,5 +31,5 @@ if(WSYNC_NCCL_INCLUDE_DIR)
   wsync_add_unit_test(torture_nccl_api SOURCES ${CMAKE_CURRENT_LIST_DIR}/torture_nccl_api.c
     LIBS wsync_abi CUDA::cudart_static LABELS cuda)
   target_include_directories(torture_nccl_api PRIVATE ${WSYNC_NCCL_INCLUDE_DIR}
-    ${PROJECT_SOURCE_DIR}/plugin/cuda)
+    ${PROJECT_SOURCE_DIR}/plugin/cuda/nccl)
 endif()

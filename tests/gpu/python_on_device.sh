@@ -4,12 +4,12 @@
 # fail), the pytest suite (gpu tests included), the Python benchmark. Logs under $OUT.
 #   usage: tests/gpu/python_on_device.sh   env: OLD_PATCH (a patch that restores the old plugin),
 #   STEPS ("build test digest bench fp8 probe ckpt", default all but probe and ckpt: run them in
-#   separate calls on a warm machine; fp8: wsync-bench-cuda --fp8 and tools/bench_python/bench_fp8.py; probe:
+#   separate calls on a warm machine; fp8: wsync-bench-cuda --fp8 and bench/python/bench_fp8.py; probe:
 #   bench_python.py --staged-probe; ckpt: the converting stage from host memory, wsync demo
-#   --model of an f32 checkpoint on the CUDA plugin, tools/bench_python/bench_checkpoint.py;
-#   stage: tools/bench_python/bench_stage.py and the C benchmark's stage lines; direct: the C
+#   --model of an f32 checkpoint on the CUDA plugin, bench/python/bench_checkpoint.py;
+#   stage: bench/python/bench_stage.py and the C benchmark's stage lines; direct: the C
 #   direct sync, wsync-bench-cuda's (e) rows, for DIRECT_PARAMS; pydirect: the Python direct sync
-#   of the dense and MoE models, tools/bench_python/bench_direct.py; nsys: an Nsight Systems kernel
+#   of the dense and MoE models, bench/python/bench_direct.py; nsys: an Nsight Systems kernel
 #   and copy trace of the staged probe, as CSV); fp8 and probe also sample the card's clocks, power
 #   and throttle reasons into $OUT/smi-*.log and print a line of them; PROBE_ARGS: more
 #   bench_python.py options for probe (e.g. --probe-variants allocations)
@@ -78,14 +78,14 @@ if [[ " $STEPS " == *" digest "* ]]; then  # the weight checker's digest pass vs
 fi
 if [[ " $STEPS " == *" bench "* ]]; then
   export WSYNC_BENCH_CUDA=${WSYNC_BENCH_CUDA-$B/bin/wsync-bench-cuda}  # empty: skip the C path
-  (cd "$ROOT" && timeout ${BENCH_T:-560} python3 tools/bench_python/bench_python.py --iters ${ITERS:-5} ${BENCH_ARGS:-} 2>&1) | tee "$OUT/bench-python.log" | tail -30
+  (cd "$ROOT" && timeout ${BENCH_T:-560} python3 bench/python/bench_python.py --iters ${ITERS:-5} ${BENCH_ARGS:-} 2>&1) | tee "$OUT/bench-python.log" | tail -30
 fi
 if [[ " $STEPS " == *" fp8 "* ]]; then  # the quantizing copy vs the bandwidth limit and torch's loop
   watch_start "$OUT/smi-fp8-c.log"
   timeout ${BENCH_T:-300} "$B/bin/wsync-bench-cuda" --fp8 --layout both --iters ${ITERS:-5} 2>&1 |
     tee "$OUT/bench-fp8-c.log" | grep -E "summary|limit|copy_quantized|busy|EP 8 rank [07]|checked|error|FAIL"
   watch_end "$OUT/smi-fp8-c.log"
-  (cd "$ROOT/tools/bench_python" && timeout ${BENCH_T:-560} python3 bench_fp8.py --iters ${ITERS:-5} ${FP8_ARGS:-} 2>&1) |
+  (cd "$ROOT/bench/python" && timeout ${BENCH_T:-560} python3 bench_fp8.py --iters ${ITERS:-5} ${FP8_ARGS:-} 2>&1) |
     tee "$OUT/bench-fp8.log" | tail -30
 fi
 if [[ " $STEPS " == *" ckpt "* ]]; then  # checkpoints from host memory, converted in the stage
@@ -105,11 +105,11 @@ for layout in ("dense", "moe"):
       timeout 120 "$B/bin/wsync" demo --plugin "$B/lib/libwsync_cuda.so" --model /tmp/ckpt-$m --dtype bfloat16 --syncs 3 $e 2>&1 | tail -5
     done
   done | tee -a "$OUT/ckpt.log"
-  (cd "$ROOT/tools/bench_python" && timeout ${BENCH_T:-300} python3 bench_checkpoint.py --gb ${CKPT_GB:-4} --iters ${ITERS:-5} 2>&1) |
+  (cd "$ROOT/bench/python" && timeout ${BENCH_T:-300} python3 bench_checkpoint.py --gb ${CKPT_GB:-4} --iters ${ITERS:-5} 2>&1) |
     tee "$OUT/bench-checkpoint.log" | tail -12
 fi
 if [[ " $STEPS " == *" stage "* ]]; then  # the stage's GPU time per bucket, Python-planned and C
-  (cd "$ROOT/tools/bench_python" && timeout ${BENCH_T:-300} python3 bench_stage.py --iters ${ITERS:-5} 2>&1) |
+  (cd "$ROOT/bench/python" && timeout ${BENCH_T:-300} python3 bench_stage.py --iters ${ITERS:-5} 2>&1) |
     tee "$OUT/bench-stage.log" | tail -12
   timeout 300 "$B/bin/wsync-bench-cuda" --layout dense --iters ${ITERS:-5} --bucket-mib 2048 2>&1 |
     grep -E "stage alone|producer host ms|\(c\) full sync" | tee -a "$OUT/bench-stage.log"
@@ -117,7 +117,7 @@ fi
 if [[ " $STEPS " == *" probe "* ]]; then  # where the staged Python sync loses to the C path
   export WSYNC_BENCH_CUDA=${WSYNC_BENCH_CUDA-$B/bin/wsync-bench-cuda}
   watch_start "$OUT/smi-probe.log"
-  (cd "$ROOT" && timeout ${BENCH_T:-560} python3 tools/bench_python/bench_python.py --staged-probe --iters ${ITERS:-5} \
+  (cd "$ROOT" && timeout ${BENCH_T:-560} python3 bench/python/bench_python.py --staged-probe --iters ${ITERS:-5} \
     ${PROBE_ARGS:-} 2>&1) | tee "$OUT/bench-probe.log" | tail -40
   watch_end "$OUT/smi-probe.log"
 fi
@@ -129,14 +129,14 @@ if [[ " $STEPS " == *" direct "* ]]; then  # the C direct sync (wsync-bench-cuda
   done | tee "$OUT/bench-direct.log"
 fi
 if [[ " $STEPS " == *" pydirect "* ]]; then  # the Python direct sync, dense and MoE, beside the staged one
-  (cd "$ROOT/tools/bench_python" && timeout ${BENCH_T:-560} python3 bench_direct.py --iters ${ITERS:-5} ${PYDIRECT_ARGS:-} 2>&1) |
+  (cd "$ROOT/bench/python" && timeout ${BENCH_T:-560} python3 bench_direct.py --iters ${ITERS:-5} ${PYDIRECT_ARGS:-} 2>&1) |
     tee "$OUT/bench-pydirect.log" | tail -30
 fi
 if [[ " $STEPS " == *" nsys "* ]]; then  # a timeline of the staged Python sync (kernels and copies of both processes)
   NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
   if [ -z "$NSYS" ]; then echo "nsys: not found" | tee "$OUT/nsys.log"; else
     (cd "$ROOT" && WSYNC_BENCH_CUDA= timeout ${BENCH_T:-400} "$NSYS" profile -o /tmp/probe --force-overwrite true \
-      --trace=cuda,nvtx --sample=none --cpuctxsw=none python3 tools/bench_python/bench_python.py --staged-probe \
+      --trace=cuda,nvtx --sample=none --cpuctxsw=none python3 bench/python/bench_python.py --staged-probe \
       --iters ${ITERS:-2}) >"$OUT/nsys.log" 2>&1
     "$NSYS" stats --report cuda_gpu_trace --format csv --output "$OUT/probe" /tmp/probe.nsys-rep >>"$OUT/nsys.log" 2>&1
     tail -5 "$OUT/nsys.log"; ls -la "$OUT"/probe* 2>/dev/null

@@ -1,4 +1,4 @@
-/* The nccl transport (plugin/cuda/wsync_cuda_nccl.h): libnccl.so.2 found at run time
+/* The nccl transport (plugin/cuda/nccl/wsync_cuda_nccl.h): libnccl.so.2 found at run time
  * ($WSYNC_NCCL_LIB, the loader's path, the nvidia-nccl wheels), the manifest's buffer.nccl
  * object carrying the communicator id, and buckets broadcast from the producer's staging into
  * each engine's retained receive buffer, then scattered (whole tensors and a per-rank TP row

@@ -1,6 +1,6 @@
-/* The manifest's buffer.nccl object (plugin/cuda/wsync_nccl_desc.h), without a device: emit and
- * parse round-trip, the manifest parser ignores the object (no schema change), absence is not an
- * error, and every malformed field is refused with a message naming it. */
+/* The manifest's buffer.nccl object (plugin/cuda/nccl/wsync_nccl_desc.h), without a device: emit
+ * and parse round-trip, the manifest parser ignores the object (no schema change), absence is not
+ * an error, and every malformed field is refused with a message naming it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

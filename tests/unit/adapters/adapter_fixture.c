@@ -10,7 +10,7 @@
 
 #include <jansson.h>
 
-#include "wsync_adapter_convert.h"
+#include "wsync_convert.h"
 #include "wsync_dtype.h"
 #include "wsync_safetensors.h"
 

@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "wsync_adapter_convert.h"
+#include "wsync_convert.h"
 
 static float bits_f32(uint32_t u)
 {

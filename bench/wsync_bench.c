@@ -358,7 +358,7 @@ static int wsync_bench_parse(int argc, char **argv, wsync_bench_options_t *o)
     return 0;
 }
 
-int wsync_cmd_bench(int argc, char **argv)
+int main(int argc, char **argv)
 {
     wsync_error_t err = {.struct_size = sizeof(err)};
     wsync_consumer_config_t cfg = {.struct_size = sizeof(cfg), .timeout_ms = 60000};

@@ -23,7 +23,7 @@ With --profile, each fp8_one_pass row is followed by the GPU timelines of three 
 start to the last one's end, as a ratio to the limit, and the first request's kernels and copies,
 each with its start and its time.
 
-  usage: python tools/bench_python/bench_fp8.py [--iters N] [--layout dense|moe|both]
+  usage: python bench/python/bench_fp8.py [--iters N] [--layout dense|moe|both]
                                                 [--scales block,channel,tensor] [--profile]
 """
 

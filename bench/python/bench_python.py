@@ -14,7 +14,7 @@ GPU, two processes. Prints ratios against baselines run in the same processes:
   that memory freed: the Python syncs are compared with each C run and with their mean, so a
   card that slows as the run goes on shows instead of landing on one side.
 
-  usage: python tools/bench_python/bench_python.py [--iters N]
+  usage: python bench/python/bench_python.py [--iters N]
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
  * CUDA kernel must reproduce bit for bit: every conversion rounds to nearest, ties to even, once
  * (no double rounding through an intermediate type); subnormals are kept, overflow gives inf,
  * NaN stays NaN (quiet, sign kept). Pure functions, thread safe. */
-#ifndef WSYNC_ADAPTERS_CONVERT_H
-#define WSYNC_ADAPTERS_CONVERT_H
+#ifndef WSYNC_CONVERT_H
+#define WSYNC_CONVERT_H
 
 #include <stddef.h>
 #include <stdint.h>

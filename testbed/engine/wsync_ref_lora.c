@@ -1,5 +1,5 @@
 /* Reference engine LoRA slots; see wsync_ref_lora.h. The expected bytes below share nothing with
- * adapters/wsync_adapter_plan.c: they are the independent check. */
+ * plugin/adapters/wsync_adapter_plan.c: they are the independent check. */
 #include "wsync_ref_lora.h"
 
 #include <math.h>

@@ -189,7 +189,7 @@ static int wsync_demo_supervise(pid_t engine, pid_t trainer, const wsync_demo_op
 
 /* --engine sglang|vllm|lmdeploy: the trainer speaks that engine's request format to one reference
  * engine process per TP rank (--tp N). That demo lives with the shims: run wsync-engine demo
- * (engine-shims/engine/) from this executable's directory with the same arguments. */
+ * (testbed/engine/) from this executable's directory with the same arguments. */
 static int wsync_demo_exec_engine(int argc, char **argv)
 {
     char tool[4200];
@@ -201,7 +201,7 @@ static int wsync_demo_exec_engine(int argc, char **argv)
     return 1;
 }
 
-int wsync_cmd_demo(int argc, char **argv)
+int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--engine") == 0 || strncmp(argv[i], "--engine=", 9) == 0)

@@ -7,7 +7,7 @@ holds them); each with the copy engines' default share of the stage, with balanc
 lanes (WSYNC_CUDA_CE_BALANCE=1) and with the kernel alone (WSYNC_CUDA_CE_SHARE=0). Where the
 staged Python sync's time goes (docs/PERFORMANCE.md).
 
-  usage: python tools/bench_python/bench_stage.py [--iters 5] [--bucket-mib 2048]
+  usage: python bench/python/bench_stage.py [--iters 5] [--bucket-mib 2048]
 """
 
 from __future__ import annotations

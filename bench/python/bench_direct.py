@@ -20,7 +20,7 @@ With --alloc expandable the trainer's allocator runs with expandable_segments:Tr
 its parameters into cuMem chunks of 20 MiB, which the engine maps from fds instead of legacy
 CUDA IPC handles); the default, cudamalloc, is torch's default allocator.
 
-  usage: python tools/bench_python/bench_direct.py [--iters N] [--layout dense|moe|both]
+  usage: python bench/python/bench_direct.py [--iters N] [--layout dense|moe|both]
                                                    [--alloc cudamalloc|expandable]
 """
 

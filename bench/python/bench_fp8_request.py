@@ -6,7 +6,7 @@ experts, whose quantizing on the CPU then dominates);
 ``EngineWorker.apply`` of one request naming every tensor, timed on the wall clock, median of N.
 CPU plugin; no GPU needed. ``WSYNC_DRIVER_TIMING=1`` breaks each request down by phase.
 
-  usage: python tools/bench_python/bench_fp8_request.py [--requests N] [--dim D]
+  usage: python bench/python/bench_fp8_request.py [--requests N] [--dim D]
                                                         [--scales channel,tensor]
 """
 

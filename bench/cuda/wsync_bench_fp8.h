@@ -14,7 +14,7 @@
  * Every plain parameter is checked against the trainer's fill; the quantized parameters of the
  * first and last layer (for MoE the first and last expert of each rank's share) against the host
  * reference quantizer (plugin/common/wsync_fp8.h), byte for byte. The torch loop frameworks use
- * today is timed beside the same call in tools/bench_python/bench_fp8.py. */
+ * today is timed beside the same call in bench/python/bench_fp8.py. */
 #ifndef WSYNC_BENCH_FP8_H
 #define WSYNC_BENCH_FP8_H
 

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "wsync_adapter_convert.h"
+#include "wsync_convert.h"
 #include "wsync_dtype.h"
 #include "wsync_error.h"
 

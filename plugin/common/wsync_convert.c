@@ -1,5 +1,5 @@
 /* Float conversions with round-to-nearest-even, shared reference for every executor. */
-#include "wsync_adapter_convert.h"
+#include "wsync_convert.h"
 
 #include <math.h>
 #include <string.h>

@@ -1,6 +1,6 @@
 # wsync-bench-multigpu (docs/PERFORMANCE.md, "Several GPUs"). Included from
-# tools/bench_cuda/CMakeLists.txt after wsync_cuda_harness is defined; needs
-# plugin/cuda/multigpu.cmake (wsync_cuda_multigpu).
+# bench/cuda/CMakeLists.txt after wsync_cuda_harness is defined; needs
+# plugin/cuda/nccl/CMakeLists.txt (wsync_cuda_multigpu).
 add_executable(wsync-bench-multigpu ${CMAKE_CURRENT_LIST_DIR}/wsync_bench_multigpu.c)
 target_link_libraries(wsync-bench-multigpu PRIVATE wsync_cuda_harness wsync_cuda_multigpu
   CUDA::cudart_static)

@@ -10,7 +10,7 @@ staged onto the GPU for a bf16 engine. Prints ratios against baselines run in th
   what frameworks do today: torch's per-tensor ``param.copy_(cpu_tensor)`` loop into bf16
   parameters, from pageable memory (safetensors' load_file) and from the same pinned memory.
 
-  usage: python tools/bench_python/bench_checkpoint.py [--gb 4] [--iters 5]
+  usage: python bench/python/bench_checkpoint.py [--gb 4] [--iters 5]
 """
 
 from __future__ import annotations

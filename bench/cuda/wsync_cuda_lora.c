@@ -8,7 +8,7 @@
 #include <cuda_runtime_api.h>
 #include <jansson.h>
 
-#include "wsync_adapter_convert.h"
+#include "wsync_convert.h"
 #include "wsync_dtype.h"
 #include "wsync_safetensors.h"
 

@@ -81,7 +81,7 @@ static int wsync_trainer_from_file(const wsync_trainer_t *t, const wsync_model_t
 static int wsync_trainer_register(wsync_trainer_t *t, int on)
 {
     wsync_error_t err = {.struct_size = sizeof(err)};
-    if (t->model.checkpoint == NULL || strcmp(t->l.plugin->name, "cpu") == 0)
+    if (wsync_checkpoint_of(&t->model) == NULL || strcmp(t->l.plugin->name, "cpu") == 0)
         return 0;
     if (!WSYNC_HAS_OP(wsync_producer_ops_t, t->pops, register_host)) {
         fprintf(stderr,
@@ -90,10 +90,10 @@ static int wsync_trainer_register(wsync_trainer_t *t, int on)
                 t->l.path);
         return 1;
     }
-    for (size_t k = 0; k < wsync_checkpoint_shards(t->model.checkpoint); k++) {
+    for (size_t k = 0; k < wsync_checkpoint_shards(wsync_checkpoint_of(&t->model)); k++) {
         const void *base;
         size_t len;
-        wsync_checkpoint_shard_mapping(t->model.checkpoint, k, &base, &len);
+        wsync_checkpoint_shard_mapping(wsync_checkpoint_of(&t->model), k, &base, &len);
         wsync_result_t rc = on ? t->pops->register_host(t->staging[0], base, len, &err)
                                : t->pops->unregister_host(t->staging[0], base, &err);
         if (rc != WSYNC_OK)

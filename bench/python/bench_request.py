@@ -6,7 +6,7 @@ encoder sends) and ``flattened_bucket`` (SGLang's FlattenedTensorBucket, as othe
 it), and a direct bucket (``Producer(direct=True)``: the same tensors named where they live, the
 copy itself running on the plugin's queue after the call). CPU plugin; no GPU needed.
 
-  usage: python tools/bench_python/bench_request.py [--requests N]
+  usage: python bench/python/bench_request.py [--requests N]
 """
 
 from __future__ import annotations

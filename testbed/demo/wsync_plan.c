@@ -2,7 +2,7 @@
  * parallelism (engine-shims/common/wsync_reshard.h), on paper: bytes per link kind, per rank,
  * the minimum off-GPU bytes and the lower bound on the sync's time from the links' bandwidths.
  * No GPU and no weights: the model is the config's tensor list, the engine's parameters the
- * reference engine's layout of it (engine-shims/engine/wsync_ref_layout.h). docs/RESHARD.md. */
+ * reference engine's layout of it (testbed/engine/wsync_ref_layout.h). docs/RESHARD.md. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -235,7 +235,7 @@ static void report(const plan_opts_t *o, const wsync_model_t *m, uint32_t world,
     }
 }
 
-int wsync_cmd_plan(int argc, char **argv)
+int main(int argc, char **argv)
 {
     plan_opts_t o;
     if (parse(argc, argv, &o) != 0)
