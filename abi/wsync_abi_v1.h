@@ -61,7 +61,8 @@ extern "C" {
  *         and WSYNC_QUANT_FP8_TENSOR (one scale for every op naming the same scale_dst).
  *       0.1.7: no member added. Behaviour within the rules: a copy of a generation its buffer
  *         never published is BAD_MANIFEST; the manifest limits' defaults are 16 MiB and 65536
- *         tensors; a staged manifest's tensors must own disjoint, element-aligned bytes. */
+ *         tensors; a staged manifest's tensors must own disjoint, element-aligned bytes.
+ *       Appended in 0.1.8: wsync_error_v1_t.op and op_valid, the failing op's index. */
 #define WSYNC_ABI_VERSION_1 1u
 
 /* ------------------------------------------------------------------ results */
@@ -104,6 +105,12 @@ typedef struct wsync_error_v1 {
     wsync_result_t code;
     char where[WSYNC_ERROR_WHERE_LEN_V1];     /* the function that failed, e.g. "copy_weights" */
     char message[WSYNC_ERROR_MESSAGE_LEN_V1]; /* names the offending value and what to do */
+    /* Appended in 0.1.8. When the failure is one op's (a copy op, a region, a quantized op, or
+     * the scales of op i), op_valid is 1 and op its index in the call's array; else op_valid
+     * is 0. A plugin writes them only when struct_size covers them (WSYNC_HAS_FIELD), so a host
+     * finds the failing op without reading the message. */
+    uint64_t op;
+    uint32_t op_valid;
 } wsync_error_v1_t;
 
 typedef enum wsync_log_level {

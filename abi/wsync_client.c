@@ -74,3 +74,28 @@ const char *wsync_result_name(wsync_result_t r)
     };
     return (unsigned)r < sizeof(names) / sizeof(names[0]) ? names[r] : NULL;
 }
+
+int wsync_error_op(const wsync_error_t *err, uint64_t *op)
+{
+    if (!WSYNC_HAS_FIELD(wsync_error_t, err, op_valid) || !err->op_valid)
+        return 0;
+    if (op != NULL)
+        *op = err->op;
+    return 1;
+}
+
+void wsync_error_set_op(wsync_error_t *err, uint64_t op)
+{
+    if (!WSYNC_HAS_FIELD(wsync_error_t, err, op_valid))
+        return;
+    err->op = op;
+    err->op_valid = 1;
+}
+
+void wsync_error_clear_op(wsync_error_t *err)
+{
+    if (!WSYNC_HAS_FIELD(wsync_error_t, err, op_valid))
+        return;
+    err->op = 0;
+    err->op_valid = 0;
+}

@@ -422,7 +422,7 @@ static char *dump_stolen(json_t *msgs, wsync_error_t *err)
 
 static json_t *encode_bucket(const char *engine, const char *const *manifests, size_t n_ranks,
                              int first, int finished, const char *weight_version, int packed,
-                             int with_buffer, wsync_error_t *err)
+                             int with_buffer, int direct, wsync_error_t *err)
 {
     const wsync_shim_t *s = find_shim(engine, err);
     if (s == NULL)
@@ -437,7 +437,8 @@ static json_t *encode_bucket(const char *engine, const char *const *manifests, s
                               .finished = finished,
                               .weight_version = weight_version,
                               .packed = packed,
-                              .with_buffer = with_buffer};
+                              .with_buffer = with_buffer,
+                              .direct = direct};
     json_t *msgs = NULL;
     if (s->encode(&in, &msgs, err) != WSYNC_OK)
         return NULL;
@@ -447,10 +448,10 @@ static json_t *encode_bucket(const char *engine, const char *const *manifests, s
 WSYNC_SHIM_API char *wsync_shim_encode_bucket(const char *engine, const char *const *manifests,
                                               size_t n_ranks, int first, int finished,
                                               const char *weight_version, int packed,
-                                              int with_buffer, wsync_error_t *err)
+                                              int with_buffer, int direct, wsync_error_t *err)
 {
     json_t *msgs = encode_bucket(engine, manifests, n_ranks, first, finished, weight_version,
-                                 packed, with_buffer, err);
+                                 packed, with_buffer, direct, err);
     return msgs != NULL ? dump_stolen(msgs, err) : NULL;
 }
 
@@ -458,10 +459,10 @@ WSYNC_SHIM_API char *wsync_shim_encode_bucket_lines(const char *engine,
                                                     const char *const *manifests, size_t n_ranks,
                                                     int first, int finished,
                                                     const char *weight_version, int packed,
-                                                    int with_buffer, wsync_error_t *err)
+                                                    int with_buffer, int direct, wsync_error_t *err)
 {
     json_t *msgs = encode_bucket(engine, manifests, n_ranks, first, finished, weight_version,
-                                 packed, with_buffer, err);
+                                 packed, with_buffer, direct, err);
     if (msgs == NULL)
         return NULL;
     size_t n = json_array_size(msgs), len = 0;

@@ -73,7 +73,7 @@ wsync_result_t wsync_shim_worker_open(const wsync_shim_worker_config_t *cfg,
 /* Release every mapping, finalize the consumer, unload the plugin. NULL is a no-op. */
 void wsync_shim_worker_close(wsync_shim_worker_t *w);
 
-/* The plugin in use ("host 0.1.7"), or "native: <why>" (malloc'd). */
+/* The plugin in use ("host 0.1.8"), or "native: <why>" (malloc'd). */
 char *wsync_shim_worker_backend(const wsync_shim_worker_t *w, int *native);
 
 /* Handle one request message (JSON text of the engine's API, wsync_shim.h) and return the reply
@@ -113,16 +113,17 @@ wsync_result_t wsync_shim_worker_release(wsync_shim_worker_t *w, wsync_error_t *
  * `engine`, from what publish returned for each engine TP rank (n_ranks manifests, or one for
  * all). first / finished: first and last bucket of a weight version; weight_version may be NULL;
  * packed: vLLM's packed buckets (0: per-tensor handles), SGLang's manifest as published (0: its
- * FlattenedTensorBucket); with_buffer (LMDeploy): the first bucket a buffer carries. */
+ * FlattenedTensorBucket); with_buffer (LMDeploy): the first bucket a buffer carries; direct:
+ * the manifests were published by a direct-mode buffer (WSYNC_STAGING_DIRECT). */
 char *wsync_shim_encode_bucket(const char *engine, const char *const *manifests, size_t n_ranks,
                                int first, int finished, const char *weight_version, int packed,
-                               int with_buffer, wsync_error_t *err);
+                               int with_buffer, int direct, wsync_error_t *err);
 /* The same messages, each as compact JSON text, joined by '\n' (compact JSON holds no raw
  * newline), so a caller takes each message's text as is instead of parsing the array. */
 char *wsync_shim_encode_bucket_lines(const char *engine, const char *const *manifests,
                                      size_t n_ranks, int first, int finished,
                                      const char *weight_version, int packed, int with_buffer,
-                                     wsync_error_t *err);
+                                     int direct, wsync_error_t *err);
 
 /* Trainer side, LoRA: the one message that hot-loads adapter `name` into `engine` from the
  * tensors of a published buffer (manifests, one per rank or one for all, naming tensors as PEFT

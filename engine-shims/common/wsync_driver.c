@@ -454,12 +454,11 @@ static wsync_result_t wsync_driver_can_quantize(const wsync_driver_t *d, const w
     return WSYNC_OK;
 }
 
-/* A copy failure names its op ("op N: ...", "op N read ..."): name the tensor too. */
+/* A copy failure of one op (wsync_error_t.op, set by the plugin): name that op's tensor too. */
 static void wsync_driver_name_op(const wsync_manifest_t *m, wsync_error_t *err)
 {
-    const char *at = err != NULL ? strstr(err->message, "op ") : NULL;
-    size_t i;
-    if (at == NULL || sscanf(at, "op %zu", &i) != 1 || i >= m->n_tensors)
+    uint64_t i;
+    if (!wsync_error_op(err, &i) || i >= m->n_tensors)
         return;
     char text[sizeof(err->message) + 160];
     snprintf(text, sizeof(text), "tensor \"%.120s\": %s", m->tensors[i].name, err->message);

@@ -336,8 +336,7 @@ json_t *wsync_shim_rank_texts(const wsync_shim_encode_t *in, wsync_error_t *err)
 
 int wsync_shim_is_direct(const wsync_shim_encode_t *in)
 {
-    return in->n_ranks > 0 && in->manifests[0] != NULL &&
-           strstr(in->manifests[0], "\"segments\":") != NULL;
+    return in->direct != 0;
 }
 
 json_t *wsync_shim_rank_buckets(const wsync_shim_encode_t *in, int with_buffer, wsync_error_t *err)

@@ -38,6 +38,8 @@ typedef struct wsync_shim_encode {
     int packed;                 /* vLLM: packed bucket (1) or per-tensor IPC handles (0);
                                    SGLang: manifest as published (1) or FlattenedTensorBucket (0) */
     int with_buffer;            /* LMDeploy: send the flattened tensor (first use of a buffer) */
+    int direct;                 /* the manifests name the trainer's own memory (published with
+                                   WSYNC_STAGING_DIRECT): the caller says so, nobody reads it from the text */
 } wsync_shim_encode_t;
 
 /* Trainer side: the adapter a message loads, for the shims' encode_lora. */

@@ -3,6 +3,8 @@
 #ifndef WSYNC_COMMON_ERROR_H
 #define WSYNC_COMMON_ERROR_H
 
+#include <stdint.h>
+
 #include "wsync_abi.h"
 
 /* `where` in a wsync_error_t is the wsync function that detected the error (its C name, e.g.
@@ -19,6 +21,20 @@ wsync_result_t wsync_fail_at(wsync_error_t *err, wsync_result_t code, const char
     wsync_fail_at((err), (code), (where), __FILE__, __LINE__, __VA_ARGS__)
 #define WSYNC_FAIL(err, code, ...)                                                                 \
     wsync_fail_at((err), (code), __func__, __FILE__, __LINE__, __VA_ARGS__)
+
+/* wsync_fail_at for a failure of one op: err's op (wsync_error_t.op) is set to `op` with the
+ * message, when err was still OK. */
+wsync_result_t wsync_fail_op_at(wsync_error_t *err, wsync_result_t code, uint64_t op,
+                                const char *where, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+#define wsync_fail_op(err, code, op, where, ...)                                                   \
+    wsync_fail_op_at((err), (code), (op), (where), __FILE__, __LINE__, __VA_ARGS__)
+#define WSYNC_FAIL_OP(err, code, op, ...)                                                          \
+    wsync_fail_op_at((err), (code), (op), __func__, __FILE__, __LINE__, __VA_ARGS__)
+
+/* Copy src's failure (code, where, message, op) into err when err is still OK, writing only the
+ * members err's struct_size covers. */
+void wsync_error_copy(wsync_error_t *err, const wsync_error_t *src);
 
 /* Record only, no log: for host-side code (loader, shims, wire) that reports through its own
  * logger or its caller. Same rules: NULL allowed, first error wins, nothing allocated. */

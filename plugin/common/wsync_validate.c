@@ -34,47 +34,50 @@ static wsync_result_t wsync_validate_op(const wsync_copy_op_t *op, size_t i, uin
     if (op->rows == 0 || op->row_bytes == 0)
         return WSYNC_OK; /* moves nothing: an empty tensor */
     if (op->dst == NULL)
-        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                          "op %zu: dst is NULL but the op moves %llu x %llu bytes", i,
-                          (unsigned long long)op->rows, (unsigned long long)op->row_bytes);
+        return WSYNC_FAIL_OP(err, WSYNC_ERR_INVALID_ARGUMENT, i,
+                             "op %zu: dst is NULL but the op moves %llu x %llu bytes", i,
+                             (unsigned long long)op->rows, (unsigned long long)op->row_bytes);
     uint64_t src_pitch = op->rows > 1 ? op->src_pitch : op->row_bytes;
     uint64_t dst_pitch = op->rows > 1 ? op->dst_pitch : op->row_bytes;
     if (src_pitch < op->row_bytes || dst_pitch < op->row_bytes)
-        return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                          "op %zu: src_pitch %llu / dst_pitch %llu smaller than row_bytes %llu "
-                          "with %llu rows; rows would overlap",
-                          i, (unsigned long long)op->src_pitch, (unsigned long long)op->dst_pitch,
-                          (unsigned long long)op->row_bytes, (unsigned long long)op->rows);
+        return WSYNC_FAIL_OP(err, WSYNC_ERR_INVALID_ARGUMENT, i,
+                             "op %zu: src_pitch %llu / dst_pitch %llu smaller than row_bytes %llu "
+                             "with %llu rows; rows would overlap",
+                             i, (unsigned long long)op->src_pitch,
+                             (unsigned long long)op->dst_pitch, (unsigned long long)op->row_bytes,
+                             (unsigned long long)op->rows);
 
     if (wsync_region_end(op->src_offset, op->rows, src_pitch, op->row_bytes, &end) != 0)
-        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_BOUNDS,
-                          "op %zu: src_offset %llu + (rows %llu - 1) x src_pitch %llu + row_bytes "
-                          "%llu overflows 64 bits",
-                          i, (unsigned long long)op->src_offset, (unsigned long long)op->rows,
-                          (unsigned long long)src_pitch, (unsigned long long)op->row_bytes);
+        return WSYNC_FAIL_OP(
+            err, WSYNC_ERR_OUT_OF_BOUNDS, i,
+            "op %zu: src_offset %llu + (rows %llu - 1) x src_pitch %llu + row_bytes "
+            "%llu overflows 64 bits",
+            i, (unsigned long long)op->src_offset, (unsigned long long)op->rows,
+            (unsigned long long)src_pitch, (unsigned long long)op->row_bytes);
     if (end > src_bytes)
-        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_BOUNDS,
-                          "op %zu: source bytes [%llu, %llu) exceed the buffer's %llu bytes "
-                          "(src_offset %llu, rows %llu, src_pitch %llu, row_bytes %llu)",
-                          i, (unsigned long long)op->src_offset, (unsigned long long)end,
-                          (unsigned long long)src_bytes, (unsigned long long)op->src_offset,
-                          (unsigned long long)op->rows, (unsigned long long)src_pitch,
-                          (unsigned long long)op->row_bytes);
+        return WSYNC_FAIL_OP(err, WSYNC_ERR_OUT_OF_BOUNDS, i,
+                             "op %zu: source bytes [%llu, %llu) exceed the buffer's %llu bytes "
+                             "(src_offset %llu, rows %llu, src_pitch %llu, row_bytes %llu)",
+                             i, (unsigned long long)op->src_offset, (unsigned long long)end,
+                             (unsigned long long)src_bytes, (unsigned long long)op->src_offset,
+                             (unsigned long long)op->rows, (unsigned long long)src_pitch,
+                             (unsigned long long)op->row_bytes);
 
     if (wsync_region_end(0, op->rows, dst_pitch, op->row_bytes, &end) != 0)
-        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_BOUNDS,
-                          "op %zu: (rows %llu - 1) x dst_pitch %llu + row_bytes %llu overflows "
-                          "64 bits",
-                          i, (unsigned long long)op->rows, (unsigned long long)dst_pitch,
-                          (unsigned long long)op->row_bytes);
+        return WSYNC_FAIL_OP(err, WSYNC_ERR_OUT_OF_BOUNDS, i,
+                             "op %zu: (rows %llu - 1) x dst_pitch %llu + row_bytes %llu overflows "
+                             "64 bits",
+                             i, (unsigned long long)op->rows, (unsigned long long)dst_pitch,
+                             (unsigned long long)op->row_bytes);
     if (end > op->dst_extent)
-        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_BOUNDS,
-                          "op %zu: writes %llu bytes from dst but dst_extent is %llu (rows %llu, "
-                          "dst_pitch %llu, row_bytes %llu); the destination parameter is too "
-                          "small",
-                          i, (unsigned long long)end, (unsigned long long)op->dst_extent,
-                          (unsigned long long)op->rows, (unsigned long long)dst_pitch,
-                          (unsigned long long)op->row_bytes);
+        return WSYNC_FAIL_OP(
+            err, WSYNC_ERR_OUT_OF_BOUNDS, i,
+            "op %zu: writes %llu bytes from dst but dst_extent is %llu (rows %llu, "
+            "dst_pitch %llu, row_bytes %llu); the destination parameter is too "
+            "small",
+            i, (unsigned long long)end, (unsigned long long)op->dst_extent,
+            (unsigned long long)op->rows, (unsigned long long)dst_pitch,
+            (unsigned long long)op->row_bytes);
     return WSYNC_OK;
 }
 
@@ -189,7 +192,7 @@ static wsync_result_t wsync_validate_scales(const wsync_copy_op_t *scales, size_
     const int h = snprintf(head, sizeof(head), "op %zu: ", i);
     const char *rest =
         strncmp(local.message, head, (size_t)h) == 0 ? local.message + h : local.message;
-    return WSYNC_FAIL(err, r, "the scales of op %zu: %s", i, rest);
+    return WSYNC_FAIL_OP(err, r, i, "the scales of op %zu: %s", i, rest);
 }
 
 /* Region k of a disjointness check: op k, or (k >= n_ops) the block scales of op k - n_ops. */
@@ -262,10 +265,10 @@ static wsync_result_t wsync_validate_disjoint(const wsync_copy_op_t *ops, size_t
                 char na[48], nb[48];
                 wsync_region_name(a, n_ops, na, sizeof(na));
                 wsync_region_name(b, n_ops, nb, sizeof(nb));
-                rc = WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                                "%s and %s write overlapping destination bytes (dst %p and %p); "
-                                "each destination byte takes one op",
-                                na, nb, ops[a].dst, ops[b].dst);
+                rc = WSYNC_FAIL_OP(err, WSYNC_ERR_INVALID_ARGUMENT, a < n_ops ? a : a - n_ops,
+                                   "%s and %s write overlapping destination bytes (dst %p and %p); "
+                                   "each destination byte takes one op",
+                                   na, nb, ops[a].dst, ops[b].dst);
             }
         }
     }
@@ -418,20 +421,20 @@ wsync_result_t wsync_validate_quant_ops_memo(wsync_validate_memo_t *memo,
         }
         const size_t es = wsync_quant_src_size(q->src_dtype);
         if (q->kind < WSYNC_QUANT_FP8_BLOCK || q->kind > WSYNC_QUANT_FP8_TENSOR || es == 0) {
-            r = WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                           "op %zu: quant kind %u from dtype %d; wsync quantizes kinds %u-%u "
-                           "(fp8 blocks, rows, tensors) from bf16, f16 or f32",
-                           i, q->kind, (int)q->src_dtype, WSYNC_QUANT_FP8_BLOCK,
-                           WSYNC_QUANT_FP8_TENSOR);
+            r = WSYNC_FAIL_OP(err, WSYNC_ERR_INVALID_ARGUMENT, i,
+                              "op %zu: quant kind %u from dtype %d; wsync quantizes kinds %u-%u "
+                              "(fp8 blocks, rows, tensors) from bf16, f16 or f32",
+                              i, q->kind, (int)q->src_dtype, WSYNC_QUANT_FP8_BLOCK,
+                              WSYNC_QUANT_FP8_TENSOR);
             break;
         }
         if (o->rows == 0 || o->row_bytes == 0)
             continue;
         if (q->cols == 0 || o->row_bytes != q->cols * es || q->scale_dst == NULL) {
-            r = WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                           "op %zu: row_bytes %llu is not cols %llu x %zu source bytes, or no "
-                           "scale_dst",
-                           i, (unsigned long long)o->row_bytes, (unsigned long long)q->cols, es);
+            r = WSYNC_FAIL_OP(err, WSYNC_ERR_INVALID_ARGUMENT, i,
+                              "op %zu: row_bytes %llu is not cols %llu x %zu source bytes, or no "
+                              "scale_dst",
+                              i, (unsigned long long)o->row_bytes, (unsigned long long)q->cols, es);
             break;
         }
         wsync_copy_op_t src = *o; /* the source side alone */
@@ -550,8 +553,9 @@ wsync_result_t wsync_validate_segment_ops(wsync_validate_memo_t *memo, const wsy
     for (size_t i = 0; i < n; i++) {
         const uint32_t k = op_segment[i];
         if (k >= n_segs)
-            return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                              "op %zu: op_segment %u, but %zu segments were given", i, k, n_segs);
+            return WSYNC_FAIL_OP(err, WSYNC_ERR_INVALID_ARGUMENT, i,
+                                 "op %zu: op_segment %u, but %zu segments were given", i, k,
+                                 n_segs);
         wsync_result_t r = wsync_validate_op(&ops[i], i, seg_bytes[k], err);
         if (r != WSYNC_OK)
             return r;
@@ -619,10 +623,10 @@ wsync_result_t wsync_validate_regions(const void *consumer, const wsync_copy_op_
         if (regions[i].rows > 0 && regions[i].row_bytes > 0 &&
             (regions[i].dst == NULL ||
              (regions[i].rows > 1 && regions[i].dst_pitch < regions[i].row_bytes)))
-            return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                              "region %zu: dst %p, %llu rows of %llu bytes, pitch %llu", i,
-                              regions[i].dst, (unsigned long long)regions[i].rows,
-                              (unsigned long long)regions[i].row_bytes,
-                              (unsigned long long)regions[i].dst_pitch);
+            return WSYNC_FAIL_OP(err, WSYNC_ERR_INVALID_ARGUMENT, i,
+                                 "region %zu: dst %p, %llu rows of %llu bytes, pitch %llu", i,
+                                 regions[i].dst, (unsigned long long)regions[i].rows,
+                                 (unsigned long long)regions[i].row_bytes,
+                                 (unsigned long long)regions[i].dst_pitch);
     return WSYNC_OK;
 }

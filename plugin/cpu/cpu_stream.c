@@ -87,14 +87,8 @@ wsync_result_t wsync_cpu_sink_take(wsync_cpu_sink_t *k, wsync_error_t *err)
 {
     pthread_mutex_lock(&k->lock);
     wsync_result_t code = k->error.code;
-    if (code != WSYNC_OK && err != NULL && err->code == WSYNC_OK) {
-        err->code = code;
-        memcpy(err->where, k->error.where, sizeof(err->where));
-        memcpy(err->message, k->error.message, sizeof(err->message));
-    }
-    k->error.code = WSYNC_OK;
-    k->error.where[0] = '\0';
-    k->error.message[0] = '\0';
+    wsync_error_copy(err, &k->error);
+    wsync_error_clear(&k->error);
     pthread_mutex_unlock(&k->lock);
     return code;
 }
@@ -154,11 +148,12 @@ static int wsync_cpu_quant_sources_ok(wsync_cpu_task_t *t)
             continue;
         if (t->sink != NULL) {
             pthread_mutex_lock(&t->sink->lock);
-            wsync_fail(&t->sink->error, WSYNC_ERR_INVALID_ARGUMENT, "copy_quantized",
-                       "generation %llu: op %zu: a NaN or infinite value at row %lld, column %lld "
-                       "of its source cannot be quantized to fp8; nothing of the bucket was "
-                       "written",
-                       (unsigned long long)t->generation, i, (long long)r, (long long)c);
+            wsync_fail_op(
+                &t->sink->error, WSYNC_ERR_INVALID_ARGUMENT, i, "copy_quantized",
+                "generation %llu: op %zu: a NaN or infinite value at row %lld, column %lld "
+                "of its source cannot be quantized to fp8; nothing of the bucket was "
+                "written",
+                (unsigned long long)t->generation, i, (long long)r, (long long)c);
             pthread_mutex_unlock(&t->sink->lock);
         }
         return 0;
@@ -251,23 +246,24 @@ static void wsync_cpu_run_copy(wsync_cpu_task_t *t)
         wsync_cpu_copy_fence(); /* streaming stores are weakly ordered */
     if (bad_op != SIZE_MAX && t->sink != NULL) {
         pthread_mutex_lock(&t->sink->lock);
-        wsync_fail(&t->sink->error, WSYNC_ERR_INVALID_ARGUMENT, "copy_quantized",
-                   "generation %llu: op %zu: a NaN or infinite value at row %lld, column %lld of "
-                   "its source cannot be quantized to fp8; %s holding it was left as it was "
-                   "and the rest of the bucket written (WSYNC_COPY_QUANT_ONE_PASS)",
-                   (unsigned long long)t->generation, bad_op, (long long)bad_row,
-                   (long long)bad_col, wsync_fp8_unit(t->u.copy.quant[bad_op].kind));
+        wsync_fail_op(
+            &t->sink->error, WSYNC_ERR_INVALID_ARGUMENT, bad_op, "copy_quantized",
+            "generation %llu: op %zu: a NaN or infinite value at row %lld, column %lld of "
+            "its source cannot be quantized to fp8; %s holding it was left as it was "
+            "and the rest of the bucket written (WSYNC_COPY_QUANT_ONE_PASS)",
+            (unsigned long long)t->generation, bad_op, (long long)bad_row, (long long)bad_col,
+            wsync_fp8_unit(t->u.copy.quant[bad_op].kind));
         pthread_mutex_unlock(&t->sink->lock);
     }
     if (mismatches == 0 || t->sink == NULL)
         return;
     pthread_mutex_lock(&t->sink->lock);
-    wsync_fail(&t->sink->error, WSYNC_ERR_DIGEST_MISMATCH, "copy_weights",
-               "generation %llu: op %zu read bytes with wsync64:%016llx, manifest says "
-               "wsync64:%016llx (%zu of %zu ops differ); the staging buffer changed during the "
-               "copy or is corrupt: re-send the bucket",
-               (unsigned long long)t->generation, first, (unsigned long long)first_got,
-               (unsigned long long)first_want, mismatches, t->u.copy.n);
+    wsync_fail_op(&t->sink->error, WSYNC_ERR_DIGEST_MISMATCH, first, "copy_weights",
+                  "generation %llu: op %zu read bytes with wsync64:%016llx, manifest says "
+                  "wsync64:%016llx (%zu of %zu ops differ); the staging buffer changed during the "
+                  "copy or is corrupt: re-send the bucket",
+                  (unsigned long long)t->generation, first, (unsigned long long)first_got,
+                  (unsigned long long)first_want, mismatches, t->u.copy.n);
     pthread_mutex_unlock(&t->sink->lock);
 }
 

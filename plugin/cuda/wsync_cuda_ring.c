@@ -69,13 +69,13 @@ wsync_result_t wsync_cuda_slot_check(wsync_cuda_slot_t *s, wsync_error_t *err)
             continue;
         uint64_t got = wsync_mix64(sums[k] ^ s->nbytes[k]);
         if (got != s->expected[k]) {
-            rc = WSYNC_FAIL(err, WSYNC_ERR_DIGEST_MISMATCH,
-                            "generation %llu, op %zu (%llu bytes): copied bytes have wsync64 "
-                            "%016llx, the manifest says %016llx; the staging buffer changed "
-                            "during the copy or the producer staged other bytes",
-                            (unsigned long long)s->generation, s->op_index[k],
-                            (unsigned long long)s->nbytes[k], (unsigned long long)got,
-                            (unsigned long long)s->expected[k]);
+            rc = WSYNC_FAIL_OP(err, WSYNC_ERR_DIGEST_MISMATCH, s->op_index[k],
+                               "generation %llu, op %zu (%llu bytes): copied bytes have wsync64 "
+                               "%016llx, the manifest says %016llx; the staging buffer changed "
+                               "during the copy or the producer staged other bytes",
+                               (unsigned long long)s->generation, s->op_index[k],
+                               (unsigned long long)s->nbytes[k], (unsigned long long)got,
+                               (unsigned long long)s->expected[k]);
             break;
         }
     }

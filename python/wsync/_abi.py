@@ -45,6 +45,8 @@ class Error(C.Structure):
         ("code", C.c_int),
         ("where", C.c_char * ERROR_WHERE_LEN),
         ("message", C.c_char * ERROR_MESSAGE_LEN),
+        ("op", C.c_uint64),  # appended in 0.1.8: the failing op's index, when op_valid
+        ("op_valid", C.c_uint32),
     ]
 
     @classmethod

@@ -40,13 +40,13 @@ _FUNCTIONS = [
         "wsync_shim_encode_bucket",
         _P,
         [C.c_char_p, C.POINTER(C.c_char_p), C.c_size_t, C.c_int, C.c_int, C.c_char_p, C.c_int,
-         C.c_int, _E],
+         C.c_int, C.c_int, _E],
     ),
     (
         "wsync_shim_encode_bucket_lines",
         _P,
         [C.c_char_p, C.POINTER(C.c_char_p), C.c_size_t, C.c_int, C.c_int, C.c_char_p, C.c_int,
-         C.c_int, _E],
+         C.c_int, C.c_int, _E],
     ),
     (
         "wsync_shim_encode_lora",
@@ -138,7 +138,8 @@ def shim() -> ShimLibrary:
 def check(rc: int, err: _abi.Error) -> None:
     """Raise the WsyncError subclass for a failed call."""
     if rc != 0:
-        raise error_for(rc, err.where.decode(errors="replace"), err.message.decode(errors="replace"))
+        raise error_for(rc, err.where.decode(errors="replace"), err.message.decode(errors="replace"),
+                        int(err.op) if err.op_valid else None)
 
 
 @dataclass(frozen=True)

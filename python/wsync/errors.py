@@ -3,17 +3,21 @@ of ``wsync_result_t``, ``where`` (the C function that failed) and the plugin's m
 
 from __future__ import annotations
 
+from typing import Optional
+
 
 class WsyncError(RuntimeError):
     """A wsync call failed. ``code`` is the ``wsync_result_t`` value, ``where`` the failing C
-    function (may be empty), ``message`` the text naming the offending value."""
+    function (may be empty), ``message`` the text naming the offending value, ``op`` the index of
+    the failing op in the call's ops when the failure is one op's (else None)."""
 
     code: int = -1
 
-    def __init__(self, code: int, where: str, message: str) -> None:
+    def __init__(self, code: int, where: str, message: str, op: Optional[int] = None) -> None:
         self.code = code
         self.where = where
         self.message = message
+        self.op = op
         name = result_name(code)
         super().__init__(f"{name}: {message}" + (f" (in {where})" if where else ""))
 
@@ -149,9 +153,9 @@ _BY_CODE = {
 }
 
 
-def error_for(code: int, where: str, message: str) -> WsyncError:
+def error_for(code: int, where: str, message: str, op: Optional[int] = None) -> WsyncError:
     """The exception for a ``wsync_result_t`` code."""
-    return _BY_CODE.get(code, WsyncError)(code, where, message)
+    return _BY_CODE.get(code, WsyncError)(code, where, message, op)
 
 
 def check_reply(text: str | bytes) -> dict:

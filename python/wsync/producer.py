@@ -45,15 +45,16 @@ def check_replies(replies: Union[str, Sequence[str]]) -> List[dict]:
 
 def encode_bucket(engine: str, manifests: Sequence[str], *, first: bool, finished: bool,
                   weight_version: Optional[str] = None, packed: bool = True,
-                  with_buffer: bool = True) -> List[str]:
+                  with_buffer: bool = True, direct: bool = False) -> List[str]:
     """`engine`'s request messages (JSON text, in send order) for published manifests, one per
-    engine rank (or one for all), by the C shim of that engine."""
+    engine rank (or one for all), by the C shim of that engine. `direct`: the manifests were
+    published by a direct-mode Producer (they name the trainer's own tensors)."""
     shim = _native.shim()
     err = _abi.Error.new()
     arr = _native.c_strings(list(manifests))
     p = shim.encode_bucket_lines(engine.encode(), arr, len(manifests), int(first), int(finished),
                                  weight_version.encode() if weight_version else None, int(packed),
-                                 int(with_buffer), C.byref(err))
+                                 int(with_buffer), int(direct), C.byref(err))
     text = shim.take_string(p)
     if text is None:
         _native.check(err.code or 16, err)
@@ -641,7 +642,8 @@ class Producer:
                weight_version: Optional[str] = None, with_buffer: bool = True) -> List[str]:
         """The engine's request messages for published manifests (one per rank)."""
         return encode_bucket(self.engine, manifests, first=first, finished=finished,
-                             weight_version=weight_version, packed=self.packed, with_buffer=with_buffer)
+                             weight_version=weight_version, packed=self.packed, with_buffer=with_buffer,
+                             direct=self.direct)
 
     def sync(
         self,

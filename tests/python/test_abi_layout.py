@@ -12,7 +12,7 @@ from wsync import _abi
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STRUCTS = {
-    "wsync_error_t": (_abi.Error, ["code", "where", "message"]),
+    "wsync_error_t": (_abi.Error, ["code", "where", "message", "op", "op_valid"]),
     "wsync_host_t": (_abi.Host, ["log", "log_user", "log_level"]),
     "wsync_staging_config_t": (_abi.StagingConfig, ["bytes", "device_ordinal", "flags", "timeout_ms"]),
     "wsync_stage_tensor_t": (_abi.StageTensor, ["name", "dtype", "ndim", "shape", "src"]),

@@ -3,6 +3,8 @@ exception's printed name from it, and has a class for every code it knows, named
 
 from __future__ import annotations
 
+import ctypes as C
+
 import wsync
 from wsync import _native, errors
 
@@ -46,3 +48,21 @@ def test_close_raises_busy_while_an_engine_maps_the_buffer():
     w.release()
     prod.close()
     w.close()
+
+
+def test_the_failing_op_comes_with_the_error():
+    """wsync_error_t.op (0.1.8): a failure of one op carries its index to the exception, read from
+    the struct the library filled, not from the message."""
+    import pytest
+    from wsync import _abi
+
+    err = _abi.Error.new()
+    assert err.struct_size == C.sizeof(_abi.Error)
+    err.message, err.op, err.op_valid = b"op 7: out of bounds", 7, 1
+    with pytest.raises(errors.OutOfBounds) as e:
+        _native.check(7, err)
+    assert e.value.op == 7
+    err.op_valid = 0
+    with pytest.raises(errors.OutOfBounds) as e:
+        _native.check(7, err)
+    assert e.value.op is None

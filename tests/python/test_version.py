@@ -23,8 +23,8 @@ def test_one_version_everywhere():
     assert re.search(r"project\(wsync VERSION ([0-9.]+)", _read("CMakeLists.txt")).group(1) == v
     assert re.search(r'^version = "([0-9.]+)"', _read("pyproject.toml"), re.M).group(1) == v
     info = wsync.plugin_info()
-    assert f" {v} " in f" {info} ", info  # "cpu 0.1.7 (...)": the plugin's own version string
-    latest = max(re.findall(r"(?:Appended in|^ \*\s+)(0\.1\.[0-9]+)", _read("abi/wsync_abi_v1.h"), re.M),
+    assert f" {v} " in f" {info} ", info  # "cpu 0.1.8 (...)": the plugin's own version string
+    latest = max(re.findall(r"(?:Appended in |^ \*\s+)(0\.1\.[0-9]+)", _read("abi/wsync_abi_v1.h"), re.M),
                  key=lambda s: tuple(map(int, s.split("."))))
     assert latest == v, f"the ABI header's history ends at {latest}, the project says {v}"
 

@@ -8,6 +8,8 @@
 
 #include <cmocka.h>
 
+#include "wsync_client.h"
+#include "wsync_error.h"
 #include "wsync_validate.h"
 
 static char dst_mem[4096];
@@ -484,6 +486,22 @@ static void test_memo(void **state)
     err = (wsync_error_t){.struct_size = sizeof(err)};
     assert_int_equal(wsync_validate_copy_ops_memo(&memo, far, N, 4096, &err), OOB);
     assert_non_null(strstr(err.message, "op 5"));
+    /* the failing op is in the error itself (wsync_error_t.op), not only in its text */
+    uint64_t failed = 0;
+    assert_true(wsync_error_op(&err, &failed));
+    assert_int_equal(failed, 5);
+    /* a caller whose struct predates the members gets the message, and nothing past its size */
+    struct {
+        wsync_error_t e;
+    } old;
+    memset(&old, 0xab, sizeof(old));
+    old.e.struct_size = offsetof(wsync_error_t, op);
+    old.e.code = WSYNC_OK;
+    assert_int_equal(wsync_validate_copy_ops_memo(&memo, far, N, 4096, &old.e), OOB);
+    assert_non_null(strstr(old.e.message, "op 5"));
+    assert_false(wsync_error_op(&old.e, NULL));
+    assert_int_equal(old.e.op, 0xababababababababull);
+    assert_int_equal(old.e.op_valid, 0xababababu);
     /* copy_quantized's ops share the memo: scales meeting a weight are refused after a pass */
     wsync_copy_op_t q_ops[2];
     wsync_quant_t q[2];
@@ -499,6 +517,11 @@ static void test_memo(void **state)
                      INVAL);
     assert_non_null(
         strstr(err.message, "op 1 and the scales of op 0 write overlapping destination bytes"));
+    assert_true(wsync_error_op(&err, &failed));
+    assert_int_equal(failed, 1);
+    /* a failure that is no op's clears the index of an earlier one */
+    wsync_error_clear(&err);
+    assert_false(wsync_error_op(&err, NULL));
     /* more op sets than slots: each still checked, the refused one refused */
     for (size_t k = 0; k < 2 * WSYNC_VALIDATE_MEMO_SLOTS; k++) {
         wsync_copy_op_t one[2] = {op1d(0, 16, 16), op1d(0, 16, 16)};

@@ -118,7 +118,7 @@ static void test_worker_serves_a_staged_bucket(void **state)
     const char *manifest = NULL;
     uint64_t gen = 0;
     assert_int_equal(p->producer->publish(s, NULL, 1, &manifest, &gen, &err), WSYNC_OK);
-    char *msgs = wsync_shim_encode_bucket("sglang", &manifest, 1, 1, 1, "v1", 1, 1, &err);
+    char *msgs = wsync_shim_encode_bucket("sglang", &manifest, 1, 1, 1, "v1", 1, 1, 0, &err);
     assert_non_null(msgs);
     /* the messages are a JSON array of one request: strip the brackets */
     size_t n = strlen(msgs);
