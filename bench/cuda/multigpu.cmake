@@ -8,4 +8,3 @@ set_target_properties(wsync-bench-multigpu PROPERTIES
   RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin
   CUDA_RUNTIME_LIBRARY Static)
 add_dependencies(wsync-bench-multigpu wsync_cuda)
-install(TARGETS wsync-bench-multigpu RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

@@ -952,7 +952,10 @@ int main(int argc, char **argv)
         return 1;
     wb_self[n] = '\0';
     static char plugin[PATH_MAX + 64];
-    o.plugin = wh_plugin_path(o.plugin, plugin, sizeof(plugin));
+    /* The benchmarks' build of the plugin by default: the product's code and defaults, plus the
+     * experiments' variables and kernel variants this program flips (wsync_cuda_tuning.h). */
+    o.plugin =
+        wh_plugin_path(o.plugin ? o.plugin : "libwsync_cuda_tunable.so", plugin, sizeof(plugin));
     if (o.role && strcmp(o.role, "producer") == 0)
         return wb_producer_main(&o);
     if (o.role && strcmp(o.role, "consumer") == 0)

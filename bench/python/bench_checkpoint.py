@@ -19,7 +19,7 @@ import argparse
 import ctypes as C
 
 import torch
-from bench_python import event_ms, flat_views, hf_shapes
+from bench_python import event_ms, flat_views, hf_shapes, plugin
 
 
 def shapes_of(gb):
@@ -53,14 +53,6 @@ def stager(wsync, pairs, cast_to, digests, register=None):
         sh = wt.stream_handle(torch.device("cuda"), None)
         _native.check(prod._ops.stage(st, sh, arr, len(pairs), C.byref(err)), err)
     return prod, stage, keep
-
-
-def plugin():
-    import os
-
-    import wsync
-
-    return os.path.join(str(wsync._native.lib_dir()), "libwsync_cuda.so")
 
 
 def main():

@@ -105,9 +105,13 @@ BASE_MS = {}  # the flat copy and the copy_ loop, for the direct sync's ratios
 
 
 def plugin():
+    """The benchmarks' build of the CUDA plugin (it reads the WSYNC_CUDA_CE_* settings this program
+    changes between syncs; plugin/cuda/wsync_cuda_tuning.h), else the product's."""
     import wsync
 
-    return os.path.join(str(wsync._native.lib_dir()), "libwsync_cuda.so")
+    lib = str(wsync._native.lib_dir())
+    tunable = os.path.join(lib, "libwsync_cuda_tunable.so")
+    return tunable if os.path.exists(tunable) else os.path.join(lib, "libwsync_cuda.so")
 
 
 # --staged-probe: the staged sync (2048 MiB buckets, 2 sets) three ways, to find where it loses
@@ -153,7 +157,7 @@ def trainer(conn, iters, skip_staged=False, probe=(), probe_sets=2, orders=(None
             elif variant == "side streams":
                 side = torch.cuda.Stream()
             if variant.endswith("on copy engines"):
-                os.environ.update(ALL_CE)  # the plugin reads it per call
+                os.environ.update(ALL_CE)  # the tunable plugin reads it per call
             for order in orders:
                 staged(conn, ps, 2048, probe_sets, iters, stream=side, order=order)
         conn.send(("done", None, None, None))

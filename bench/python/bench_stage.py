@@ -19,7 +19,8 @@ import torch
 from bench_checkpoint import stager
 from bench_python import event_ms, flat_views, hf_shapes
 
-# the stage's copy settings measured (the plugin reads them per call; README's knob table)
+# the stage's copy settings measured (read by the benchmarks' build of the plugin when each
+# Producer is made; plugin/cuda/wsync_cuda_tuning.h)
 SETTINGS = {
     "copy engines' default share": {},
     "copy engines, balanced lanes": {"WSYNC_CUDA_CE_BALANCE": "1"},

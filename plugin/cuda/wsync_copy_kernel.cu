@@ -420,15 +420,18 @@ extern "C" cudaError_t wsync_cuda_launch_copy(const wsync_cuda_op_t *ops, uint32
 #define WSYNC_K_LAUNCH_IL(S)                                                                       \
     (verify ? wsync_copy_kernel_il<true, S><<<g, b, 0, stream>>>(ops, n_ops, total_chunks, sums)   \
             : wsync_copy_kernel_il<false, S><<<g, b, 0, stream>>>(ops, n_ops, total_chunks, sums))
+    /* The product holds the measured defaults (contiguous, interleaved streaming); the other
+     * variants exist in the tunable build only (wsync_cuda_tuning.h). */
     switch (variant) {
+    case WSYNC_CUDA_VARIANT_INTERLEAVED_STREAMING:
+        WSYNC_K_LAUNCH_IL(true);
+        break;
+#ifdef WSYNC_CUDA_TUNABLE
     case WSYNC_CUDA_VARIANT_CONTIGUOUS_STREAMING:
         WSYNC_K_LAUNCH(true, 8, 1);
         break;
     case WSYNC_CUDA_VARIANT_INTERLEAVED:
         WSYNC_K_LAUNCH_IL(false);
-        break;
-    case WSYNC_CUDA_VARIANT_INTERLEAVED_STREAMING:
-        WSYNC_K_LAUNCH_IL(true);
         break;
     case WSYNC_CUDA_VARIANT_UNROLLED:
         WSYNC_K_LAUNCH(false, 4, 2);
@@ -439,6 +442,7 @@ extern "C" cudaError_t wsync_cuda_launch_copy(const wsync_cuda_op_t *ops, uint32
     case WSYNC_CUDA_VARIANT_LEAN_INTERLEAVED:
         wsync_copy_kernel_flat<true, true><<<g, b, 0, stream>>>(ops, n_ops, total_chunks);
         break;
+#endif
     default:
         WSYNC_K_LAUNCH(false, 8, 1);
         break;
@@ -454,16 +458,20 @@ extern "C" cudaError_t wsync_cuda_launch_digest(const wsync_cuda_op_t *ops, uint
 {
     if (n_ops == 0 || total_chunks == 0)
         return cudaSuccess;
-    /* variant 0 (the plugin's): the copy kernel's shape, 8 vectors in flight, one block of 512
-     * threads per SM resident (2 per SM queued); 1: 4 in flight and at most 64 registers, so two
-     * blocks share an SM; 2: as 1 with 4 blocks per SM queued; 3: as 1, 3 per SM; 4: as 1 with
-     * streaming loads; 5: 2 vectors in flight, two blocks per SM; 6: as 0 with streaming loads.
-     * docs/PERFORMANCE.md has each one's figures. */
+        /* variant 0 (the plugin's): the copy kernel's shape, 8 vectors in flight, one block of 512
+         * threads per SM resident (2 per SM queued); 1: 4 in flight and at most 64 registers, so
+         * two blocks share an SM; 2: as 1 with 4 blocks per SM queued; 3: as 1, 3 per SM; 4: as 1
+         * with streaming loads; 5: 2 vectors in flight, two blocks per SM; 6: as 0 with streaming
+         * loads. docs/PERFORMANCE.md has each one's figures. Only 0 outside the tunable build. */
+#ifndef WSYNC_CUDA_TUNABLE
+    variant = 0;
+#endif
     const int per_sm = variant == 2 ? 4 : variant == 3 ? 3 : 2;
     uint64_t grid = (uint64_t)(sm_count > 0 ? sm_count : 1) * (uint64_t)per_sm;
     if (grid > total_chunks)
         grid = total_chunks;
     const dim3 g((unsigned)grid), b(WSYNC_CUDA_BLOCK_THREADS);
+#ifdef WSYNC_CUDA_TUNABLE /* the other shapes exist in the tunable build only */
     if (variant == 4)
         wsync_copy_kernel<true, true, 4, 2, false>
             <<<g, b, 0, stream>>>(ops, n_ops, total_chunks, sums);
@@ -473,14 +481,15 @@ extern "C" cudaError_t wsync_cuda_launch_digest(const wsync_cuda_op_t *ops, uint
     else if (variant == 6)
         wsync_copy_kernel<true, true, 8, 1, false>
             <<<g, b, 0, stream>>>(ops, n_ops, total_chunks, sums);
-    else if (variant == 0)
-        wsync_copy_kernel<true, false, 8, 1, false>
-            <<<g, b, 0, stream>>>(ops, n_ops, total_chunks, sums);
     else if (variant == 3)
         wsync_copy_kernel<true, false, 4, 3, false>
             <<<g, b, 0, stream>>>(ops, n_ops, total_chunks, sums);
-    else
+    else if (variant != 0)
         wsync_copy_kernel<true, false, 4, 2, false>
+            <<<g, b, 0, stream>>>(ops, n_ops, total_chunks, sums);
+    else
+#endif
+        wsync_copy_kernel<true, false, 8, 1, false>
             <<<g, b, 0, stream>>>(ops, n_ops, total_chunks, sums);
     return cudaGetLastError();
 }

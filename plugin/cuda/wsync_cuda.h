@@ -17,6 +17,7 @@
 #include "wsync_control.h"
 #include "wsync_copy_kernel.h"
 #include "wsync_cuda_adapter.h"
+#include "wsync_cuda_tuning.h"
 #include "wsync_cuda_vmm.h"
 #include "wsync_manifest_cache.h"
 #include "wsync_peers.h"
@@ -43,7 +44,6 @@ wsync_result_t wsync_cuda_fail(wsync_error_t *err, cudaError_t e, const char *wh
  * payload (the copy engines) reads and writes HBM more efficiently than any SM copy kernel
  * measured, and both run at once, so the largest contiguous ops, up to `share` of the bytes
  * (none below min_bytes), go to the copy engines while the kernel moves the rest. */
-#define WSYNC_CUDA_MAX_LANES 4
 typedef struct wsync_cuda_split {
     size_t n_kernel;     /* table[0..n_kernel): the kernel's ops, chunk numbers compacted */
     uint64_t chunks;     /* the kernel's chunk count */
@@ -64,9 +64,8 @@ cudaError_t wsync_cuda_write_value64(cudaStream_t s, void *p, uint64_t v);
 int wsync_cuda_pointer_attr(const void *p, int attribute, void *out);
 /* cuPointerGetAttributes: n attributes of p in one driver call (1 when it answered). */
 int wsync_cuda_pointer_attrs(const void *p, unsigned n, int *attributes, void **out);
-/* Start and size of the device allocation holding p: 1, or 0 when it cannot tell. */
-typedef int (*wsync_cuda_alloc_range_fn)(const void *p, uintptr_t *base, size_t *size);
-/* The driver's answer (cuMemGetAddressRange). Thread safe. */
+/* Start and size of the device allocation holding p (wsync_cuda_alloc_range_fn): 1, or 0 when
+ * it cannot tell. The driver's answer (cuMemGetAddressRange). Thread safe. */
 int wsync_cuda_alloc_range(const void *p, uintptr_t *base, size_t *size);
 
 /* The copy engines' candidates of a table: every contiguous, non-empty op belongs to one group.
@@ -97,20 +96,10 @@ void wsync_cuda_groups_free(wsync_cuda_groups_t *g);
  * another, with a gap between two; two streams fill each other's gaps); range NULL: no op is
  * joined with another; balance: the copies in op order fill the lanes one after another, each
  * to an equal share of the bytes, a copy cut (at a 1 MiB multiple) where a lane is full, so no
- * lane is left alone with one long copy (a trainer's embedding beside its layers' matrices). */
-typedef struct wsync_cuda_split_cfg {
-    double share;
-    uint64_t min_bytes;
-    int lanes;
-    wsync_cuda_alloc_range_fn range;
-    int balance;
-} wsync_cuda_split_cfg_t;
+ * lane is left alone with one long copy (a trainer's embedding beside its layers' matrices).
+ * wsync_cuda_split_cfg_t: wsync_cuda_tuning.h. */
 wsync_result_t wsync_cuda_split(wsync_cuda_op_t *table, size_t n, const wsync_cuda_split_cfg_t *cfg,
                                 wsync_cuda_split_t *out, wsync_error_t *err);
-/* WSYNC_CUDA_CE_SHARE / WSYNC_CUDA_CE_MIN_BYTES / WSYNC_CUDA_CE_LANES / WSYNC_CUDA_CE_JOIN (0:
- * no joined copies) / WSYNC_CUDA_CE_BALANCE (1: balanced lanes; read per call), else the
- * measured defaults (1.0, 16 MiB, 2, joined, dealt whole). */
-void wsync_cuda_split_cfg(wsync_cuda_split_cfg_t *cfg);
 
 /* The copy engines' lanes of one consumer or staging buffer: a stream each, one fork event and
  * a join event each. */
@@ -120,7 +109,7 @@ typedef struct wsync_cuda_lane {
 } wsync_cuda_lane_t;
 cudaError_t wsync_cuda_lane_create(wsync_cuda_lane_t *l);
 void wsync_cuda_lane_destroy(wsync_cuda_lane_t *l); /* of a zeroed or partly made lane too */
-/* Split table (as wsync_cuda_split_cfg says: share, minimum, lanes, joined copies) and
+/* Split table (as cfg says: share, minimum, lanes, joined copies) and
  * mark the fork point on s (everything on s so far). *sp then describes the kernel's ops, and
  * sp->ce the copy engines'. The caller launches the kernel first (the GPU starts while the host
  * enqueues the copy engines' ops, a few microseconds each), then wsync_cuda_lane_run enqueues the
@@ -129,17 +118,18 @@ void wsync_cuda_lane_destroy(wsync_cuda_lane_t *l); /* of a zeroed or partly mad
  * kernel's launch failed, wsync_cuda_lane_drop forgets the share (nothing of it was enqueued).
  * `who` names the caller in errors. */
 wsync_result_t wsync_cuda_lane_split(wsync_cuda_lane_t *l, wsync_cuda_op_t *table, size_t n,
-                                     cudaStream_t s, const char *who, wsync_cuda_split_t *sp,
-                                     wsync_error_t *err);
-wsync_result_t wsync_cuda_lane_run(wsync_cuda_lane_t *l, wsync_cuda_split_t *sp, const char *who,
-                                   wsync_error_t *err);
+                                     const wsync_cuda_split_cfg_t *cfg, cudaStream_t s,
+                                     const char *who, wsync_cuda_split_t *sp, wsync_error_t *err);
+wsync_result_t wsync_cuda_lane_run(wsync_cuda_lane_t *l, wsync_cuda_split_t *sp, int per_op,
+                                   const char *who, wsync_error_t *err);
 void wsync_cuda_lane_drop(wsync_cuda_split_t *sp);
 cudaError_t wsync_cuda_lane_join(const wsync_cuda_lane_t *l, const wsync_cuda_split_t *sp,
                                  cudaStream_t s);
 
 /* The planned flat ops t[0..n) as one cudaMemcpyBatchAsync on s (a cudaMemcpyAsync each before
- * CUDA 12.8); overlap asks for the copy engines. Empty ops are skipped. */
-wsync_result_t wsync_cuda_batch_memcpy(const wsync_cuda_op_t *t, size_t n, int overlap,
+ * CUDA 12.8); overlap asks for the copy engines; per_op: one cudaMemcpyAsync per op. Empty ops
+ * are skipped. */
+wsync_result_t wsync_cuda_batch_memcpy(const wsync_cuda_op_t *t, size_t n, int overlap, int per_op,
                                        cudaStream_t s, const char *who, wsync_error_t *err);
 wsync_result_t wsync_cuda_device_uuid(int device, char *out, wsync_error_t *err);
 /* Check the ordinal against cudaGetDeviceCount and make it current. */
@@ -160,7 +150,7 @@ typedef struct wsync_cuda_stats {
     _Atomic uint64_t records;
 } wsync_cuda_stats_t;
 extern wsync_cuda_stats_t wsync_cuda_stats;
-void wsync_cuda_stats_log(void);
+void wsync_cuda_stats_log(int enabled);
 
 /* -------------------------------------------------------------- launch ring */
 
@@ -286,6 +276,7 @@ struct wsync_consumer {
     wsync_cuda_adapter_state_t adapter; /* the adapter executor's buffers */
     wsync_validate_memo_t valid;        /* op sets found disjoint (used under lock) */
     wsync_peers_t peers;                /* producers whose control blocks are mapped */
+    wsync_cuda_tuning_t tuning;         /* read at create (wsync_cuda_tuning.h) */
     pthread_mutex_t lock;
 };
 

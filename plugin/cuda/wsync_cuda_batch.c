@@ -1,5 +1,5 @@
-/* The copy engines' path: planned flat ops as one cudaMemcpyBatchAsync (the consumer's
- * WSYNC_CUDA_KERNEL_VARIANT 7 and 8), and the lane that carries the copy engines' share of a
+/* The copy engines' path: planned flat ops as one cudaMemcpyBatchAsync (each lane's share; kernel
+ * variants 7 and 8 of the tunable build), and the lane that carries the copy engines' share of a
  * batch (wsync_cuda_split) beside the caller's stream. */
 #include <stdlib.h>
 #include <string.h>
@@ -7,7 +7,7 @@
 #include "wsync_cuda.h"
 #include "wsync_error.h"
 
-wsync_result_t wsync_cuda_batch_memcpy(const wsync_cuda_op_t *t, size_t n, int overlap,
+wsync_result_t wsync_cuda_batch_memcpy(const wsync_cuda_op_t *t, size_t n, int overlap, int per_op,
                                        cudaStream_t s, const char *who, wsync_error_t *err)
 {
     void **dst = malloc((n ? n : 1) * sizeof(*dst));
@@ -15,10 +15,10 @@ wsync_result_t wsync_cuda_batch_memcpy(const wsync_cuda_op_t *t, size_t n, int o
     size_t *sizes = malloc((n ? n : 1) * sizeof(*sizes));
     size_t k = 0;
     cudaError_t e = cudaSuccess;
-    /* WSYNC_CUDA_CE_PER_OP=1: one cudaMemcpyAsync per op, as torch's per-tensor copy_ loop
-     * issues them (docs/PERFORMANCE.md compares both on legacy-IPC memory). */
-    const char *per_op = getenv("WSYNC_CUDA_CE_PER_OP");
-    const int loop = per_op != NULL && strcmp(per_op, "1") == 0;
+    /* per_op (an experiment, wsync_cuda_tuning.h): one cudaMemcpyAsync per op, as torch's
+     * per-tensor copy_ loop issues them (docs/PERFORMANCE.md compares both on legacy-IPC memory).
+     */
+    const int loop = per_op;
     if (dst && src && sizes) {
         for (size_t i = 0; i < n; i++)
             if (t[i].chunk_end > t[i].chunk_begin) {
@@ -58,28 +58,6 @@ wsync_result_t wsync_cuda_batch_memcpy(const wsync_cuda_op_t *t, size_t n, int o
     return WSYNC_OK;
 }
 
-/* Measured on one H200 (docs/PERFORMANCE.md, wsync-bench-cuda --lanes). */
-#define WSYNC_CUDA_CE_SHARE_DEFAULT 1.0
-#define WSYNC_CUDA_CE_MIN_BYTES_DEFAULT (16ull << 20)
-#define WSYNC_CUDA_CE_LANES_DEFAULT 2
-
-void wsync_cuda_split_cfg(wsync_cuda_split_cfg_t *cfg)
-{
-    const char *v = getenv("WSYNC_CUDA_CE_SHARE");
-    double x = v != NULL && *v != '\0' ? strtod(v, NULL) : WSYNC_CUDA_CE_SHARE_DEFAULT;
-    cfg->share = x < 0 ? 0 : x > 1 ? 1 : x;
-    v = getenv("WSYNC_CUDA_CE_MIN_BYTES");
-    cfg->min_bytes =
-        v != NULL && *v != '\0' ? strtoull(v, NULL, 10) : WSYNC_CUDA_CE_MIN_BYTES_DEFAULT;
-    v = getenv("WSYNC_CUDA_CE_LANES");
-    long l = v != NULL && *v != '\0' ? strtol(v, NULL, 10) : WSYNC_CUDA_CE_LANES_DEFAULT;
-    cfg->lanes = l < 1 ? 1 : l > WSYNC_CUDA_MAX_LANES ? WSYNC_CUDA_MAX_LANES : (int)l;
-    v = getenv("WSYNC_CUDA_CE_JOIN");
-    cfg->range = v != NULL && strcmp(v, "0") == 0 ? NULL : wsync_cuda_alloc_range;
-    v = getenv("WSYNC_CUDA_CE_BALANCE");
-    cfg->balance = v != NULL && strcmp(v, "1") == 0;
-}
-
 cudaError_t wsync_cuda_lane_create(wsync_cuda_lane_t *l)
 {
     cudaError_t e = cudaEventCreateWithFlags(&l->fork, cudaEventDisableTiming);
@@ -105,12 +83,10 @@ void wsync_cuda_lane_destroy(wsync_cuda_lane_t *l)
 }
 
 wsync_result_t wsync_cuda_lane_split(wsync_cuda_lane_t *l, wsync_cuda_op_t *table, size_t n,
-                                     cudaStream_t s, const char *who, wsync_cuda_split_t *sp,
-                                     wsync_error_t *err)
+                                     const wsync_cuda_split_cfg_t *cfg, cudaStream_t s,
+                                     const char *who, wsync_cuda_split_t *sp, wsync_error_t *err)
 {
-    wsync_cuda_split_cfg_t cfg;
-    wsync_cuda_split_cfg(&cfg);
-    wsync_result_t rc = wsync_cuda_split(table, n, &cfg, sp, err);
+    wsync_result_t rc = wsync_cuda_split(table, n, cfg, sp, err);
     if (rc != WSYNC_OK || sp->n_ce == 0)
         return rc;
     cudaError_t e = cudaEventRecord(l->fork, s);
@@ -121,8 +97,8 @@ wsync_result_t wsync_cuda_lane_split(wsync_cuda_lane_t *l, wsync_cuda_op_t *tabl
     return WSYNC_OK;
 }
 
-wsync_result_t wsync_cuda_lane_run(wsync_cuda_lane_t *l, wsync_cuda_split_t *sp, const char *who,
-                                   wsync_error_t *err)
+wsync_result_t wsync_cuda_lane_run(wsync_cuda_lane_t *l, wsync_cuda_split_t *sp, int per_op,
+                                   const char *who, wsync_error_t *err)
 {
     if (sp->n_ce == 0)
         return WSYNC_OK;
@@ -134,7 +110,7 @@ wsync_result_t wsync_cuda_lane_run(wsync_cuda_lane_t *l, wsync_cuda_split_t *sp,
             continue;
         e = cudaStreamWaitEvent(l->stream[k], l->fork, 0);
         if (e == cudaSuccess)
-            rc = wsync_cuda_batch_memcpy(ops, sp->lane_n[k], 1, l->stream[k], who, err);
+            rc = wsync_cuda_batch_memcpy(ops, sp->lane_n[k], 1, per_op, l->stream[k], who, err);
         /* joined even when the batch failed: copies before the failing one may be enqueued */
         if (e == cudaSuccess)
             e = cudaEventRecord(l->join[k], l->stream[k]);

@@ -25,6 +25,7 @@ static wsync_result_t consumer_create(const wsync_consumer_config_t *config,
     c->timeout_ms = config->timeout_ms ? config->timeout_ms : WSYNC_CUDA_DEFAULT_TIMEOUT_MS;
     pthread_mutex_init(&c->lock, NULL);
     wsync_peers_init(&c->peers);
+    wsync_cuda_tuning_read(&c->tuning, wsync_cuda_alloc_range);
     cudaError_t e = cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, c->device);
     if (e != cudaSuccess) {
         rc = wsync_cuda_fail(err, e, __func__, "cudaDeviceGetAttribute(MultiProcessorCount)");
@@ -113,8 +114,9 @@ static wsync_result_t consumer_finalize(struct wsync_consumer *c, wsync_error_t 
     wsync_cuda_lane_destroy(&c->lane);
     pthread_mutex_destroy(&c->lock);
     wsync_peers_destroy(&c->peers);
+    const int stats = c->tuning.stats;
     free(c);
-    wsync_cuda_stats_log();
+    wsync_cuda_stats_log(stats);
     return WSYNC_OK;
 }
 

@@ -50,17 +50,17 @@ static wsync_result_t stream_use(wsync_cuda_mapping_t *m, cudaStream_t s, wsync_
     return WSYNC_OK;
 }
 
-/* Tuning knobs read per call (docs/PERFORMANCE.md): WSYNC_CUDA_KERNEL_VARIANT and
- * WSYNC_CUDA_BLOCKS_PER_SM; unset means the measured default for the source: contiguous chunk
- * ranges for cuda_vmm_fd mappings (they read like local memory), interleaved chunks for legacy
- * IPC mappings. Variant 7: cudaMemcpyBatchAsync, 8: the same asking for the copy engines
- * (cudaMemcpyFlagPreferOverlapWithCompute); both for flat ops without verification only. */
-static void launch_cfg(wsync_cuda_launch_cfg_t *cfg, int is_vmm)
+/* The copy kernel's shape (docs/PERFORMANCE.md): the measured default for the source, contiguous
+ * chunk ranges for cuda_vmm_fd mappings (they read like local memory), interleaved chunks for
+ * legacy IPC mappings; an experiment's variant in the tunable build (wsync_cuda_tuning.h), where
+ * variant 7 is cudaMemcpyBatchAsync and 8 the same asking for the copy engines
+ * (cudaMemcpyFlagPreferOverlapWithCompute), both for flat ops without verification only. */
+static void launch_cfg(wsync_cuda_launch_cfg_t *cfg, const wsync_cuda_tuning_t *tu, int is_vmm)
 {
-    const char *v = getenv("WSYNC_CUDA_KERNEL_VARIANT");
-    cfg->variant = v ? atoi(v) : is_vmm ? WSYNC_CUDA_VMM_VARIANT : WSYNC_CUDA_DEFAULT_VARIANT;
-    v = getenv("WSYNC_CUDA_BLOCKS_PER_SM");
-    cfg->blocks_per_sm = v ? atoi(v) : 0;
+    cfg->variant = tu->kernel_variant >= 0 ? tu->kernel_variant
+                   : is_vmm                ? WSYNC_CUDA_VMM_VARIANT
+                                           : WSYNC_CUDA_DEFAULT_VARIANT;
+    cfg->blocks_per_sm = tu->blocks_per_sm;
     cfg->flat = 0;
 }
 
@@ -151,22 +151,27 @@ static wsync_result_t copy_locked_with(struct wsync_consumer *c, struct wsync_ha
 
     if (m->has_ready)
         WSYNC_CUDA_TRY(err, cudaStreamWaitEvent(s, m->ready, 0));
+    const wsync_cuda_tuning_t *tu = wsync_cuda_tuning_now(&c->tuning);
     wsync_cuda_launch_cfg_t cfg;
-    launch_cfg(&cfg, m->is_vmm);
+    launch_cfg(&cfg, tu, m->is_vmm);
     cfg.flat = flat;
+#ifdef WSYNC_CUDA_TUNABLE /* variants 7 and 8: the copy engines alone, an experiment */
     const int batch = cfg.variant == WSYNC_CUDA_VARIANT_BATCH_MEMCPY ||
                       cfg.variant == WSYNC_CUDA_VARIANT_BATCH_OVERLAP;
     if (n_ops > 0 && batch && flat && !verify) {
         rc = wsync_cuda_batch_memcpy(table, n_ops, cfg.variant == WSYNC_CUDA_VARIANT_BATCH_OVERLAP,
-                                     s, "copy_weights", err);
+                                     tu->ce_per_op, s, "copy_weights", err);
         if (rc != WSYNC_OK)
             return rc;
-    } else if (n_ops > 0) {
+    } else
+#endif
+        if (n_ops > 0) {
         /* Without verification the copy engines take a share of the large ops (digests are
          * summed by the kernel only). */
         wsync_cuda_split_t sp = {.n_kernel = n_ops, .chunks = chunks};
         if (!verify) {
-            rc = wsync_cuda_lane_split(&c->lane, table, n_ops, s, "copy_weights", &sp, err);
+            rc = wsync_cuda_lane_split(&c->lane, table, n_ops, &tu->split, s, "copy_weights", &sp,
+                                       err);
             if (rc != WSYNC_OK)
                 return rc;
         }
@@ -197,7 +202,7 @@ static wsync_result_t copy_locked_with(struct wsync_consumer *c, struct wsync_ha
             return wsync_cuda_fail(err, e, "copy_weights", "launching the copy kernel");
         }
         /* the copy engines' share after the kernel's launch, so the GPU starts at once */
-        rc = wsync_cuda_lane_run(&c->lane, &sp, "copy_weights", err);
+        rc = wsync_cuda_lane_run(&c->lane, &sp, tu->ce_per_op, "copy_weights", err);
         /* the caller's stream carries both shares from here on, whatever was enqueued */
         e = wsync_cuda_lane_join(&c->lane, &sp, s);
         if (rc != WSYNC_OK)
@@ -396,16 +401,15 @@ wsync_result_t wsync_cuda_record_consumed(struct wsync_consumer *c, struct wsync
     rc = record_locked(c, h, wait, err);
     pthread_mutex_unlock(&c->lock);
     wsync_cuda_range_pop();
-    wsync_cuda_stats_log();
+    wsync_cuda_stats_log(c->tuning.stats);
     return rc;
 }
 
-/* WSYNC_CUDA_DIGEST_VARIANT (read per call, docs/PERFORMANCE.md): the digest kernel's shape,
- * 0 (default) .. WSYNC_CUDA_DIGEST_VARIANTS - 1 (wsync_copy_kernel.h). */
-static int digest_variant(void)
+/* The digest kernel's shape: 0, the plugin's; another of WSYNC_CUDA_DIGEST_VARIANTS in the
+ * tunable build (wsync_cuda_tuning.h, docs/PERFORMANCE.md). */
+static int digest_variant(struct wsync_consumer *c)
 {
-    const char *v = getenv("WSYNC_CUDA_DIGEST_VARIANT");
-    const int k = v != NULL ? atoi(v) : 0;
+    const int k = wsync_cuda_tuning_now(&c->tuning)->digest_variant;
     return k >= 0 && k < WSYNC_CUDA_DIGEST_VARIANTS ? k : 0;
 }
 
@@ -443,7 +447,7 @@ wsync_result_t wsync_cuda_digest_regions(struct wsync_consumer *c, wsync_stream_
                                         cudaMemcpyHostToDevice, s);
         if (e == cudaSuccess)
             e = wsync_cuda_launch_digest((const wsync_cuda_op_t *)slot->dev, (uint32_t)n, chunks,
-                                         sums, c->sm_count, digest_variant(), s);
+                                         sums, c->sm_count, digest_variant(c), s);
         if (e == cudaSuccess)
             e = cudaMemcpyAsync(back, sums, n * sizeof(uint64_t), cudaMemcpyDeviceToHost, s);
         if (e == cudaSuccess)
@@ -489,23 +493,17 @@ static cudaError_t quant_run(void *arg, cudaStream_t s)
 }
 
 /* WSYNC_CUDA_QUANT_VEC_BLOCKS when every op of the table is a BLOCK op read in vectors, unless
- * the tuning knob WSYNC_CUDA_QUANT_AHEAD=0 (read per call) asks for the kernel without the
- * look-ahead. The look-ahead kernel takes its blocks in strided order (WSYNC_CUDA_QUANT_ORDER=runs:
- * a contiguous run per CTA) and full bf16 blocks through its fast path (WSYNC_CUDA_QUANT_FAST=0:
- * the general path); the kernel without look-ahead (channel, tensor and mixed tables) takes
- * contiguous runs unless WSYNC_CUDA_QUANT_ORDER=strided asks for the strided order, which is not
- * yet measured there; docs/PERFORMANCE.md. */
-static uint32_t quant_flags(const wsync_cuda_qop_t *t, size_t n)
+ * the tuning asks for the kernel without the look-ahead (quant_ahead 0). The look-ahead kernel
+ * takes its blocks in strided order (quant_order RUNS: a contiguous run per CTA) and full bf16
+ * blocks through its fast path (quant_generic: the general path); the kernel without look-ahead
+ * (channel, tensor and mixed tables) takes contiguous runs unless quant_order STRIDED asks for
+ * the strided order, which is not yet measured there; wsync_cuda_tuning.h, docs/PERFORMANCE.md. */
+static uint32_t quant_flags(const wsync_cuda_tuning_t *tu, const wsync_cuda_qop_t *t, size_t n)
 {
-    const char *v = getenv("WSYNC_CUDA_QUANT_ORDER");
-    const int runs = v != NULL && strcmp(v, "runs") == 0;
-    const int strided = v != NULL && strcmp(v, "strided") == 0;
-    uint32_t f = 0;
-    v = getenv("WSYNC_CUDA_QUANT_FAST");
-    if (v != NULL && atoi(v) == 0)
-        f |= WSYNC_CUDA_QUANT_GENERIC;
-    v = getenv("WSYNC_CUDA_QUANT_AHEAD");
-    int ahead = v == NULL || atoi(v) != 0;
+    const int runs = tu->quant_order == WSYNC_CUDA_QUANT_ORDER_RUNS;
+    const int strided = tu->quant_order == WSYNC_CUDA_QUANT_ORDER_STRIDED;
+    uint32_t f = tu->quant_generic ? WSYNC_CUDA_QUANT_GENERIC : 0u;
+    int ahead = tu->quant_ahead;
     for (size_t k = 0; ahead && k < n; k++)
         if (t[k].kind != WSYNC_QUANT_FP8_BLOCK || !wsync_cuda_qop_vectors(&t[k]))
             ahead = 0;
@@ -549,10 +547,10 @@ static size_t *quant_order(const wsync_copy_op_t *ops, const wsync_quant_t *quan
 static wsync_result_t quant_bad(wsync_error_t *err, const size_t *from, unsigned long long bad,
                                 const char *written)
 {
-    return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                      "op %zu: a NaN or infinite value at row %llu, column %llu of its source "
-                      "cannot be quantized to fp8; %s",
-                      from[bad >> 44], (bad >> 22) & 0x3fffffull, bad & 0x3fffffull, written);
+    return WSYNC_FAIL_OP(err, WSYNC_ERR_INVALID_ARGUMENT, from[bad >> 44],
+                         "op %zu: a NaN or infinite value at row %llu, column %llu of its source "
+                         "cannot be quantized to fp8; %s",
+                         from[bad >> 44], (bad >> 22) & 0x3fffffull, bad & 0x3fffffull, written);
 }
 
 /* The quantized ops on the device. Checked (without one_pass): their first NaN or infinity,
@@ -583,11 +581,11 @@ static wsync_result_t quant_prepare(struct wsync_consumer *c, struct wsync_handl
         const wsync_copy_op_t *o = &ops[i];
         const wsync_quant_t *q = &quant[i];
         if (o->rows >= WSYNC_CUDA_QUANT_MAX_DIM || q->cols >= WSYNC_CUDA_QUANT_MAX_DIM) {
-            rc = WSYNC_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
-                            "op %zu: %llu x %llu elements; the CUDA quantizer takes fewer than "
-                            "%u of each",
-                            i, (unsigned long long)o->rows, (unsigned long long)q->cols,
-                            WSYNC_CUDA_QUANT_MAX_DIM);
+            rc = WSYNC_FAIL_OP(err, WSYNC_ERR_NOT_SUPPORTED, i,
+                               "op %zu: %llu x %llu elements; the CUDA quantizer takes fewer than "
+                               "%u of each",
+                               i, (unsigned long long)o->rows, (unsigned long long)q->cols,
+                               WSYNC_CUDA_QUANT_MAX_DIM);
             break;
         }
         t[k] = (wsync_cuda_qop_t){
@@ -663,7 +661,7 @@ static wsync_result_t quant_prepare(struct wsync_consumer *c, struct wsync_handl
         rc = wsync_cuda_fail(err, e, "copy_quantized", "checking the sources for NaN");
     if (rc == WSYNC_OK && bad != WSYNC_CUDA_QUANT_NO_BAD)
         rc = quant_bad(err, from, bad, "nothing of the bucket was written");
-    const uint32_t flags = quant_flags(t, nq);
+    const uint32_t flags = quant_flags(wsync_cuda_tuning_now(&c->tuning), t, nq);
     free(t);
     if (rc != WSYNC_OK) {
         free(from);

@@ -20,16 +20,14 @@ static uint64_t allocation_bytes(const void *p)
 }
 
 /* Let the engine's stream write *consumed* into the control block itself (a stream memory
- * write after the copies; no host function stalls the stream). With WSYNC_CUDA_CONSUMED=host, or
- * when the driver refuses, a host function queued after the copies writes it. */
-static void control_for_the_gpu(wsync_cuda_mapping_t *m)
+ * write after the copies; no host function stalls the stream). When the tuning asks for the host
+ * (consumed_host, an experiment) or the driver refuses, a host function queued after the copies
+ * writes it. */
+static void control_for_the_gpu(const wsync_cuda_tuning_t *tu, wsync_cuda_mapping_t *m)
 {
-    const char *v = getenv("WSYNC_CUDA_CONSUMED");
     void *d = NULL;
-    if (v != NULL && strcmp(v, "host") == 0)
+    if (tu->consumed_host)
         return;
-    if (v != NULL && *v != '\0' && strcmp(v, "gpu") != 0)
-        WSYNC_LOG_WARN("WSYNC_CUDA_CONSUMED=\"%s\" is neither \"gpu\" nor \"host\": using gpu", v);
     if (cudaHostRegister(m->control, sizeof(*m->control),
                          cudaHostRegisterMapped | cudaHostRegisterPortable) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -117,7 +115,7 @@ static wsync_result_t mapping_control_open(struct wsync_consumer *c, wsync_cuda_
     m->peer_pid = owner;
     atomic_store(&ctl->consumer_pid, (int64_t)getpid());
     m->control = ctl;
-    control_for_the_gpu(m);
+    control_for_the_gpu(wsync_cuda_tuning_now(&c->tuning), m);
     return WSYNC_OK;
 }
 

@@ -50,7 +50,8 @@ struct wsync_staging {
     int have_table_use;
     wsync_layout_t retained; /* the fixed layout (WSYNC_STAGING_FIXED_LAYOUT) */
     int have_retained;
-    wsync_layout_t current; /* the bucket staged, not yet published */
+    wsync_layout_t current;     /* the bucket staged, not yet published */
+    wsync_cuda_tuning_t tuning; /* read at create (wsync_cuda_tuning.h) */
     int have_current;
     uint64_t generation; /* last published */
     uint64_t waited;     /* last generation wait_consumed returned OK for */
@@ -147,7 +148,8 @@ static wsync_result_t staging_create(const wsync_staging_config_t *config,
         }                                                                                          \
     } while (0)
     STAGING_TRY(cudaDeviceGetAttribute(&s->sm_count, cudaDevAttrMultiProcessorCount, s->device));
-    s->kind = wsync_cuda_staging_kind();
+    wsync_cuda_tuning_read(&s->tuning, wsync_cuda_alloc_range);
+    s->kind = wsync_cuda_staging_kind(s->tuning.staging_kind);
     s->vmm.fd = -1;
     if (s->kind == WSYNC_BUFFER_CUDA_VMM_FD) {
         rc = wsync_cuda_vmm_create(s->device, s->bytes, &s->vmm, err);
@@ -292,7 +294,8 @@ static wsync_result_t stage_body(struct wsync_staging *s, cudaStream_t st,
      * (the kernel alone sums digests): forked from st, joined back before *staged*. */
     wsync_cuda_split_t sp = {.n_kernel = np, .chunks = chunks};
     if (np > 0 && !digests) {
-        rc = wsync_cuda_lane_split(&s->lane, table, np, st, "stage", &sp, err);
+        rc = wsync_cuda_lane_split(&s->lane, table, np, &wsync_cuda_tuning_now(&s->tuning)->split,
+                                   st, "stage", &sp, err);
         if (rc != WSYNC_OK)
             goto out;
     }
@@ -318,7 +321,7 @@ static wsync_result_t stage_body(struct wsync_staging *s, cudaStream_t st,
     /* the copy engines' share after the kernel's launch, so the GPU starts at once; joined
      * whatever was enqueued */
     if (e == cudaSuccess) {
-        rc = wsync_cuda_lane_run(&s->lane, &sp, "stage", err);
+        rc = wsync_cuda_lane_run(&s->lane, &sp, s->tuning.ce_per_op, "stage", err);
         e = wsync_cuda_lane_join(&s->lane, &sp, st);
         if (rc != WSYNC_OK)
             goto out;

@@ -129,13 +129,8 @@ void wsync_cuda_range_pop(void)
     nvtxRangePop();
 }
 
-void wsync_cuda_stats_log(void)
+void wsync_cuda_stats_log(int enabled)
 {
-    static int enabled = -1;
-    if (enabled < 0) {
-        const char *v = getenv("WSYNC_CUDA_STATS");
-        enabled = v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
-    }
     if (!enabled)
         return;
     WSYNC_LOG_INFO("wsync-cuda stats ipc_mem_opens=%llu ipc_mem_closes=%llu ipc_event_opens=%llu "

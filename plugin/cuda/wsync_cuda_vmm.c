@@ -381,15 +381,10 @@ void wsync_cuda_vmm_destroy(wsync_cuda_vmm_t *v)
     v->fd = -1;
 }
 
-wsync_buffer_kind_t wsync_cuda_staging_kind(void)
+wsync_buffer_kind_t wsync_cuda_staging_kind(wsync_buffer_kind_t asked)
 {
-    const char *k = getenv("WSYNC_CUDA_STAGING_KIND");
-    if (k != NULL && strcmp(k, "vmm") == 0)
-        return WSYNC_BUFFER_CUDA_VMM_FD;
-    if (k != NULL && strcmp(k, "ipc") == 0)
-        return WSYNC_BUFFER_CUDA_IPC;
-    if (k != NULL && k[0] != '\0')
-        WSYNC_LOG_WARN("WSYNC_CUDA_STAGING_KIND=%s is neither vmm nor ipc: using the default", k);
+    if (asked != 0)
+        return asked;
     /* Default: cuda_vmm_fd (it reads at local speed, docs/PERFORMANCE.md) where a consumer of
      * the same uid may take the fd: no Yama LSM, or ptrace_scope 0. Under a stricter Yama
      * setting a sibling consumer would get EPERM from pidfd_getfd: stay with legacy IPC. */

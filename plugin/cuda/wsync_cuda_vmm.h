@@ -101,8 +101,9 @@ void wsync_cuda_vmm_run_free(wsync_cuda_vmm_run_t *r);
 wsync_result_t wsync_cuda_vmm_import_run(const uint8_t *handle, uint32_t len, int64_t pid,
                                          int device, wsync_cuda_vmm_t *out, wsync_error_t *err);
 
-/* Which kind the producer makes: WSYNC_CUDA_STAGING_KIND=vmm|ipc; unset: cuda_vmm_fd, unless
- * Yama's kernel.yama.ptrace_scope is non-zero (consumers could not take the fd): then ipc. */
-wsync_buffer_kind_t wsync_cuda_staging_kind(void);
+/* Which kind the producer makes: `asked` (WSYNC_CUDA_STAGING_KIND=vmm|ipc, read by
+ * wsync_cuda_tuning_read) when not 0; else cuda_vmm_fd, unless Yama's kernel.yama.ptrace_scope is
+ * non-zero (consumers could not take the fd): then ipc. */
+wsync_buffer_kind_t wsync_cuda_staging_kind(wsync_buffer_kind_t asked);
 
 #endif

@@ -46,7 +46,7 @@ watch_end() {
 status=0
 if [[ " $STEPS " == *" build "* ]]; then
 cmake -S "$ROOT" -B "$B" -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 &&
-  cmake --build "$B" -j16 --target wsync_cuda wsync_cuda_broken wsync_cpu wsync_shim wsync-bench-cuda \
+  cmake --build "$B" -j16 --target wsync_cuda wsync_cuda_broken wsync_cuda_tunable wsync_cpu wsync_shim wsync-bench-cuda \
     torture_gpu_stream0 torture_gpu_torn torture_gpu_sync torture_gpu_cache torture_cuda_init torture_gpu_digest \
     conformance_stage_cuda wsync wsync-engine \
     >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }

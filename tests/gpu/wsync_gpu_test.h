@@ -13,6 +13,9 @@
 #include "wsync_cuda_harness.h"
 
 #define WG_PLUGIN WSYNC_TEST_PLUGIN_DIR "/libwsync_cuda.so"
+/* The benchmarks' build: the same code, plus the experiments' variables read at every call
+ * (plugin/cuda/wsync_cuda_tuning.h), for a test that sets them between calls. */
+#define WG_PLUGIN_TUNABLE WSYNC_TEST_PLUGIN_DIR "/libwsync_cuda_tunable.so"
 #define WG_BROKEN WSYNC_TEST_PLUGIN_DIR "/libwsync_cuda_broken.so"
 
 /* In a child: print and exit(1) when cond is false. */
