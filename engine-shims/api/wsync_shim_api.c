@@ -18,6 +18,7 @@
 #include "wsync_map_rules.h"
 #include "wsync_request.h"
 #include "wsync_shim.h"
+#include "wsync_txn_msg.h"
 
 #define WSYNC_SHIM_API __attribute__((visibility("default")))
 
@@ -492,6 +493,35 @@ WSYNC_SHIM_API char *wsync_shim_encode_bucket_lines(const char *engine,
     if (out == NULL)
         WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for the message texts");
     return out;
+}
+
+WSYNC_SHIM_API char *wsync_shim_encode_begin(uint64_t version, int64_t pid,
+                                             const char *const *names, size_t n, uint64_t nbytes,
+                                             wsync_error_t *err)
+{
+    return wsync_txn_msg_begin(version, pid, names, n, nbytes, err);
+}
+
+WSYNC_SHIM_API char *wsync_shim_encode_commit(uint64_t version, wsync_error_t *err)
+{
+    return wsync_txn_msg_commit(version, err);
+}
+
+WSYNC_SHIM_API char *wsync_shim_encode_abort(const char *reason, wsync_error_t *err)
+{
+    return wsync_txn_msg_abort(reason, err);
+}
+
+WSYNC_SHIM_API char *wsync_shim_encode_state(wsync_error_t *err)
+{
+    return wsync_txn_msg_state(err);
+}
+
+WSYNC_SHIM_API char *wsync_shim_encode_check(const char *const *names, const char *const *dtypes,
+                                             const uint32_t *ndims, const int64_t *dims, size_t n,
+                                             wsync_error_t *err)
+{
+    return wsync_txn_msg_check(names, dtypes, ndims, dims, n, err);
 }
 
 WSYNC_SHIM_API char *wsync_shim_encode_lora(const char *engine, const char *name, uint32_t int_id,

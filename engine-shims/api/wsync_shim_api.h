@@ -125,6 +125,22 @@ char *wsync_shim_encode_bucket_lines(const char *engine, const char *const *mani
                                      const char *weight_version, int packed, int with_buffer,
                                      int direct, wsync_error_t *err);
 
+/* Trainer side: wsync's own requests, sent as they are to every engine rank (malloc'd text; free
+ * with wsync_shim_api_free; NULL with err set). begin opens update transaction `version`
+ * declaring the n tensors (HF names) and nbytes the sync will send, its producer `pid` (0: none);
+ * commit ends it (version 0: the one begun); abort drops it with `reason`; state asks each rank
+ * for its transaction's state; check asks each rank for its digests of n tensors (names[i] of
+ * dtype dtypes[i], torch's name, and shape dims[off_i .. off_i + ndims[i]), the dims of the
+ * tensors before it first). */
+char *wsync_shim_encode_begin(uint64_t version, int64_t pid, const char *const *names, size_t n,
+                              uint64_t nbytes, wsync_error_t *err);
+char *wsync_shim_encode_commit(uint64_t version, wsync_error_t *err);
+char *wsync_shim_encode_abort(const char *reason, wsync_error_t *err);
+char *wsync_shim_encode_state(wsync_error_t *err);
+char *wsync_shim_encode_check(const char *const *names, const char *const *dtypes,
+                              const uint32_t *ndims, const int64_t *dims, size_t n,
+                              wsync_error_t *err);
+
 /* Trainer side, LoRA: the one message that hot-loads adapter `name` into `engine` from the
  * tensors of a published buffer (manifests, one per rank or one for all, naming tensors as PEFT
  * saves them) with PEFT's adapter_config.json text `config`; or, with `path`, from a PEFT

@@ -7,13 +7,12 @@ and compares. A single flipped byte on either side names the tensor and the rank
 from __future__ import annotations
 
 import ctypes as C
-import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 import torch
 
-from . import _abi, _native, _torch
+from . import _abi, _native, _torch, messages
 from .checkpoint import checkpoint_tensors
 from .errors import InvalidArgument, NotSupported
 from .producer import _resolve, check_replies
@@ -68,9 +67,7 @@ class _Digester:
 
 def check_message(pairs: List[tuple]) -> str:
     """The request asking every engine rank for its digests of these HF tensors."""
-    return json.dumps({"method": "wsync_check", "tensors": [
-        {"name": n, "dtype": _torch.dtype_name(t.dtype), "shape": list(t.shape)} for n, t in pairs]},
-        separators=(",", ":"))
+    return messages.check([(n, _torch.dtype_name(t.dtype), list(t.shape)) for n, t in pairs])
 
 
 def check(named: _torch.NamedTensors, send: Any, *, plugin: Optional[str] = None,

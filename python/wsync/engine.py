@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import torch
 
-from . import _abi, _native, _torch
+from . import _abi, _native, _torch, messages
 from .errors import InvalidArgument, PluginUnavailable, check_reply
 
 
@@ -310,7 +310,7 @@ class EngineWorker:
         """The update state: ``{"state": "consistent" | "updating" | "partial", "consistent",
         "committed", "update": {version, buckets, tensors, bytes, expect_tensors, expect_bytes},
         "reason"}``. A version whose producer died is ended here (partial, never committed)."""
-        return self.apply('{"method":"wsync_state"}')["txn"]
+        return self.apply(messages.state())["txn"]
 
     def drain(self) -> None:
         """Wait for every copy enqueued on the engine's stream."""

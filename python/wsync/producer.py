@@ -20,14 +20,12 @@ from __future__ import annotations
 import contextlib
 import ctypes as C
 import gc
-import json
-import os
 from collections import deque
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from . import _abi, _native, _torch
+from . import _abi, _native, _torch, messages
 from .checkpoint import checkpoint_tensors
 from .errors import InvalidArgument, check_reply
 
@@ -76,9 +74,7 @@ def _expect(pairs: Sequence[tuple], cast_to: Optional[torch.dtype]) -> Tuple[Lis
 
 
 def _begin_text(version: int, names: List[str], nbytes: int) -> str:
-    return json.dumps({"method": "wsync_begin", "version": int(version), "pid": os.getpid(),
-                       "expect": {"tensors": len(names), "bytes": nbytes, "names": names}},
-                      separators=(",", ":"))
+    return messages.begin(version, names, nbytes)
 
 
 @contextlib.contextmanager
@@ -347,7 +343,7 @@ class Producer:
     def abort(self, send: Send, reason: str = "aborted by its producer") -> None:
         """End the open update transaction on every engine rank unfinished (it is reported
         partial and never committed); a later sync with a newer version starts cleanly."""
-        check_replies(_resolve(send(json.dumps({"method": "wsync_abort", "reason": reason}))))
+        check_replies(_resolve(send(messages.abort(reason))))
 
     def guard(self, optimizer: Any) -> Any:
         """Make ``optimizer.step()`` wait until the engines consumed the last sync (direct mode:

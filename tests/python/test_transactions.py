@@ -289,3 +289,30 @@ def test_a_dead_trainer_left_as_a_zombie_is_taken_for_dead():
         assert w.state()["state"] == "consistent" and w.state()["committed"] == 4
         w.release()
     w.close()
+
+
+def test_own_messages_come_from_the_library_and_the_engine_serves_them():
+    """wsync's own requests are the C shim library's texts (wsync.messages); an engine serves
+    each: begin opens the version, state reports it, abort ends it uncommitted, commit of a
+    version never begun is refused naming it, and a bad argument is refused before any text."""
+    from wsync import errors, messages
+
+    model, params, w, events = _worker("sglang")
+    sd = dict(models.step(model, 1))
+    names = list(sd)
+    text = messages.begin(3, names, 1234)
+    doc = json.loads(text)
+    assert doc == {"method": "wsync_begin", "version": 3, "pid": os.getpid(),
+                   "expect": {"tensors": len(names), "bytes": 1234, "names": names}}
+    assert json.loads(w.handle(text))["txn"]["state"] == "updating"
+    assert json.loads(w.handle(messages.state()))["txn"]["update"]["version"] == 3
+    st = json.loads(w.handle(messages.abort("trainer stopped")))["txn"]
+    assert st["state"] != "updating" and st.get("committed") != 3, st  # nothing arrived: nothing to mark
+    refused = json.loads(w.handle(messages.commit(9)))
+    assert not refused["ok"] and "9" in refused["message"], refused
+    with pytest.raises(errors.InvalidArgument, match="version 0"):
+        messages.begin(0, names, 1)
+    check = json.loads(messages.check([("a.weight", "bfloat16", [2, 3]), ("b", "float32", [])]))
+    assert check == {"method": "wsync_check", "tensors": [
+        {"name": "a.weight", "dtype": "bfloat16", "shape": [2, 3]}, {"name": "b", "dtype": "float32", "shape": []}]}
+    w.close()

@@ -1,0 +1,54 @@
+"""wsync's own request messages (the update transaction and the weight checker's request), as the
+C shim library encodes them (``engine-shims/common/wsync_txn_msg.h``): the package writes no
+message text itself."""
+
+from __future__ import annotations
+
+import ctypes as C
+import os
+from typing import Callable, List, Optional, Sequence
+
+from . import _abi, _native
+
+
+def _text(call: Callable[[C.c_void_p], Optional[int]]) -> str:
+    shim = _native.shim()
+    err = _abi.Error.new()
+    text = shim.take_string(call(C.byref(err)))
+    if text is None:
+        _native.check(err.code or 16, err)
+    return text
+
+
+def begin(version: int, names: Sequence[str], nbytes: int, pid: Optional[int] = None) -> str:
+    """Open update transaction `version` on every engine rank, declaring the tensors (HF names)
+    and bytes the sync will send; the producer's process (default: this one) ends the version
+    when it dies."""
+    arr = _native.c_strings(list(names))
+    return _text(lambda e: _native.shim().encode_begin(int(version), os.getpid() if pid is None else int(pid),
+                                                       arr, len(names), int(nbytes), e))
+
+
+def commit(version: int = 0) -> str:
+    """Commit update transaction `version` (0: the one begun)."""
+    return _text(lambda e: _native.shim().encode_commit(int(version), e))
+
+
+def abort(reason: str) -> str:
+    """End the open update transaction unfinished (reported partial, never committed)."""
+    return _text(lambda e: _native.shim().encode_abort(reason.encode(), e))
+
+
+def state() -> str:
+    """Ask each engine rank for its update state."""
+    return _text(lambda e: _native.shim().encode_state(e))
+
+
+def check(tensors: Sequence[tuple]) -> str:
+    """Ask each engine rank for its digests of these tensors: ``(name, dtype name, shape)``."""
+    names = _native.c_strings([t[0] for t in tensors])
+    dtypes = _native.c_strings([t[1] for t in tensors])
+    shapes: List[int] = [int(d) for t in tensors for d in t[2]]
+    ndims = (C.c_uint32 * max(len(tensors), 1))(*[len(t[2]) for t in tensors])
+    dims = (C.c_int64 * max(len(shapes), 1))(*shapes)
+    return _text(lambda e: _native.shim().encode_check(names, dtypes, ndims, dims, len(tensors), e))
