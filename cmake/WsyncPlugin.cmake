@@ -24,9 +24,12 @@ function(wsync_add_plugin target output)
       target_link_options(${target} PRIVATE -Wl,--wrap=${sym})
     endforeach()
   else()
-    set_target_properties(${target} PROPERTIES
-      VERSION ${PROJECT_VERSION}
-      SOVERSION ${PROJECT_VERSION_MAJOR})
+    # A wheel (scikit-build-core sets SKBUILD) stores no symlinks: one file, the name dlopen uses.
+    if(NOT SKBUILD)
+      set_target_properties(${target} PROPERTIES
+        VERSION ${PROJECT_VERSION}
+        SOVERSION ${PROJECT_VERSION_MAJOR})
+    endif()
     install(TARGETS ${target} LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
   endif()
 endfunction()

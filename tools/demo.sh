@@ -4,5 +4,5 @@
 source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"
 # Only what the demo runs: the CLI and the plugins (the CUDA one where CUDA is found).
 echo "wsync: building the CLI and the plugins into $WSYNC_BUILD (log: $WSYNC_BUILD/build.log)"
-WSYNC_BUILD_TARGETS="wsync wsync_cpu wsync_cuda wsync_shim" wsync_build_quiet
+WSYNC_BUILD_TARGETS="wsync wsync-demo wsync-engine wsync_cpu wsync_cuda wsync_shim" wsync_build_quiet
 exec "$WSYNC_BUILD/bin/wsync" demo "$@"
