@@ -1,5 +1,5 @@
 /* The request driver. Contract in wsync_driver.h. */
-#include "wsync_driver.h"
+#include "wsync_driver_impl.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -22,102 +22,6 @@
 #include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-
-/* One producer buffer this engine has consumed from. */
-typedef struct wsync_driver_buffer {
-    wsync_buffer_desc_t key;
-    struct wsync_handle *handle; /* NULL in native mode */
-    uint64_t last_generation;
-    /* Direct mode: the segments its manifests named, held open so each stays mapped across
-     * syncs (0 opens in the steady state); one that a whole weight version no longer names is
-     * closed after its last bucket. */
-    wsync_buffer_desc_t *seg_keys;
-    struct wsync_handle **segs;
-    uint64_t *seg_epoch; /* the weight version (counted by finished buckets) that last named it */
-    size_t n_segs, cap_segs;
-    uint64_t epoch;
-} wsync_driver_buffer_t;
-
-struct wsync_driver {
-    wsync_driver_config_t cfg;
-    wsync_host_t host;
-    wsync_loader_t loader;
-    const wsync_consumer_ops_t *ops; /* NULL: native fallback */
-    struct wsync_consumer *consumer;
-    char native_why[WSYNC_ERROR_MESSAGE_LEN + 64];
-    wsync_driver_buffer_t *buffers;
-    size_t n_buffers, cap_buffers;
-    uint64_t opens; /* open_handle calls: buffers and segments mapped (or found cached) */
-    wsync_txn_t txn;
-    wsync_shadow_t *shadows; /* rollback mode, sorted by param */
-    size_t n_shadows;
-    /* A refusal the shim found in the request's own fields (wsync_driver_refuse): the next
-     * apply gives its buckets back unread and returns it. */
-    wsync_result_t refusal;
-    char refusal_msg[WSYNC_ERROR_MESSAGE_LEN];
-    /* The open version's producer, held as a pidfd from when its pid was first seen: it reads
-     * as ended once that process exits (a zombie included), and a later process given the same
-     * pid is another one. -1: none (or pidfd_open unavailable: then kill(pid, 0) decides). */
-    int producer_fd;
-    int64_t producer_fd_pid;
-};
-
-static int wsync_shadow_cmp(const void *a, const void *b)
-{
-    const uintptr_t x = (uintptr_t)((const wsync_shadow_t *)a)->param;
-    const uintptr_t y = (uintptr_t)((const wsync_shadow_t *)b)->param;
-    return x < y ? -1 : x > y;
-}
-
-wsync_result_t wsync_driver_set_shadows(wsync_driver_t *d, const wsync_shadow_t *shadows, size_t n,
-                                        wsync_error_t *err)
-{
-    wsync_shadow_t *t = NULL;
-    if (n > 0) {
-        if (shadows == NULL || (t = malloc(n * sizeof(*t))) == NULL)
-            return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
-                                "set_shadows: %zu shadows at NULL (or no memory)", n);
-        memcpy(t, shadows, n * sizeof(*t));
-        qsort(t, n, sizeof(*t), wsync_shadow_cmp);
-        for (size_t i = 0; i < n; i++)
-            if (t[i].param == NULL || t[i].shadow == NULL ||
-                (i > 0 && (uintptr_t)t[i - 1].param + t[i - 1].bytes > (uintptr_t)t[i].param)) {
-                free(t);
-                return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
-                                    "set_shadows: shadow %zu is NULL or its parameter overlaps "
-                                    "another",
-                                    i);
-            }
-    }
-    free(d->shadows);
-    d->shadows = t;
-    d->n_shadows = n;
-    return WSYNC_OK;
-}
-
-/* An op into a shadowed parameter writes the shadow instead; 1 when it still writes a live
- * parameter (moves bytes outside every shadow). */
-static int wsync_driver_redirect(const wsync_driver_t *d, wsync_copy_op_t *op)
-{
-    if (op->rows == 0 || op->row_bytes == 0)
-        return 0;
-    const uintptr_t dst = (uintptr_t)op->dst;
-    size_t lo = 0, hi = d->n_shadows;
-    while (lo < hi) { /* the last shadow whose param starts at or before dst */
-        size_t mid = lo + (hi - lo) / 2;
-        if ((uintptr_t)d->shadows[mid].param <= dst)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    if (lo == 0)
-        return 1;
-    const wsync_shadow_t *s = &d->shadows[lo - 1];
-    if (dst - (uintptr_t)s->param >= s->bytes)
-        return 1;
-    op->dst = (unsigned char *)s->shadow + (dst - (uintptr_t)s->param);
-    return 0;
-}
 
 void wsync_driver_log(wsync_driver_t *d, wsync_log_level_t level, const char *fmt, ...)
 {
@@ -210,123 +114,6 @@ wsync_result_t wsync_driver_open(const wsync_driver_config_t *cfg, wsync_driver_
     return WSYNC_OK;
 }
 
-static void wsync_driver_hook_begin(wsync_driver_t *d, uint64_t version)
-{
-    const wsync_engine_ops_t *e = d->cfg.engine;
-    if (WSYNC_HAS_FIELD(wsync_engine_ops_t, e, update_begin) && e->update_begin != NULL)
-        e->update_begin(e->user, version);
-}
-
-static void wsync_driver_hook_end(wsync_driver_t *d, uint64_t version, int committed)
-{
-    const wsync_engine_ops_t *e = d->cfg.engine;
-    if (WSYNC_HAS_FIELD(wsync_engine_ops_t, e, update_end) && e->update_end != NULL)
-        e->update_end(e->user, version, committed);
-}
-
-wsync_result_t wsync_driver_begin(wsync_driver_t *d, uint64_t version, uint64_t expect_tensors,
-                                  uint64_t expect_bytes, const char *const *names, size_t n_names,
-                                  wsync_error_t *err)
-{
-    const uint64_t open = d->txn.phase == WSYNC_TXN_UPDATING ? d->txn.version : 0;
-    wsync_result_t rc =
-        wsync_txn_begin(&d->txn, version, expect_tensors, expect_bytes, names, n_names, err);
-    if (rc != WSYNC_OK)
-        return rc;
-    /* experts another EP rank holds never come here (one question to the engine first: most
-     * run without expert parallelism, and a version may declare thousands of names) */
-    const int ep = wsync_map_ep_active(d->cfg.engine);
-    for (size_t i = 0; ep && i < n_names; i++)
-        if (names[i] != NULL && !wsync_map_owned(d->cfg.map, d->cfg.engine, names[i]))
-            wsync_txn_elsewhere(&d->txn, names[i]);
-    if (open != 0) {
-        wsync_driver_log(d, WSYNC_LOG_WARN, "wsync: %s", d->txn.reason);
-        wsync_driver_hook_end(d, open, 0);
-    }
-    wsync_driver_hook_begin(d, version);
-    return WSYNC_OK;
-}
-
-wsync_result_t wsync_driver_commit(wsync_driver_t *d, uint64_t version, wsync_error_t *err)
-{
-    wsync_result_t rc = wsync_txn_commit(&d->txn, version, err);
-    if (rc == WSYNC_OK)
-        wsync_driver_hook_end(d, d->txn.committed, 1);
-    return rc;
-}
-
-void wsync_driver_abort(wsync_driver_t *d, const char *reason)
-{
-    const uint64_t v = d->txn.version;
-    if (wsync_txn_abort(&d->txn, reason)) {
-        wsync_driver_log(d, WSYNC_LOG_WARN, "wsync: %s", d->txn.reason);
-        wsync_driver_hook_end(d, v, 0);
-    }
-}
-
-/* Hold the open version's producer as a pidfd from the moment its pid is known. */
-static void wsync_driver_watch(wsync_driver_t *d)
-{
-    const int64_t pid = d->txn.producer_pid;
-    if (pid == d->producer_fd_pid)
-        return;
-    if (d->producer_fd >= 0)
-        close(d->producer_fd);
-    d->producer_fd = pid > 0 ? (int)syscall(SYS_pidfd_open, (pid_t)pid, 0) : -1;
-    d->producer_fd_pid = pid;
-}
-
-/* Has the producer `pid` ended? Through its pidfd (readable once it exits), else kill(pid, 0). */
-static int wsync_driver_producer_gone(wsync_driver_t *d, int64_t pid)
-{
-    wsync_driver_watch(d);
-    if (d->producer_fd >= 0) {
-        struct pollfd p = {.fd = d->producer_fd, .events = POLLIN};
-        return poll(&p, 1, 0) > 0;
-    }
-    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
-}
-
-void wsync_driver_check(wsync_driver_t *d)
-{
-    const int64_t pid = d->txn.producer_pid;
-    if (d->txn.phase != WSYNC_TXN_UPDATING || pid <= 0)
-        return;
-    if (wsync_driver_producer_gone(d, pid)) {
-        char why[96];
-        snprintf(why, sizeof(why), "left unfinished: its producer (pid %lld) is gone",
-                 (long long)pid);
-        wsync_driver_abort(d, why);
-        wsync_shm_sweep(pid); /* its staging, which it could not unlink */
-    }
-}
-
-json_t *wsync_driver_state(wsync_driver_t *d)
-{
-    wsync_driver_check(d);
-    return wsync_txn_state(&d->txn);
-}
-
-uint64_t wsync_driver_committed(const wsync_driver_t *d, int *updating)
-{
-    if (updating != NULL)
-        *updating = d->txn.phase == WSYNC_TXN_UPDATING;
-    return d->txn.committed;
-}
-
-uint64_t wsync_driver_open_version(const wsync_driver_t *d)
-{
-    return d->txn.phase == WSYNC_TXN_UPDATING ? d->txn.version : 0;
-}
-
-void wsync_driver_set_producer(wsync_driver_t *d, int64_t pid)
-{
-    if (d->txn.phase == WSYNC_TXN_UPDATING && pid > 0) {
-        d->txn.producer_pid = pid;
-        wsync_driver_watch(d);
-    }
-}
-
 uint64_t wsync_driver_max_manifest_bytes(const wsync_driver_t *d)
 {
     return d->cfg.max_manifest_bytes != 0 ? d->cfg.max_manifest_bytes
@@ -355,21 +142,21 @@ struct wsync_consumer *wsync_driver_consumer(const wsync_driver_t *d)
     return d->consumer;
 }
 
-static wsync_stream_t wsync_driver_stream(const wsync_driver_t *d)
+wsync_stream_t wsync_driver_stream(const wsync_driver_t *d)
 {
     const wsync_engine_ops_t *e = d->cfg.engine;
     return WSYNC_HAS_FIELD(wsync_engine_ops_t, e, stream) && e->stream != NULL ? e->stream(e->user)
                                                                                : NULL;
 }
 
-static int wsync_driver_same_buffer(const wsync_buffer_desc_t *a, const wsync_buffer_desc_t *b)
+int wsync_driver_same_buffer(const wsync_buffer_desc_t *a, const wsync_buffer_desc_t *b)
 {
     return a->kind == b->kind && a->handle_len == b->handle_len &&
            memcmp(a->handle, b->handle, a->handle_len) == 0 && a->pid == b->pid &&
            strncmp(a->device, b->device, sizeof(a->device)) == 0;
 }
 
-static wsync_driver_buffer_t *wsync_driver_find(wsync_driver_t *d, const wsync_buffer_desc_t *b)
+wsync_driver_buffer_t *wsync_driver_find(wsync_driver_t *d, const wsync_buffer_desc_t *b)
 {
     for (size_t i = 0; i < d->n_buffers; i++)
         if (wsync_driver_same_buffer(&d->buffers[i].key, b))
@@ -378,7 +165,7 @@ static wsync_driver_buffer_t *wsync_driver_find(wsync_driver_t *d, const wsync_b
 }
 
 /* Printable buffer name for messages: the shm name, or the first handle bytes in hex. */
-static void wsync_driver_buffer_name(const wsync_buffer_desc_t *b, char *buf, size_t len)
+void wsync_driver_buffer_name(const wsync_buffer_desc_t *b, char *buf, size_t len)
 {
     if (b->kind == WSYNC_BUFFER_HOST_SHM) {
         size_t i;
@@ -392,8 +179,8 @@ static void wsync_driver_buffer_name(const wsync_buffer_desc_t *b, char *buf, si
         off += (size_t)snprintf(buf + off, len - off, "%02x", b->handle[i]);
 }
 
-static wsync_result_t wsync_driver_parse(wsync_driver_t *d, const char *json, size_t len,
-                                         const wsync_manifest_t **out, wsync_error_t *err)
+wsync_result_t wsync_driver_parse(wsync_driver_t *d, const char *json, size_t len,
+                                  const wsync_manifest_t **out, wsync_error_t *err)
 {
     if (d->ops != NULL)
         return d->ops->parse_manifest(d->consumer, json, len, out, err);
@@ -425,7 +212,7 @@ static const wsync_manifest_t *wsync_driver_parse_bucket(wsync_driver_t *d, cons
     return m;
 }
 
-static void wsync_driver_free_manifest(wsync_driver_t *d, const wsync_manifest_t *m)
+void wsync_driver_free_manifest(wsync_driver_t *d, const wsync_manifest_t *m)
 {
     if (m == NULL)
         return;
@@ -433,25 +220,6 @@ static void wsync_driver_free_manifest(wsync_driver_t *d, const wsync_manifest_t
         d->ops->manifest_free(d->consumer, m);
     else
         wsync_manifest_free(wsync_manifest_owned_from_view(m));
-}
-
-/* A tensor that quantizes into an fp8 parameter: the plugin must have copy_quantized, and the
- * bucket be staged (a direct bucket's segments copy as they are) outside rollback mode (whose
- * shadows do not hold the block scales). */
-static wsync_result_t wsync_driver_can_quantize(const wsync_driver_t *d, const wsync_manifest_t *m,
-                                                const char *name, wsync_error_t *err)
-{
-    if (d->ops == NULL || !WSYNC_HAS_OP(wsync_consumer_ops_t, d->ops, copy_quantized))
-        return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
-                            "tensor \"%s\" quantizes into an fp8 parameter, which needs a plugin "
-                            "with copy_quantized; %s has none",
-                            name, d->ops == NULL ? "the native loader" : d->loader.path);
-    if (m->n_segments > 0 || d->n_shadows > 0)
-        return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
-                            "tensor \"%s\" quantizes into an fp8 parameter: %s", name,
-                            m->n_segments > 0 ? "send it in a staged bucket, not a direct one"
-                                              : "rollback mode does not shadow fp8 parameters");
-    return WSYNC_OK;
 }
 
 /* A copy failure of one op (wsync_error_t.op, set by the plugin): name that op's tensor too. */
@@ -464,46 +232,6 @@ static void wsync_driver_name_op(const wsync_manifest_t *m, wsync_error_t *err)
     snprintf(text, sizeof(text), "tensor \"%.120s\": %s", m->tensors[i].name, err->message);
     text[sizeof(err->message) - 1] = '\0'; /* cut to the message's size */
     memcpy(err->message, text, sizeof(err->message));
-}
-
-/* A per-tensor fp8 scale (WSYNC_QUANT_FP8_TENSOR) is the amax of every part of its parameter: the
- * bucket must bring all of them (want[t]: the rows its scale covers), or the scale would be of a
- * part alone. */
-static wsync_result_t wsync_driver_check_tensor_scales(const wsync_manifest_t *m,
-                                                       const wsync_copy_op_t *ops,
-                                                       const wsync_quant_t *quant,
-                                                       const uint64_t *want, wsync_error_t *err)
-{
-    size_t n = 0;
-    for (size_t t = 0; t < m->n_tensors; t++)
-        n += quant[t].kind == WSYNC_QUANT_FP8_TENSOR && ops[t].rows > 0;
-    if (n == 0)
-        return WSYNC_OK;
-    wsync_fp8_ref_t *g = malloc(n * sizeof(*g));
-    if (g == NULL)
-        return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu fp8 scales", n);
-    for (size_t t = 0, k = 0; t < m->n_tensors; t++)
-        if (quant[t].kind == WSYNC_QUANT_FP8_TENSOR && ops[t].rows > 0)
-            g[k++] = (wsync_fp8_ref_t){(uintptr_t)quant[t].scale_dst, t};
-    qsort(g, n, sizeof(*g), wsync_fp8_ref_cmp);
-    wsync_result_t rc = WSYNC_OK;
-    for (size_t i = 0; i < n && rc == WSYNC_OK;) {
-        size_t j = i;
-        uint64_t rows = 0;
-        for (; j < n && g[j].scale == g[i].scale; j++)
-            rows += ops[g[j].op].rows;
-        if (rows != want[g[i].op])
-            rc = WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
-                              "tensor \"%s\" quantizes into an fp8 parameter with one per-tensor "
-                              "scale, whose %" PRIu64 " rows must all come in one bucket (the "
-                              "scale is the amax of all of them); this bucket brings %" PRIu64
-                              " of them in %zu tensor(s): send every part of the parameter (q, "
-                              "k, v; gate, up) together",
-                              m->tensors[g[i].op].name, want[g[i].op], rows, j - i);
-        i = j;
-    }
-    free(g);
-    return rc;
 }
 
 /* Step 2 of apply: everything checked, nothing written. ops[k] is the plan of tensor k in
@@ -575,7 +303,7 @@ static wsync_result_t wsync_driver_validate(wsync_driver_t *d, const wsync_manif
     return WSYNC_OK;
 }
 
-static wsync_driver_buffer_t *wsync_driver_remember(wsync_driver_t *d, const wsync_buffer_desc_t *b)
+wsync_driver_buffer_t *wsync_driver_remember(wsync_driver_t *d, const wsync_buffer_desc_t *b)
 {
     wsync_driver_buffer_t *e = wsync_driver_find(d, b);
     if (e != NULL)
@@ -592,113 +320,6 @@ static wsync_driver_buffer_t *wsync_driver_remember(wsync_driver_t *d, const wsy
     memset(e, 0, sizeof(*e));
     e->key = *b;
     return e;
-}
-
-static void wsync_driver_close_segments(wsync_driver_t *d, wsync_driver_buffer_t *e)
-{
-    for (size_t k = 0; k < e->n_segs; k++)
-        if (e->segs[k] != NULL && d->ops != NULL)
-            d->ops->close_handle(d->consumer, e->segs[k], NULL);
-    free(e->segs);
-    free(e->seg_keys);
-    free(e->seg_epoch);
-    e->segs = NULL;
-    e->seg_keys = NULL;
-    e->seg_epoch = NULL;
-    e->n_segs = e->cap_segs = 0;
-}
-
-/* The held handle of segment `key`, opening (and holding) it when it is new. */
-static wsync_result_t wsync_driver_segment(wsync_driver_t *d, wsync_driver_buffer_t *e,
-                                           const wsync_buffer_desc_t *key, size_t *at,
-                                           struct wsync_handle **out, wsync_error_t *err)
-{
-    /* a steady trainer names its segments in the same order every time: try *at first (where
-     * the one after the last found sits), then all */
-    size_t j = *at;
-    if (j >= e->n_segs || !wsync_driver_same_buffer(&e->seg_keys[j], key))
-        for (j = 0; j < e->n_segs && !wsync_driver_same_buffer(&e->seg_keys[j], key); j++)
-            ;
-    if (j < e->n_segs) {
-        e->seg_epoch[j] = e->epoch;
-        *out = e->segs[j];
-        *at = j + 1;
-        return WSYNC_OK;
-    }
-    if (e->n_segs == e->cap_segs) {
-        size_t cap = e->cap_segs ? 2 * e->cap_segs : 64;
-        void *a = realloc(e->segs, cap * sizeof(*e->segs));
-        if (a != NULL)
-            e->segs = a;
-        void *b = realloc(e->seg_keys, cap * sizeof(*e->seg_keys));
-        if (b != NULL)
-            e->seg_keys = b;
-        void *c = realloc(e->seg_epoch, cap * sizeof(*e->seg_epoch));
-        if (c != NULL)
-            e->seg_epoch = c;
-        if (a == NULL || b == NULL || c == NULL)
-            return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "driver: %zu segments", cap);
-        e->cap_segs = cap;
-    }
-    wsync_result_t rc = d->ops->open_handle(d->consumer, key, out, err);
-    d->opens++;
-    if (rc != WSYNC_OK)
-        return rc;
-    e->segs[e->n_segs] = *out;
-    e->seg_keys[e->n_segs] = *key;
-    e->seg_epoch[e->n_segs] = e->epoch;
-    e->n_segs++;
-    *at = e->n_segs;
-    return WSYNC_OK;
-}
-
-/* After the last bucket of a weight version: close every held segment no manifest of that
- * version named (memory the producer freed or re-made elsewhere); their copies are behind the
- * ones just enqueued on the same stream, and close_handle waits for them. */
-static void wsync_driver_sweep_segments(wsync_driver_t *d, wsync_driver_buffer_t *e)
-{
-    size_t kept = 0;
-    for (size_t j = 0; j < e->n_segs; j++) {
-        if (e->seg_epoch[j] != e->epoch) {
-            d->ops->close_handle(d->consumer, e->segs[j], NULL);
-            continue;
-        }
-        e->segs[kept] = e->segs[j];
-        e->seg_keys[kept] = e->seg_keys[j];
-        e->seg_epoch[kept] = e->seg_epoch[j];
-        kept++;
-    }
-    e->n_segs = kept;
-    e->epoch++;
-}
-
-/* Direct mode, one bucket: the segments it names (held across buckets and syncs: 0 opens in
- * the steady state), every tensor in one copy_segments. */
-static wsync_result_t wsync_driver_copy_direct(wsync_driver_t *d, wsync_driver_buffer_t *e,
-                                               const wsync_manifest_t *m,
-                                               const wsync_copy_op_t *ops, wsync_error_t *err)
-{
-    if (!WSYNC_HAS_OP(wsync_consumer_ops_t, d->ops, copy_segments))
-        return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
-                            "a direct bucket (%zu segments) needs a plugin with copy_segments; %s "
-                            "has none",
-                            m->n_segments, d->loader.path);
-    const size_t n = m->n_segments;
-    struct wsync_handle **segs = calloc(n, sizeof(*segs));
-    wsync_result_t rc = WSYNC_OK;
-    if (segs == NULL)
-        rc = WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "driver: %zu segments", n);
-    size_t at = 0;
-    for (size_t k = 0; rc == WSYNC_OK && k < n; k++)
-        rc = wsync_driver_segment(d, e, &m->segments[k], &at, &segs[k], err);
-    if (rc == WSYNC_OK)
-        rc = d->ops->copy_segments(d->consumer, e->handle, segs, n, wsync_driver_stream(d),
-                                   m->generation, ops, m->tensor_segment, m->n_tensors,
-                                   d->cfg.copy_flags & ~WSYNC_COPY_QUANT_ONE_PASS, err);
-    free(segs);
-    if (rc == WSYNC_OK && m->finished)
-        wsync_driver_sweep_segments(d, e);
-    return rc;
 }
 
 /* Step 3 of apply, one bucket. */
@@ -959,131 +580,6 @@ wsync_result_t wsync_driver_release(wsync_driver_t *d, wsync_error_t *err)
         d->buffers[i].handle = NULL; /* generations stay remembered: replays are still refused */
     }
     return rc;
-}
-
-/* ------------------------------------------------------------ LoRA adapters */
-
-static wsync_result_t wsync_driver_lora_ready(wsync_driver_t *d, wsync_error_t *err)
-{
-    const wsync_engine_ops_t *e = d->cfg.engine;
-    if (!WSYNC_HAS_FIELD(wsync_engine_ops_t, e, lora_slot) || e->lora_slot == NULL)
-        return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
-                            "this engine has no LoRA slots (enable LoRA in the engine)");
-    if (d->ops == NULL || !WSYNC_HAS_OP(wsync_consumer_ops_t, d->ops, hot_load_adapter))
-        return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED,
-                            "LoRA hot-load needs a wsync plugin with hot_load_adapter (%s); "
-                            "use the engine's own adapter loader",
-                            d->ops == NULL ? d->native_why : d->loader.path);
-    return WSYNC_OK;
-}
-
-/* FROM_MANIFEST: parse, check the generation against what this engine took from the buffer,
- * open (or reuse) its mapping, hot-load, remember the generation. */
-static wsync_result_t wsync_driver_load_from_manifest(wsync_driver_t *d,
-                                                      wsync_adapter_source_t *src,
-                                                      wsync_adapter_slot_t *slot, const char *json,
-                                                      size_t len, wsync_error_t *err)
-{
-    const wsync_manifest_t *m = NULL;
-    wsync_driver_buffer_t *b = NULL;
-    char bname[64];
-    wsync_result_t rc = wsync_driver_parse(d, json, len, &m, err);
-
-    if (rc == WSYNC_OK) {
-        b = wsync_driver_find(d, &m->buffer);
-        if (b != NULL && m->generation <= b->last_generation) {
-            wsync_driver_buffer_name(&m->buffer, bname, sizeof(bname));
-            rc = WSYNC_RECORD(err, WSYNC_ERR_STALE_GENERATION,
-                              "stale adapter generation %" PRIu64 " for buffer %s: this "
-                              "engine already took generation %" PRIu64 " from it",
-                              m->generation, bname, b->last_generation);
-        } else if ((b = wsync_driver_remember(d, &m->buffer)) == NULL) {
-            rc = WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "driver: out of memory");
-        }
-    }
-    if (rc == WSYNC_OK && b->handle == NULL)
-        rc = d->ops->open_handle(d->consumer, &m->buffer, &b->handle, err);
-    if (rc == WSYNC_OK) {
-        src->kind = WSYNC_ADAPTER_FROM_MANIFEST;
-        src->handle = b->handle;
-        src->manifest = m;
-        rc = d->ops->hot_load_adapter(d->consumer, src, slot, wsync_driver_stream(d), err);
-    }
-    if (rc == WSYNC_OK)
-        b->last_generation = m->generation;
-    wsync_driver_free_manifest(d, m);
-    return rc;
-}
-
-wsync_result_t wsync_driver_load_adapter(wsync_driver_t *d, const char *name, const char *path,
-                                         const char *manifest, size_t manifest_len,
-                                         const char *config, int *reloaded, wsync_error_t *err)
-{
-    const wsync_engine_ops_t *e = d->cfg.engine;
-    wsync_adapter_source_t src = {.struct_size = sizeof(src), .adapter_config_json = config};
-    wsync_adapter_slot_t *slot;
-    wsync_result_t rc = wsync_driver_lora_ready(d, err);
-
-    if (rc != WSYNC_OK)
-        return rc;
-    if (name == NULL || name[0] == '\0' || (path == NULL) == (manifest == NULL) ||
-        (manifest != NULL && config == NULL))
-        return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
-                            "an adapter load needs a name and either a path or a manifest "
-                            "with its adapter_config.json");
-    slot = e->lora_slot(e->user, name, 0);
-    if (reloaded != NULL)
-        *reloaded = slot != NULL;
-    if (slot == NULL && (slot = e->lora_slot(e->user, name, 1)) == NULL)
-        return WSYNC_RECORD(err, WSYNC_ERR_BUSY,
-                            "no free LoRA slot for adapter \"%s\"; unload one first", name);
-    /* The engine's earlier work (requests reading the shadow copy) first. */
-    rc = wsync_driver_drain(d, err);
-    if (rc == WSYNC_OK && path != NULL) {
-        src.kind = WSYNC_ADAPTER_FROM_DIR;
-        src.path = path;
-        rc = d->ops->hot_load_adapter(d->consumer, &src, slot, wsync_driver_stream(d), err);
-    } else if (rc == WSYNC_OK) {
-        rc = wsync_driver_load_from_manifest(d, &src, slot, manifest, manifest_len, err);
-    }
-    if (rc == WSYNC_OK && WSYNC_HAS_FIELD(wsync_engine_ops_t, e, lora_loaded) &&
-        e->lora_loaded != NULL)
-        e->lora_loaded(e->user, name, slot);
-    if (rc != WSYNC_OK)
-        wsync_driver_log(d, WSYNC_LOG_ERROR, "wsync: adapter \"%s\" refused: %s: %s", name,
-                         wsync_strerror(rc), err != NULL ? err->message : "");
-    return rc;
-}
-
-wsync_result_t wsync_driver_unload_adapter(wsync_driver_t *d, const char *name, wsync_error_t *err)
-{
-    const wsync_engine_ops_t *e = d->cfg.engine;
-    wsync_adapter_slot_t *slot;
-    wsync_result_t rc = wsync_driver_lora_ready(d, err);
-
-    if (rc != WSYNC_OK)
-        return rc;
-    if (!WSYNC_HAS_OP(wsync_consumer_ops_t, d->ops, unload_adapter))
-        return WSYNC_RECORD(err, WSYNC_ERR_NOT_SUPPORTED, "plugin %s has no unload_adapter",
-                            d->loader.path);
-    slot = name != NULL ? e->lora_slot(e->user, name, 0) : NULL;
-    if (slot == NULL)
-        return WSYNC_RECORD(err, WSYNC_ERR_NOT_FOUND, "adapter \"%s\" is not loaded",
-                            name ? name : "(null)");
-    rc = wsync_driver_drain(d, err);
-    if (rc == WSYNC_OK)
-        rc = d->ops->unload_adapter(d->consumer, slot, err);
-    if (rc == WSYNC_OK && WSYNC_HAS_FIELD(wsync_engine_ops_t, e, lora_unloaded) &&
-        e->lora_unloaded != NULL)
-        e->lora_unloaded(e->user, name);
-    return rc;
-}
-
-void wsync_driver_reset_prefix_cache(wsync_driver_t *d, const char *name)
-{
-    const wsync_engine_ops_t *e = d->cfg.engine;
-    if (WSYNC_HAS_FIELD(wsync_engine_ops_t, e, reset_prefix_cache) && e->reset_prefix_cache != NULL)
-        e->reset_prefix_cache(e->user, name);
 }
 
 void wsync_driver_flush_cache(wsync_driver_t *d)
