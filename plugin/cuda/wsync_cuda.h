@@ -217,8 +217,9 @@ typedef struct wsync_cuda_mapping {
      * waits for it without an event of its own per copy. */
     struct wsync_cuda_slot *guard;
     uint64_t guard_uses;
-    wsync_result_t deferred; /* a digest failure found outside record_consumed */
-    char deferred_message[WSYNC_ERROR_MESSAGE_LEN];
+    /* A failure found outside record_consumed (a digest, a one-pass quantizer's NaN), with its
+     * op: record_consumed reports it. */
+    wsync_error_t deferred;
 } wsync_cuda_mapping_t;
 
 /* The generation a new copy of `generation` from this buffer must be newer than: the cache

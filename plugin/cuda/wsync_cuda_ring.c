@@ -97,9 +97,9 @@ wsync_result_t wsync_cuda_ring_take(wsync_cuda_ring_t *r, size_t n, wsync_cuda_s
     if (s->owner != NULL) {
         wsync_cuda_mapping_t *m = s->owner;
         wsync_error_t e2 = {.struct_size = sizeof(e2)};
-        if (wsync_cuda_slot_check(s, &e2) != WSYNC_OK && m->deferred == WSYNC_OK) {
-            m->deferred = e2.code;
-            memcpy(m->deferred_message, e2.message, sizeof(m->deferred_message));
+        if (wsync_cuda_slot_check(s, &e2) != WSYNC_OK && m->deferred.code == WSYNC_OK) {
+            m->deferred.struct_size = sizeof(m->deferred);
+            wsync_error_copy(&m->deferred, &e2);
         }
     }
     if (s->cap_ops < n) {
