@@ -5,7 +5,9 @@ engine parameter moved; bad inputs are refused naming what is wrong and change n
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 
 import models
 import pytest
@@ -324,8 +326,21 @@ def test_a_segment_swept_and_named_again_is_opened_again():
     params = models.zeros_like_layout(models.engine_layout(sd, "sglang", 0, 1))
     w = wsync.EngineWorker(params, engine="sglang", config=model.config, plugin=plugin_for("cpu"))
     name = "model.embed_tokens.weight"
-    first = torch.empty(1 << 20, dtype=torch.uint8).share_memory_()  # a mapping of its own
-    second = torch.empty(1 << 20, dtype=torch.uint8).share_memory_()
+    # Two stores the CPU plugin cannot take for one segment: it takes a run of adjacent readable
+    # mappings for one, so each store is fenced by an unreadable page at either end.
+    page = os.sysconf("SC_PAGE_SIZE")
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+    def fenced():
+        store = torch.empty(1 << 21, dtype=torch.uint8).share_memory_()
+        base = store.data_ptr()
+        assert base % page == 0
+        for at in (base, base + store.numel() - page):
+            assert libc.mprotect(at, page, 0) == 0, os.strerror(ctypes.get_errno())
+        return store[page:store.numel() - page]
+
+    first, second = fenced(), fenced()
     n = sd[name].numel() * sd[name].element_size()
 
     def place(store, values):
