@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "wsync_error.h"
+#include "wsync_pid.h"
 #include "wsync_shm_sweep.h"
 
 void wsync_driver_hook_begin(wsync_driver_t *d, uint64_t version)
@@ -87,7 +88,7 @@ static int wsync_driver_producer_gone(wsync_driver_t *d, int64_t pid)
         struct pollfd p = {.fd = d->producer_fd, .events = POLLIN};
         return poll(&p, 1, 0) > 0;
     }
-    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+    return wsync_pid_exited(pid, 1);
 }
 
 void wsync_driver_check(wsync_driver_t *d)

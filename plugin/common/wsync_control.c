@@ -3,6 +3,7 @@
  * between processes). Waits spin, then sleep in short slices, re-checking the generation and the
  * liveness of the peer each time. */
 #include "wsync_control.h"
+#include "wsync_pid.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -93,8 +94,6 @@ void wsync_control_detach(wsync_control_t *c)
     }
 }
 
-static int wsync_pid_gone(int64_t pid);
-
 uint32_t wsync_control_live_mappers(wsync_control_t *c, int64_t *a_pid)
 {
     uint32_t live = 0;
@@ -102,7 +101,7 @@ uint32_t wsync_control_live_mappers(wsync_control_t *c, int64_t *a_pid)
         int64_t pid = atomic_load(&c->mapper_pid[i]);
         if (pid == 0)
             continue;
-        if (wsync_pid_gone(pid)) {
+        if (wsync_pid_exited(pid, 0)) {
             if (atomic_compare_exchange_strong(&c->mapper_pid[i], &pid, 0))
                 atomic_fetch_sub(&c->mapped, 1);
             continue;
@@ -164,11 +163,6 @@ static uint64_t wsync_now_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-static int wsync_pid_gone(int64_t pid)
-{
-    return pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
-}
-
 /* A generation a GPU writes (a stream memory write into the registered block) wakes no futex:
  * the wait spins (yielding) for its first WSYNC_CONTROL_SPIN_MS, the span of a bucket's copy,
  * then sleeps in futex slices of WSYNC_CONTROL_SLICE_MS, so a GPU write is seen within one. */
@@ -187,7 +181,7 @@ static wsync_result_t wsync_control_wait(wsync_control_t *c, _Atomic uint64_t *g
         uint64_t seen = atomic_load(gen);
         if (seen >= generation)
             return WSYNC_OK;
-        if (wsync_pid_gone(peer_pid)) {
+        if (wsync_pid_exited(peer_pid, 0)) {
             wsync_shm_sweep(peer_pid); /* its segments: nobody else will unlink them */
             return wsync_fail(err, WSYNC_ERR_PEER_GONE, __func__,
                               "waiting for %s generation %llu (last seen %llu): peer pid %lld "

@@ -12,30 +12,12 @@
 #include <unistd.h>
 
 #include "wsync_log.h"
+#include "wsync_pid.h"
 
 uint64_t wsync_shm_pidns(void)
 {
     struct stat st;
     return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
-}
-
-int wsync_pid_dead(int64_t pid)
-{
-    char path[48], buf[256];
-
-    if (pid <= 0)
-        return 0;
-    if (kill((pid_t)pid, 0) != 0)
-        return errno == ESRCH;
-    snprintf(path, sizeof(path), "/proc/%lld/stat", (long long)pid);
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return 0;
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    const char *paren = strrchr(buf, ')'); /* "pid (comm) S ...": comm may hold spaces */
-    return paren != NULL && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
 }
 
 int wsync_shm_sweep(int64_t only)
@@ -60,7 +42,7 @@ int wsync_shm_sweep(int64_t only)
             e->d_name[end] != '\0')
             continue;
         if (u != uid || their_ns != ns || pid == self || (only > 0 && pid != only) ||
-            !wsync_pid_dead(pid))
+            !wsync_pid_exited(pid, 1))
             continue;
         char name[300];
         snprintf(name, sizeof(name), "/%s", e->d_name);

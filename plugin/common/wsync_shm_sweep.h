@@ -13,8 +13,6 @@
 
 /* This process's pid namespace as it appears in segment names (0 when /proc is not readable). */
 uint64_t wsync_shm_pidns(void);
-/* 1 when pid is no running process here: no such process, or a zombie. */
-int wsync_pid_dead(int64_t pid);
 /* Unlink the segments of dead producers; only those of `pid` when pid > 0. Returns the number
  * unlinked. Never blocks on anything but /dev/shm and /proc. */
 int wsync_shm_sweep(int64_t pid);
