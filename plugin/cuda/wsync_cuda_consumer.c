@@ -25,7 +25,7 @@ static wsync_result_t consumer_create(const wsync_consumer_config_t *config,
     c->timeout_ms = config->timeout_ms ? config->timeout_ms : WSYNC_CUDA_DEFAULT_TIMEOUT_MS;
     pthread_mutex_init(&c->lock, NULL);
     wsync_peers_init(&c->peers);
-    wsync_cuda_tuning_read(&c->tuning, wsync_cuda_alloc_range);
+    wsync_cuda_tuning_read(&c->tuning);
     cudaError_t e = cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, c->device);
     if (e != cudaSuccess) {
         rc = wsync_cuda_fail(err, e, __func__, "cudaDeviceGetAttribute(MultiProcessorCount)");

@@ -148,7 +148,7 @@ static wsync_result_t staging_create(const wsync_staging_config_t *config,
         }                                                                                          \
     } while (0)
     STAGING_TRY(cudaDeviceGetAttribute(&s->sm_count, cudaDevAttrMultiProcessorCount, s->device));
-    wsync_cuda_tuning_read(&s->tuning, wsync_cuda_alloc_range);
+    wsync_cuda_tuning_read(&s->tuning);
     s->kind = wsync_cuda_staging_kind(s->tuning.staging_kind);
     s->vmm.fd = -1;
     if (s->kind == WSYNC_BUFFER_CUDA_VMM_FD) {

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "wsync_cuda.h" /* wsync_cuda_alloc_range */
 #include "wsync_log.h"
 
 /* Measured on one H200 (docs/PERFORMANCE.md, wsync-bench-cuda --lanes). */
@@ -74,7 +75,7 @@ static void tuning_env(wsync_cuda_tuning_t *t)
 }
 #endif
 
-void wsync_cuda_tuning_read(wsync_cuda_tuning_t *t, wsync_cuda_alloc_range_fn range)
+void wsync_cuda_tuning_read(wsync_cuda_tuning_t *t)
 {
     memset(t, 0, sizeof(*t));
     t->kernel_variant = -1;
@@ -82,8 +83,7 @@ void wsync_cuda_tuning_read(wsync_cuda_tuning_t *t, wsync_cuda_alloc_range_fn ra
     t->split = (wsync_cuda_split_cfg_t){.share = WSYNC_CUDA_CE_SHARE_DEFAULT,
                                         .min_bytes = WSYNC_CUDA_CE_MIN_BYTES_DEFAULT,
                                         .lanes = WSYNC_CUDA_CE_LANES_DEFAULT,
-                                        .range = range};
-    t->lookup = range;
+                                        .range = wsync_cuda_alloc_range};
     t->staging_kind = staging_kind();
     const char *stats = getenv("WSYNC_CUDA_STATS");
     t->stats = stats != NULL && stats[0] != '\0' && strcmp(stats, "0") != 0;
@@ -95,7 +95,7 @@ void wsync_cuda_tuning_read(wsync_cuda_tuning_t *t, wsync_cuda_alloc_range_fn ra
 const wsync_cuda_tuning_t *wsync_cuda_tuning_now(wsync_cuda_tuning_t *t)
 {
 #ifdef WSYNC_CUDA_TUNABLE
-    wsync_cuda_tuning_read(t, t->lookup);
+    wsync_cuda_tuning_read(t);
 #endif
     return t;
 }

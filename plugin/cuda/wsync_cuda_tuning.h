@@ -47,13 +47,12 @@ typedef struct wsync_cuda_tuning {
     int consumed_host; /* 1: *consumed* written by a host function, not by the stream */
     int stats;         /* 1: log the IPC and launch counters after each call */
     wsync_buffer_kind_t staging_kind; /* 0: the default for this machine (wsync_cuda_vmm.c) */
-    wsync_cuda_alloc_range_fn lookup; /* what split.range is unless an experiment turns it off */
 } wsync_cuda_tuning_t;
 
-/* *t as the product runs: the measured defaults and WSYNC_CUDA_STAGING_KIND; in the tunable
- * build, each experiment's variable over them. `range` is the allocation-range lookup the copy
- * engines join copies with. */
-void wsync_cuda_tuning_read(wsync_cuda_tuning_t *t, wsync_cuda_alloc_range_fn range);
+/* *t as the product runs: the measured defaults (the copy engines join copies inside one
+ * allocation, found by wsync_cuda_alloc_range), WSYNC_CUDA_STAGING_KIND and WSYNC_CUDA_STATS; in
+ * the tunable build, each experiment's variable over them. */
+void wsync_cuda_tuning_read(wsync_cuda_tuning_t *t);
 
 /* The settings a call runs with: *t itself; in the tunable build read again first. */
 const wsync_cuda_tuning_t *wsync_cuda_tuning_now(wsync_cuda_tuning_t *t);
