@@ -75,6 +75,20 @@ wsync_result_t wsync_fail_op_at(wsync_error_t *err, wsync_result_t code, uint64_
     return code;
 }
 
+wsync_result_t wsync_fail_from_at(wsync_error_t *err, const wsync_error_t *src, const char *where,
+                                  const char *file, int line, const char *fmt, ...)
+{
+    const int fresh = err != NULL && err->code == WSYNC_OK;
+    uint64_t op;
+    va_list ap;
+    va_start(ap, fmt);
+    wsync_fail_v(err, src->code, where, file, line, fmt, ap);
+    va_end(ap);
+    if (fresh && wsync_error_op(src, &op))
+        wsync_error_set_op(err, op);
+    return src->code;
+}
+
 void wsync_error_copy(wsync_error_t *err, const wsync_error_t *src)
 {
     uint64_t op;

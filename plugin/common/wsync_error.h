@@ -32,6 +32,16 @@ wsync_result_t wsync_fail_op_at(wsync_error_t *err, wsync_result_t code, uint64_
 #define WSYNC_FAIL_OP(err, code, op, ...)                                                          \
     wsync_fail_op_at((err), (code), (op), __func__, __FILE__, __LINE__, __VA_ARGS__)
 
+/* src's failure recorded again into err (its code, and its op when it has one) with a message
+ * of its own (src's, say, with what the caller knows prefixed), logged as wsync_fail_at. */
+wsync_result_t wsync_fail_from_at(wsync_error_t *err, const wsync_error_t *src, const char *where,
+                                  const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+#define wsync_fail_from(err, src, where, ...)                                                      \
+    wsync_fail_from_at((err), (src), (where), __FILE__, __LINE__, __VA_ARGS__)
+#define WSYNC_FAIL_FROM(err, src, ...)                                                             \
+    wsync_fail_from_at((err), (src), __func__, __FILE__, __LINE__, __VA_ARGS__)
+
 /* Copy src's failure (code, where, message, op) into err when err is still OK, writing only the
  * members err's struct_size covers. */
 void wsync_error_copy(wsync_error_t *err, const wsync_error_t *src);

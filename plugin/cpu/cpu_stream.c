@@ -1,7 +1,6 @@
 /* Host streams: a mutex-protected FIFO of tasks and one worker thread per stream. The lock is
  * taken once per task (one task per copy_weights call), never per copy op. */
 #include "cpu_stream.h"
-#include "wsync_client.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -175,14 +174,9 @@ static void wsync_cpu_run_copy(wsync_cpu_task_t *t)
         if (wsync_cpu_read_remote(t->u.copy.remote_pid, t->u.copy.ops, t->u.copy.n, &e) !=
                 WSYNC_OK &&
             t->sink != NULL) {
-            uint64_t op;
             pthread_mutex_lock(&t->sink->lock);
-            if (wsync_error_op(&e, &op))
-                wsync_fail_op(&t->sink->error, e.code, op, "copy_segments", "generation %llu: %s",
-                              (unsigned long long)t->generation, e.message);
-            else
-                wsync_fail(&t->sink->error, e.code, "copy_segments", "generation %llu: %s",
-                           (unsigned long long)t->generation, e.message);
+            wsync_fail_from(&t->sink->error, &e, "copy_segments", "generation %llu: %s",
+                            (unsigned long long)t->generation, e.message);
             pthread_mutex_unlock(&t->sink->lock);
         }
         return;

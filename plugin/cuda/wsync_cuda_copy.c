@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "wsync_client.h"
 #include "wsync_cuda.h"
 #include "wsync_digest.h"
 #include "wsync_quant_kernel.h"
@@ -356,10 +355,7 @@ static wsync_result_t check_digests(struct wsync_consumer *c, wsync_cuda_mapping
             rc = r;
     }
     if (m->deferred.code != WSYNC_OK) {
-        uint64_t op;
-        wsync_result_t r = wsync_error_op(&m->deferred, &op)
-                               ? WSYNC_FAIL_OP(err, m->deferred.code, op, "%s", m->deferred.message)
-                               : WSYNC_FAIL(err, m->deferred.code, "%s", m->deferred.message);
+        wsync_result_t r = WSYNC_FAIL_FROM(err, &m->deferred, "%s", m->deferred.message);
         wsync_error_clear(&m->deferred);
         if (rc == WSYNC_OK)
             rc = r;
@@ -696,15 +692,12 @@ static wsync_result_t quant_settle(wsync_cuda_mapping_t *m, const quant_launch_t
     if (e != cudaSuccess)
         return wsync_cuda_fail(err, e, "copy_quantized", "reading the quantizer's NaN check");
     if (bad != WSYNC_CUDA_QUANT_NO_BAD && m->deferred.code == WSYNC_OK) {
-        wsync_error_t e2 = {.struct_size = sizeof(e2)};
         char written[160];
         snprintf(written, sizeof(written),
                  "%s holding it was left as it was and the rest of the bucket written "
                  "(WSYNC_COPY_QUANT_ONE_PASS)",
                  wsync_fp8_unit(quant[from[bad >> 44]].kind));
-        (void)quant_bad(&e2, from, bad, written);
-        m->deferred.struct_size = sizeof(m->deferred);
-        wsync_error_copy(&m->deferred, &e2);
+        (void)quant_bad(&m->deferred, from, bad, written);
     }
     return WSYNC_OK;
 }

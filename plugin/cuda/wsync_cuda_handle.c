@@ -168,6 +168,7 @@ wsync_result_t wsync_cuda_map(void *user, const wsync_buffer_desc_t *desc, void 
         return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for a mapping");
     m->consumer = c;
     m->vmm.fd = -1;
+    m->deferred.struct_size = sizeof(m->deferred);
     /* A producer on another GPU: resolve its UUID, check and enable peer access (clear error
      * when the two GPUs cannot reach each other). */
     rc = wsync_cuda_peer_enable(c->device, desc->device, NULL, err);

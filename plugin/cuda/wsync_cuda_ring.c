@@ -95,12 +95,8 @@ wsync_result_t wsync_cuda_ring_take(wsync_cuda_ring_t *r, size_t n, wsync_cuda_s
         WSYNC_CUDA_TRY(err, cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming));
     }
     if (s->owner != NULL) {
-        wsync_cuda_mapping_t *m = s->owner;
-        wsync_error_t e2 = {.struct_size = sizeof(e2)};
-        if (wsync_cuda_slot_check(s, &e2) != WSYNC_OK && m->deferred.code == WSYNC_OK) {
-            m->deferred.struct_size = sizeof(m->deferred);
-            wsync_error_copy(&m->deferred, &e2);
-        }
+        /* kept for record_consumed; an earlier failure it has not reported yet stays */
+        (void)wsync_cuda_slot_check(s, &s->owner->deferred);
     }
     if (s->cap_ops < n) {
         wsync_result_t rc = slot_grow(s, n, err);
