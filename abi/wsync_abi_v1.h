@@ -62,7 +62,9 @@ extern "C" {
  *       0.1.7: no member added. Behaviour within the rules: a copy of a generation its buffer
  *         never published is BAD_MANIFEST; the manifest limits' defaults are 16 MiB and 65536
  *         tensors; a staged manifest's tensors must own disjoint, element-aligned bytes.
- *       Appended in 0.1.8: wsync_error_v1_t.op and op_valid, the failing op's index. */
+ *       Appended in 0.1.8: wsync_error_v1_t.op and op_valid, the failing op's index.
+ *       Appended in 0.1.9: buffer kind nixl (7) and WSYNC_STAGING_NIXL, buckets pulled across
+ *         processes and hosts over NIXL. */
 #define WSYNC_ABI_VERSION_1 1u
 
 /* ------------------------------------------------------------------ results */
@@ -165,7 +167,14 @@ typedef enum wsync_buffer_kind {
     /* Appended in 0.1.3, a segment kind only (direct mode): a run of the producer's cuMem chunks
      * (PyTorch's expandable segments, VMM memory), one POSIX fd per chunk, mapped back to back by
      * the CUDA backend; the handle names a descriptor listing the fds (docs/ABI.md). */
-    WSYNC_BUFFER_CUDA_VMM_RUN = 6
+    WSYNC_BUFFER_CUDA_VMM_RUN = 6,
+    /* Appended in 0.1.9, a bucket's buffer (staged mode, WSYNC_STAGING_NIXL): the producer's
+     * staging segment registered with its NIXL agent, read by the consumer with one-sided NIXL
+     * READs, on this host or another (docs/DESIGN.md, "Beyond one host"). Handle bytes: the data
+     * region's address and the control block's (8 bytes each, little-endian) in the producer,
+     * then its agent's name. The manifest's buffer carries the agent's metadata ("peer",
+     * base64), loaded by parse_manifest; pid is 0. */
+    WSYNC_BUFFER_NIXL = 7
 } wsync_buffer_kind_t;
 
 /* ------------------------------------------------------------ manifest view */
@@ -509,6 +518,11 @@ struct wsync_staging; /* a retained staging buffer; opaque */
  * not write the tensors between publish and wait_consumed of that generation. No digests are
  * computed. */
 #define WSYNC_STAGING_DIRECT 0x4u
+/* Appended in 0.1.9. The staging buffer is also registered with the process's NIXL agent and
+ * published as a nixl buffer (WSYNC_BUFFER_NIXL): consumers on other hosts pull it and write
+ * *consumed* back into it, so wait_consumed works as for a local consumer. Not with
+ * WSYNC_STAGING_DIRECT. NOT_SUPPORTED at create when NIXL cannot be loaded. */
+#define WSYNC_STAGING_NIXL 0x8u
 
 typedef struct wsync_staging_config_v1 {
     size_t struct_size;

@@ -134,6 +134,11 @@ wsync_python_env() {
             platformdirs==4.14.9 addict==2.4.0 termcolor==3.3.0 pillow==13.0.0 pybase64==1.5.1 \
             xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2 shortuuid==1.0.13 ||
         echo "wsync: lmdeploy==0.18.0 could not be installed: its integration tests skip, saying so"
+    # NIXL 1.5.1 for the nixl transport's tests: the wheel carries its C API and UCX; its own
+    # dependencies (torch, numpy) are those above. Without it those tests skip, saying so.
+    "$venv/bin/python" -c 'import importlib.util as u; assert u.find_spec("nixl_cu12")' 2>/dev/null ||
+        "$venv/bin/python" -m pip install -q --no-deps nixl-cu12==1.5.1 ||
+        echo "wsync: nixl-cu12==1.5.1 could not be installed: the nixl tests skip, saying so"
     "$venv/bin/python" -m pip install -q "$WSYNC_ROOT"
     WSYNC_PY="$venv/bin/python"
 }

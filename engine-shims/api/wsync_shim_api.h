@@ -73,7 +73,7 @@ wsync_result_t wsync_shim_worker_open(const wsync_shim_worker_config_t *cfg,
 /* Release every mapping, finalize the consumer, unload the plugin. NULL is a no-op. */
 void wsync_shim_worker_close(wsync_shim_worker_t *w);
 
-/* The plugin in use ("host 0.1.8"), or "native: <why>" (malloc'd). */
+/* The plugin in use ("host 0.1.9"), or "native: <why>" (malloc'd). */
 char *wsync_shim_worker_backend(const wsync_shim_worker_t *w, int *native);
 
 /* Handle one request message (JSON text of the engine's API, wsync_shim.h) and return the reply

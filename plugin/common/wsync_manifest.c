@@ -15,6 +15,7 @@
 #include "wsync_dtype.h"
 #include "wsync_error.h"
 #include "wsync_manifest_parts.h"
+#include "wsync_nixl_buffer.h"
 #include "wsync_torch_handle.h"
 
 /* ------------------------------------------------------------- buffer kinds */
@@ -34,6 +35,8 @@ const char *wsync_buffer_kind_name(wsync_buffer_kind_t k)
         return "host_pid";
     case WSYNC_BUFFER_CUDA_VMM_RUN:
         return "cuda_vmm_run";
+    case WSYNC_BUFFER_NIXL:
+        return "nixl";
     case WSYNC_BUFFER_INVALID:
         break;
     }
@@ -56,6 +59,8 @@ wsync_buffer_kind_t wsync_buffer_kind_from_name(const char *name)
         return WSYNC_BUFFER_HOST_PID;
     if (strcmp(name, "cuda_vmm_run") == 0)
         return WSYNC_BUFFER_CUDA_VMM_RUN;
+    if (strcmp(name, "nixl") == 0)
+        return WSYNC_BUFFER_NIXL;
     return WSYNC_BUFFER_INVALID;
 }
 
@@ -220,7 +225,7 @@ static wsync_result_t wsync_parse_buffer(const json_t *b, long segment, wsync_bu
     if (d->kind == WSYNC_BUFFER_INVALID)
         return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
                           "%s.kind: unknown kind \"%.64s\" (expected cuda_ipc, host_shm, "
-                          "cuda_vmm_fd, torch, torch_expandable, host_pid or cuda_vmm_run)",
+                          "cuda_vmm_fd, torch, torch_expandable, host_pid, cuda_vmm_run or nixl)",
                           what, s);
 
     p.field = "handle";
@@ -245,6 +250,11 @@ static wsync_result_t wsync_parse_buffer(const json_t *b, long segment, wsync_bu
                           "%s: a host_pid buffer is a segment of a direct manifest whose handle is "
                           "its 8-byte address, got %s with %u handle bytes",
                           what, segment < 0 ? "the buffer" : "a segment", d->handle_len);
+    if (d->kind == WSYNC_BUFFER_NIXL && segment >= 0)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "%s: a nixl buffer is a bucket's buffer, not a segment of a direct "
+                          "manifest",
+                          what);
     if (d->kind == WSYNC_BUFFER_CUDA_VMM_RUN && segment < 0)
         return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
                           "%s: a cuda_vmm_run buffer is a segment of a direct manifest, not a "
@@ -322,6 +332,13 @@ static wsync_result_t wsync_parse_buffer(const json_t *b, long segment, wsync_bu
                               "%s.control: \"%.40s...\" is %zu bytes, the limit is %d", what, s, n,
                               WSYNC_HANDLE_MAX - 1);
         memcpy(d->control, s, n + 1);
+    }
+    if (d->kind == WSYNC_BUFFER_NIXL) { /* the producer's agent, loaded for open_handle */
+        p.field = "peer";
+        if ((r = wsync_read_string(json_object_get(b, "peer"), &p, 1, &s, &n, err)) != WSYNC_OK)
+            return r;
+        if ((r = wsync_nixl_buffer_peer(s, "buffer.peer", err)) != WSYNC_OK)
+            return r;
     }
     return WSYNC_OK;
 }

@@ -12,6 +12,7 @@
 #include "wsync_dtype.h"
 #include "wsync_error.h"
 #include "wsync_manifest.h"
+#include "wsync_nixl_buffer.h"
 #include "wsync_text.h"
 #include "wsync_utf8.h"
 
@@ -191,6 +192,15 @@ static int wsync_text_buffer(wsync_text_t *t, const wsync_buffer_desc_t *b)
         if (!wsync_text_json_strn(t, b->control, WSYNC_HANDLE_MAX))
             return 0;
     }
+    if (b->kind == WSYNC_BUFFER_NIXL) { /* the agent's metadata now: it names every region */
+        char *peer = NULL;
+        if (wsync_nixl_export_peer(&peer, NULL) != WSYNC_OK)
+            return 0;
+        wsync_text_str(t, ",\"peer\":\"");
+        wsync_text_str(t, peer);
+        wsync_text_put(t, "\"", 1);
+        free(peer);
+    }
     wsync_text_put(t, "}", 1);
     return 1;
 }
@@ -313,7 +323,8 @@ wsync_result_t wsync_manifest_emit_with_tail(const wsync_manifest_t *m, const ch
     if (!wsync_text_head(&t, m, wsync_emit_blob(m))) {
         free(t.p);
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
-                          "a device or control name of the buffer is not valid UTF-8");
+                          "a device or control name of the buffer is not valid UTF-8, or its NIXL "
+                          "agent gave no metadata");
     }
     wsync_text_put(&t, tail, tail_len);
     if (t.bad) {

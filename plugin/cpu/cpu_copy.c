@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cpu_internal.h"
+#include "cpu_nixl.h"
 #include "wsync_error.h"
 #include "wsync_validate.h"
 
@@ -41,6 +42,8 @@ static wsync_result_t wsync_cpu_enqueue(struct wsync_consumer *c, struct wsync_h
     pthread_mutex_lock(&h->lock);
     if (h->pending_generation == 0 || generation != h->pending_generation)
         r = wsync_validate_generation(wsync_cpu_handle_last_generation(h), generation, err);
+    if (r == WSYNC_OK && h->nixl != NULL)
+        r = wsync_cpu_nixl_pull(c, h, ops, n_ops, generation, err);
     if (r == WSYNC_OK && h->control != NULL)
         r = wsync_control_check_published(h->control, generation, h->shm.name, err);
     if (r != WSYNC_OK)
@@ -202,6 +205,8 @@ wsync_result_t wsync_cpu_record_consumed(struct wsync_consumer *c, struct wsync_
         r = wsync_cpu_stream_signal_consumed(primary, h->control, generation, &h->sink, &seq, err);
     if (r == WSYNC_OK)
         r = wsync_cpu_note_carrier(h, primary, seq, err);
+    if (r == WSYNC_OK && h->nixl != NULL) /* pulled already: the producer may stage again */
+        r = wsync_nixl_buffer_consumed(h->nixl, generation, c->timeout_ms, err);
     if (r == WSYNC_OK) {
         wsync_carriers_settle(&h->carriers);
         h->pending_generation = 0;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "cpu_internal.h"
+#include "cpu_nixl.h"
 #include "wsync_error.h"
 
 /* The shm name in a desc: handle bytes, no NUL inside, shorter than WSYNC_SHM_NAME_MAX. */
@@ -108,6 +109,8 @@ wsync_result_t wsync_cpu_handle_map(void *user, const wsync_buffer_desc_t *desc,
 
     if (desc->kind == WSYNC_BUFFER_HOST_PID)
         return wsync_cpu_segment_map(c, desc, mapping, err);
+    if (desc->kind == WSYNC_BUFFER_NIXL)
+        return wsync_cpu_nixl_map(c, desc, mapping, err);
     if ((r = wsync_cpu_desc_name(desc, name, err)) != WSYNC_OK)
         return r;
     struct wsync_handle *h = calloc(1, sizeof(*h));
@@ -146,7 +149,9 @@ void wsync_cpu_handle_unmap(void *user, void *mapping)
         }
     }
     pthread_mutex_unlock(&c->lock);
-    if (!h->is_segment) {
+    if (h->nixl != NULL) {
+        wsync_cpu_nixl_unmap(h);
+    } else if (!h->is_segment) {
         wsync_control_detach(h->control);
         wsync_shm_close(&h->shm);
     }

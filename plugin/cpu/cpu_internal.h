@@ -17,6 +17,7 @@
 #include "wsync_carrier.h"
 #include "wsync_control.h"
 #include "wsync_manifest_cache.h"
+#include "wsync_nixl_buffer.h"
 #include "wsync_shm.h"
 
 #define WSYNC_CPU_DEFAULT_TIMEOUT_MS 30000u
@@ -38,6 +39,7 @@ struct wsync_handle {
     wsync_cpu_sink_t sink;
     uint64_t remote;           /* host_pid segment: its address in peer_pid (no mapping) */
     int is_segment;            /* host_pid: no shm, no control block */
+    wsync_nixl_buffer_t *nixl; /* nixl buffer: its peer; data is our landing region */
     struct wsync_handle *next; /* consumer's list of live handles */
 };
 

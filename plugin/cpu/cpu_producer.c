@@ -14,6 +14,7 @@
 #include "wsync_host_ranges.h"
 #include "wsync_layout.h"
 #include "wsync_manifest.h"
+#include "wsync_nixl_buffer.h"
 
 struct wsync_staging {
     pthread_mutex_t lock; /* serialises the members; the ABI calls them from one thread */
@@ -34,6 +35,7 @@ struct wsync_staging {
     size_t n_streams, cap_streams;
     wsync_cpu_unlink_t unlink_node;
     wsync_direct_set_t direct; /* WSYNC_STAGING_DIRECT: the buckets named in place */
+    wsync_nixl_export_t nixl;  /* WSYNC_STAGING_NIXL: the segment as its consumers read it */
 };
 
 /* A direct staging's segment holds only its control block and these few bytes: no tensor fits,
@@ -57,14 +59,19 @@ wsync_result_t wsync_cpu_staging_create(const wsync_staging_config_t *config,
                           "bytes");
     *out = NULL;
     uint32_t flags = WSYNC_HAS_FIELD(wsync_staging_config_t, config, flags) ? config->flags : 0;
-    const uint32_t known =
-        WSYNC_STAGING_FIXED_LAYOUT | WSYNC_STAGING_NO_DIGESTS | WSYNC_STAGING_DIRECT;
+    const uint32_t known = WSYNC_STAGING_FIXED_LAYOUT | WSYNC_STAGING_NO_DIGESTS |
+                           WSYNC_STAGING_DIRECT | WSYNC_STAGING_NIXL;
     if ((flags & ~known) != 0)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "unknown staging flags 0x%x; only WSYNC_STAGING_FIXED_LAYOUT (0x1), "
-                          "WSYNC_STAGING_NO_DIGESTS (0x2) and WSYNC_STAGING_DIRECT (0x4) are "
-                          "defined",
+                          "WSYNC_STAGING_NO_DIGESTS (0x2), WSYNC_STAGING_DIRECT (0x4) and "
+                          "WSYNC_STAGING_NIXL (0x8) are defined",
                           flags & ~known);
+    if ((flags & WSYNC_STAGING_DIRECT) && (flags & WSYNC_STAGING_NIXL))
+        return WSYNC_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
+                          "staging flags 0x%x: a nixl staging is staged (its consumers pull its "
+                          "bytes); WSYNC_STAGING_DIRECT with WSYNC_STAGING_NIXL is not supported",
+                          flags);
     const uint64_t bytes = (flags & WSYNC_STAGING_DIRECT) ? WSYNC_CPU_DIRECT_BYTES : config->bytes;
     if (flags & WSYNC_STAGING_DIRECT)
         wsync_direct_allow_readers();
@@ -91,6 +98,12 @@ wsync_result_t wsync_cpu_staging_create(const wsync_staging_config_t *config,
     s->control = s->shm.addr;
     s->data = (uint8_t *)s->shm.addr + WSYNC_CONTROL_SIZE;
     wsync_control_init(s->control, WSYNC_CONTROL_SIZE, s->capacity);
+    if ((flags & WSYNC_STAGING_NIXL) &&
+        (r = wsync_nixl_export(s->shm.addr, size, WSYNC_CONTROL_SIZE, &s->nixl, err)) != WSYNC_OK) {
+        wsync_shm_unlink(&s->shm);
+        wsync_shm_close(&s->shm);
+        goto fail;
+    }
     wsync_cpu_unlink_register(&s->unlink_node, s->shm.name);
     *out = s;
     return WSYNC_OK;
@@ -224,6 +237,8 @@ wsync_result_t wsync_cpu_publish(struct wsync_staging *s, wsync_stream_t stream,
     b->pid = (int64_t)getpid();
     memcpy(b->device, "cpu", 4);
     memcpy(b->control, s->shm.name, b->handle_len + 1);
+    if (s->flags & WSYNC_STAGING_NIXL)
+        wsync_nixl_export_desc(&s->nixl, b);
     r = s->direct.have
             ? wsync_direct_emit(wsync_direct_current(&s->direct), b, g, finished, &json, err)
             : wsync_manifest_emit(&m, &json, err);
@@ -275,6 +290,8 @@ wsync_result_t wsync_cpu_retire(struct wsync_staging *s, wsync_error_t *err)
     for (size_t i = 0; i < s->n_streams; i++)
         wsync_cpu_stream_destroy(s->streams[i]);
     wsync_cpu_stream_destroy(s->default_stream);
+    if (s->flags & WSYNC_STAGING_NIXL)
+        wsync_nixl_export_end(&s->nixl); /* a late pull finds the retired mark, or nothing */
     wsync_cpu_unlink_unregister(&s->unlink_node);
     wsync_shm_unlink(&s->shm);
     wsync_shm_close(&s->shm);

@@ -21,6 +21,7 @@ COPY_QUANT_ONE_PASS = 0x2  # copy_quantized: the NaN check rides in the quantizi
 STAGING_FIXED_LAYOUT = 0x1
 STAGING_NO_DIGESTS = 0x2
 STAGING_DIRECT = 0x4
+STAGING_NIXL = 0x8  # appended in 0.1.9: the buckets are pulled over NIXL
 
 # wsync_dtype_t: values fixed by the ABI.
 DTYPES = {

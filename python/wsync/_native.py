@@ -11,6 +11,7 @@ CPU plugin), exactly as for C engines.
 from __future__ import annotations
 
 import ctypes as C
+import importlib.util
 import os
 import threading
 from dataclasses import dataclass
@@ -179,8 +180,34 @@ class LoadedPlugin:
 _plugins: dict = {}
 
 
+# The NIXL wheels, newest CUDA first; each carries NIXL's C API beside its Python module.
+_NIXL_PACKAGES = ("nixl_cu13", "nixl_cu12")
+
+
+def find_nixl() -> Optional[str]:
+    """NIXL's C API (libnixl_capi.so) of an installed NIXL wheel, which the plugins open on the
+    first nixl buffer: ``WSYNC_NIXL_LIB`` when set, else the wheel's copy, which then becomes
+    ``WSYNC_NIXL_LIB``. None when no wheel is installed (a nixl buffer then fails naming it)."""
+    if os.environ.get("WSYNC_NIXL_LIB"):
+        return os.environ["WSYNC_NIXL_LIB"]
+    for name in _NIXL_PACKAGES:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        site = Path(list(spec.submodule_search_locations)[0]).parent
+        lib = site / f".{name}.mesonpy.libs" / "libnixl_capi.so"
+        if lib.is_file():
+            os.environ["WSYNC_NIXL_LIB"] = str(lib)
+            return str(lib)
+    return None
+
+
 def load_plugin(path: Optional[str] = None) -> LoadedPlugin:
     """Load a plugin through the C loader (``path``, else ``WSYNC_PLUGIN``, else the default)."""
+    find_nixl()
     s = shim()
     key = path or os.environ.get("WSYNC_PLUGIN") or ""
     with _lock:

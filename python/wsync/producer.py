@@ -27,7 +27,7 @@ import torch
 
 from . import _abi, _native, _torch, messages
 from .checkpoint import checkpoint_tensors
-from .errors import InvalidArgument, check_reply
+from .errors import InvalidArgument, NotSupported, check_reply
 
 #: The engine ranks' reply texts to one request (one each), or a callable that returns them
 #: later (the request is in flight: a Ray ObjectRef's ``ray.get``, a future's ``result``).
@@ -73,8 +73,8 @@ def _expect(pairs: Sequence[tuple], cast_to: Optional[torch.dtype]) -> Tuple[Lis
     return [n for n, _ in pairs], sum(size(t) for _, t in pairs)
 
 
-def _begin_text(version: int, names: List[str], nbytes: int) -> str:
-    return messages.begin(version, names, nbytes)
+def _begin_text(version: int, names: List[str], nbytes: int, pid: Optional[int] = None) -> str:
+    return messages.begin(version, names, nbytes, pid)
 
 
 @contextlib.contextmanager
@@ -165,7 +165,12 @@ class Producer:
     consumed, before bucket k's requests are sent. The engine's copy of bucket k is then queued
     while that stage runs instead of reaching an idle GPU beside it (docs/PYTHON.md, "The order
     of a sync's buckets"). ``stage_first=False`` sends each bucket as soon as it is published,
-    for a transport whose latency exceeds a bucket's stage."""
+    for a transport whose latency exceeds a bucket's stage.
+
+    ``transport``: "local" (default: the engines map the buffers, on this host), or "nixl": each
+    buffer is also registered with this process's NIXL agent and the engines pull the buckets
+    with one-sided READs, on this host or another (docs/DESIGN.md, "Beyond one host"). The
+    engines need no setting: the manifests say how to read them. Staged only (not ``direct``)."""
 
     def __init__(
         self,
@@ -185,7 +190,16 @@ class Producer:
         ep_size: int = 1,
         experts: Optional[int] = None,
         stage_first: bool = True,
+        transport: str = "local",
     ) -> None:
+        if transport not in ("local", "nixl"):
+            raise InvalidArgument(1, "Producer", f"transport={transport!r}: \"local\" or \"nixl\"")
+        if transport == "nixl" and direct:
+            raise NotSupported(4, "Producer", "transport='nixl' with direct=True: the engines pull "
+                               "staged buckets; a direct sync names this process's memory")
+        self.transport = transport
+        if transport == "nixl":
+            _native.find_nixl()
         if buffers < 1:
             raise InvalidArgument(1, "Producer", f"buffers={buffers}: at least 1")
         if ep_size < 1 or tp_size % ep_size != 0:
@@ -237,7 +251,8 @@ class Producer:
                         struct_size=C.sizeof(_abi.StagingConfig),
                         bytes=self.bucket_bytes,
                         device_ordinal=(d.index or 0) if d.type == "cuda" else 0,
-                        flags=_abi.STAGING_DIRECT if direct else 0 if digests else _abi.STAGING_NO_DIGESTS,
+                        flags=(_abi.STAGING_DIRECT if direct else 0 if digests else _abi.STAGING_NO_DIGESTS)
+                        | (_abi.STAGING_NIXL if transport == "nixl" else 0),
                         timeout_ms=timeout_ms,
                     )
                     st = C.c_void_p()
@@ -683,7 +698,8 @@ class Producer:
                 plan = self._sync_plan_new(raw)
             check = None
         if version is not None:
-            check_replies(_resolve(send(_begin_text(version, plan.names, plan.nbytes))))
+            pid = 0 if self.transport == "nixl" else None  # no liveness check of a remote trainer
+            check_replies(_resolve(send(_begin_text(version, plan.names, plan.nbytes, pid))))
         pending: deque = deque()  # (buffer set, replies to check), oldest first
         try:
             plan = self._sync_buckets(raw, plan, check, send, weight_version, stream, pending)

@@ -560,10 +560,10 @@ static void test_staging_without_digests(void **state)
     publish_gen(f, 1);
     for (size_t i = 0; i < f->m->n_tensors; i++)
         assert_int_equal(f->m->tensors[i].has_digest, 1);
-    wsync_staging_config_t cfg = {.struct_size = sizeof(cfg), .bytes = 4096, .flags = 0x8};
+    wsync_staging_config_t cfg = {.struct_size = sizeof(cfg), .bytes = 4096, .flags = 0x10};
     wsync_error_t err = {.struct_size = sizeof(err)};
     assert_int_equal(P.p->create(&cfg, &s, &err), WSYNC_ERR_INVALID_ARGUMENT);
-    assert_non_null(strstr(err.message, "0x8"));
+    assert_non_null(strstr(err.message, "0x10"));
 }
 
 /* Generation g published (after g - 1 was consumed), the handle open, ops for every tensor. */

@@ -1,0 +1,68 @@
+/* The two ends of a nixl buffer (WSYNC_BUFFER_NIXL), shared by the backends: the producer
+ * registers its staging segment (control block and data) and names it in the manifest with its
+ * agent's metadata; the consumer pulls the bytes its ops read into a landing region of its own,
+ * checks the producer's control block around the pull, and writes *consumed* back into it.
+ * Backends own only the memory (host or device) of the landing region. */
+#ifndef WSYNC_COMMON_NIXL_BUFFER_H
+#define WSYNC_COMMON_NIXL_BUFFER_H
+
+#include <stdint.h>
+
+#include "wsync_abi.h"
+#include "wsync_control.h"
+#include "wsync_nixl.h"
+
+/* ------------------------------------------------------------------ producer */
+
+/* Register `bytes` at `segment` (a control block, then the data at data_offset) and make
+ * `d` (kind, handle) name it for peers. */
+typedef struct wsync_nixl_export {
+    wsync_nixl_reg_t *reg;
+    uint64_t control;
+    uint64_t data;
+} wsync_nixl_export_t;
+wsync_result_t wsync_nixl_export(void *segment, uint64_t bytes, uint64_t data_offset,
+                                 wsync_nixl_export_t *x, wsync_error_t *err);
+void wsync_nixl_export_end(wsync_nixl_export_t *x);
+/* Fill d's kind and handle for x; pid 0 (the producer may be on another host). */
+void wsync_nixl_export_desc(const wsync_nixl_export_t *x, wsync_buffer_desc_t *d);
+/* The agent's metadata as base64 text for the manifest (malloc'd; the caller frees it). */
+wsync_result_t wsync_nixl_export_peer(char **b64, wsync_error_t *err);
+
+/* ------------------------------------------------------------------ consumer */
+
+typedef struct wsync_nixl_buffer {
+    char peer[WSYNC_NIXL_NAME_MAX];
+    uint64_t remote_data;
+    uint64_t remote_control;
+    uint8_t *landing; /* the backend's: host or device memory of `bytes` */
+    uint64_t bytes;
+    int vram;
+    wsync_nixl_reg_t *landing_reg;
+    wsync_control_t *seen; /* host: the producer's control block as last read, then ... */
+    uint64_t *word;        /* ... the consumed generation written back from here */
+    wsync_nixl_reg_t *host_reg;
+    char what[160]; /* "bucket of <peer>" in messages */
+} wsync_nixl_buffer_t;
+
+/* Decode d's handle (BAD_MANIFEST naming the field), check its peer is known (the manifest's
+ * parse loaded it: NOT_FOUND otherwise) and register the landing region. */
+wsync_result_t wsync_nixl_buffer_open(const wsync_buffer_desc_t *d, void *landing, int vram,
+                                      wsync_nixl_buffer_t *b, wsync_error_t *err);
+void wsync_nixl_buffer_close(wsync_nixl_buffer_t *b);
+
+/* Pull what ops read of `generation` into the landing region (their source bytes, at the same
+ * offsets), after checking the producer published it, and check again after the pull that the
+ * buffer still holds it (a producer that moved on tore the bytes: refused, nothing copied). */
+wsync_result_t wsync_nixl_buffer_pull(wsync_nixl_buffer_t *b, const wsync_copy_op_t *ops, size_t n,
+                                      uint64_t generation, uint32_t timeout_ms, wsync_error_t *err);
+
+/* Tell the producer `generation` is consumed: its buffer may be staged again. */
+wsync_result_t wsync_nixl_buffer_consumed(wsync_nixl_buffer_t *b, uint64_t generation,
+                                          uint32_t timeout_ms, wsync_error_t *err);
+
+/* Load the peer metadata of a manifest's buffer (base64 text of the "peer" field) into this
+ * process's agent; `field` names it in messages. */
+wsync_result_t wsync_nixl_buffer_peer(const char *b64, const char *field, wsync_error_t *err);
+
+#endif

@@ -1,0 +1,80 @@
+/* nixl buffers on the CPU backend (cpu_nixl.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_nixl.h"
+#include "wsync_error.h"
+
+#define WSYNC_CPU_NIXL_ALIGN 4096u
+
+wsync_result_t wsync_cpu_nixl_map(struct wsync_consumer *c, const wsync_buffer_desc_t *desc,
+                                  void **mapping, wsync_error_t *err)
+{
+    struct wsync_handle *h = calloc(1, sizeof(*h));
+    wsync_nixl_buffer_t *b = calloc(1, sizeof(*b));
+    wsync_control_t *ctl = calloc(1, sizeof(*ctl));
+    void *landing = NULL;
+    const size_t size =
+        (desc->bytes + WSYNC_CPU_NIXL_ALIGN - 1) & ~(size_t)(WSYNC_CPU_NIXL_ALIGN - 1);
+    if (h == NULL || b == NULL || ctl == NULL ||
+        posix_memalign(&landing, WSYNC_CPU_NIXL_ALIGN, size) != 0) {
+        free(h);
+        free(b);
+        free(ctl);
+        return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY,
+                          "no memory for a landing region of %llu bytes for a nixl buffer",
+                          (unsigned long long)desc->bytes);
+    }
+    wsync_result_t r = wsync_nixl_buffer_open(desc, landing, 0, b, err);
+    if (r != WSYNC_OK) {
+        free(landing);
+        free(h);
+        free(b);
+        free(ctl);
+        return r;
+    }
+    /* The handle's own control block: ready and published follow the pulls, consumed the
+     * records (the producer's is written through NIXL). */
+    wsync_control_init(ctl, 0, desc->bytes);
+    h->consumer = c;
+    h->nixl = b;
+    h->control = ctl;
+    h->data = landing;
+    h->bytes = desc->bytes;
+    snprintf(h->shm.name, sizeof(h->shm.name), "nixl:%.58s", b->peer);
+    pthread_mutex_init(&h->lock, NULL);
+    wsync_cpu_sink_init(&h->sink);
+    pthread_mutex_lock(&c->lock);
+    h->next = c->handles;
+    c->handles = h;
+    pthread_mutex_unlock(&c->lock);
+    *mapping = h;
+    return WSYNC_OK;
+}
+
+void wsync_cpu_nixl_unmap(struct wsync_handle *h)
+{
+    wsync_nixl_buffer_close(h->nixl);
+    free(h->nixl->landing);
+    free(h->nixl);
+    free(h->control);
+}
+
+wsync_result_t wsync_cpu_nixl_pull(struct wsync_consumer *c, struct wsync_handle *h,
+                                   const wsync_copy_op_t *ops, size_t n_ops, uint64_t generation,
+                                   wsync_error_t *err)
+{
+    /* The last generation's copies may still read the landing region; a later call of the same
+     * bucket (quantized ops after plain ones) pulls its own ranges, the same bytes again where
+     * they meet. */
+    if (h->pending_generation != generation)
+        for (size_t i = 0; i < h->carriers.n; i++)
+            wsync_cpu_stream_wait(h->carriers.at[i].stream, h->carriers.at[i].mark);
+    wsync_result_t r = wsync_nixl_buffer_pull(h->nixl, ops, n_ops, generation, c->timeout_ms, err);
+    if (r != WSYNC_OK)
+        return r;
+    wsync_control_publish(h->control, generation);
+    wsync_control_signal_ready(h->control, generation);
+    return WSYNC_OK;
+}
