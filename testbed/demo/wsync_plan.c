@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "wsync_cli.h"
+#include "wsync_plan_fanout.h"
 #include "wsync_ref_layout.h"
 #include "wsync_reshard.h"
 #include "wsync_shim.h"
@@ -107,6 +108,7 @@ static void usage(FILE *out)
             "                  --engine sglang|vllm|lmdeploy --engine-tp N [--engine-ep E]\n"
             "                  [--gpus-per-node G] [--nvlink-gbs B] [--net-gbs B] [--hbm-gbs B]\n"
             "                  [--json]\n"
+            "       wsync plan --fanout ... (wsync plan --fanout --help)\n"
             "  The resharding plan of a Hugging Face config.json's model (bf16) from a trainer\n"
             "  of T x F x D x P ranks (rank r on GPU r; ep=X: expert parallelism over the F\n"
             "  ranks) into engine replicas of N ranks over the same GPUs (replica j's rank i on\n"
@@ -237,6 +239,9 @@ static void report(const plan_opts_t *o, const wsync_model_t *m, uint32_t world,
 
 int main(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--fanout") == 0)
+            return wsync_plan_fanout(argc, argv);
     plan_opts_t o;
     if (parse(argc, argv, &o) != 0)
         return 2;
