@@ -20,10 +20,11 @@
 
 #include "wsync_abi.h"
 
-#define WSYNC_NIXL_NAME_MAX 96u    /* bytes of an agent name, NUL included */
-#define WSYNC_NIXL_MD_MAX 65536u   /* bytes of an agent's metadata wsync accepts */
-#define WSYNC_NIXL_HANDLE_HEAD 16u /* handle bytes: data address, control address, then the name   \
-                                    */
+#define WSYNC_NIXL_NAME_MAX 96u  /* bytes of an agent name, NUL included */
+#define WSYNC_NIXL_MD_MAX 65536u /* bytes of an agent's metadata wsync accepts */
+#define WSYNC_NIXL_HANDLE_HEAD                                                                     \
+    16u /* handle bytes: data address, control address, then the name                              \
+         */
 
 typedef struct wsync_nixl_reg wsync_nixl_reg_t;
 

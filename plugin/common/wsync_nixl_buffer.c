@@ -136,6 +136,11 @@ wsync_result_t wsync_nixl_buffer_open(const wsync_buffer_desc_t *d, void *landin
 
 void wsync_nixl_buffer_close(wsync_nixl_buffer_t *b)
 {
+    for (size_t i = 0; i < b->n_dsts; i++)
+        wsync_nixl_deregister(b->dsts[i].reg);
+    free(b->dsts);
+    b->dsts = NULL;
+    b->n_dsts = b->cap_dsts = 0;
     wsync_nixl_deregister(b->landing_reg);
     wsync_nixl_deregister(b->host_reg);
     free(b->seen);
@@ -297,4 +302,93 @@ wsync_result_t wsync_nixl_buffer_consumed(wsync_nixl_buffer_t *b, uint64_t gener
                                               offsetof(wsync_control_t, consumed_generation),
                                     .bytes = sizeof(uint64_t)};
     return wsync_nixl_transfer(1, b->peer, &span, 1, 0, timeout_ms, b->what, err);
+}
+
+/* Make [start, end) covered by a registration of b's (see wsync_nixl_dst_t). */
+static wsync_result_t nixl_dst_cover(wsync_nixl_buffer_t *b, uint64_t start, uint64_t end,
+                                     wsync_error_t *err)
+{
+    size_t lo = 0, hi = b->n_dsts; /* first entry whose end >= end */
+    while (lo < hi) {
+        const size_t mid = (lo + hi) / 2;
+        if (b->dsts[mid].end < end)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < b->n_dsts && b->dsts[lo].end == end && b->dsts[lo].start <= start)
+        return WSYNC_OK;
+    wsync_nixl_reg_t *reg = NULL;
+    wsync_result_t r =
+        wsync_nixl_register((void *)(uintptr_t)start, end - start, b->vram, 0, &reg, err);
+    if (r != WSYNC_OK)
+        return r;
+    if (lo < b->n_dsts && b->dsts[lo].end == end) { /* a wider range of the same parameter */
+        wsync_nixl_deregister(b->dsts[lo].reg);
+        b->dsts[lo] = (wsync_nixl_dst_t){start, end, reg};
+        return WSYNC_OK;
+    }
+    if (b->n_dsts == b->cap_dsts) {
+        const size_t cap = b->cap_dsts ? 2 * b->cap_dsts : 64;
+        void *p = realloc(b->dsts, cap * sizeof(*b->dsts));
+        if (p == NULL) {
+            wsync_nixl_deregister(reg);
+            return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu registrations", cap);
+        }
+        b->dsts = p;
+        b->cap_dsts = cap;
+    }
+    memmove(&b->dsts[lo + 1], &b->dsts[lo], (b->n_dsts - lo) * sizeof(*b->dsts));
+    b->dsts[lo] = (wsync_nixl_dst_t){start, end, reg};
+    b->n_dsts++;
+    return WSYNC_OK;
+}
+
+/* Op i as spans from the producer's buffer into its destination: one when both sides are
+ * contiguous, else one a row. */
+static wsync_result_t nixl_op_spans(const wsync_nixl_buffer_t *b, const wsync_copy_op_t *o,
+                                    wsync_nixl_span_t **s, size_t *k, size_t *cap,
+                                    wsync_error_t *err)
+{
+    const int whole =
+        o->rows == 1 || (o->src_pitch == o->row_bytes && o->dst_pitch == o->row_bytes);
+    const uint64_t pieces = whole ? 1 : o->rows;
+    if (*k + pieces > *cap) {
+        const size_t want = 2 * (*k + pieces);
+        void *p = realloc(*s, want * sizeof(**s));
+        if (p == NULL)
+            return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu spans", want);
+        *s = p;
+        *cap = want;
+    }
+    for (uint64_t r = 0; r < pieces; r++)
+        (*s)[(*k)++] =
+            (wsync_nixl_span_t){.local = (uint64_t)(uintptr_t)o->dst + r * o->dst_pitch,
+                                .remote = b->remote_data + o->src_offset + r * o->src_pitch,
+                                .bytes = whole ? o->rows * o->row_bytes : o->row_bytes};
+    return WSYNC_OK;
+}
+
+wsync_result_t wsync_nixl_buffer_pull_into(wsync_nixl_buffer_t *b, const wsync_copy_op_t *ops,
+                                           size_t n, uint64_t generation, uint32_t timeout_ms,
+                                           wsync_error_t *err)
+{
+    wsync_result_t r = nixl_check_control(b, generation, timeout_ms, 1, "before the pull", err);
+    wsync_nixl_span_t *spans = NULL;
+    size_t k = 0, cap = 0;
+    for (size_t i = 0; r == WSYNC_OK && i < n; i++) {
+        const wsync_copy_op_t *o = &ops[i];
+        if (o->rows == 0 || o->row_bytes == 0)
+            continue;
+        const uint64_t start = (uint64_t)(uintptr_t)o->dst;
+        r = nixl_dst_cover(b, start, start + o->dst_extent, err);
+        if (r == WSYNC_OK)
+            r = nixl_op_spans(b, o, &spans, &k, &cap, err);
+    }
+    if (r == WSYNC_OK)
+        r = wsync_nixl_transfer(0, b->peer, spans, k, b->vram, timeout_ms, b->what, err);
+    free(spans);
+    if (r == WSYNC_OK)
+        r = nixl_check_control(b, generation, timeout_ms, 0, "after the pull", err);
+    return r;
 }

@@ -31,6 +31,13 @@ wsync_result_t wsync_nixl_export_peer(char **b64, wsync_error_t *err);
 
 /* ------------------------------------------------------------------ consumer */
 
+/* A destination range registered for pulls straight into it (its end: where the parameter ends,
+ * a copy op's dst + dst_extent). */
+typedef struct wsync_nixl_dst {
+    uint64_t start, end;
+    wsync_nixl_reg_t *reg;
+} wsync_nixl_dst_t;
+
 typedef struct wsync_nixl_buffer {
     char peer[WSYNC_NIXL_NAME_MAX];
     uint64_t remote_data;
@@ -42,7 +49,9 @@ typedef struct wsync_nixl_buffer {
     wsync_control_t *seen; /* host: the producer's control block as last read, then ... */
     uint64_t *word;        /* ... the consumed generation written back from here */
     wsync_nixl_reg_t *host_reg;
-    char what[160]; /* "bucket of <peer>" in messages */
+    char what[160];         /* "the bucket buffer at <address> of <peer>" in messages */
+    wsync_nixl_dst_t *dsts; /* registered destinations, sorted by end; kept until close */
+    size_t n_dsts, cap_dsts;
 } wsync_nixl_buffer_t;
 
 /* Decode d's handle (BAD_MANIFEST naming the field), check its peer is known (the manifest's
@@ -56,6 +65,13 @@ void wsync_nixl_buffer_close(wsync_nixl_buffer_t *b);
  * buffer still holds it (a producer that moved on tore the bytes: refused, nothing copied). */
 wsync_result_t wsync_nixl_buffer_pull(wsync_nixl_buffer_t *b, const wsync_copy_op_t *ops, size_t n,
                                       uint64_t generation, uint32_t timeout_ms, wsync_error_t *err);
+
+/* The same, straight into the ops' destinations (host memory unless the buffer's landing is
+ * vram): no landing region, no copy after. Each destination's range up to dst + dst_extent is
+ * registered on first use and kept until close. The ops must have been validated. */
+wsync_result_t wsync_nixl_buffer_pull_into(wsync_nixl_buffer_t *b, const wsync_copy_op_t *ops,
+                                           size_t n, uint64_t generation, uint32_t timeout_ms,
+                                           wsync_error_t *err);
 
 /* Tell the producer `generation` is consumed: its buffer may be staged again. */
 wsync_result_t wsync_nixl_buffer_consumed(wsync_nixl_buffer_t *b, uint64_t generation,

@@ -42,8 +42,11 @@ static wsync_result_t wsync_cpu_enqueue(struct wsync_consumer *c, struct wsync_h
     pthread_mutex_lock(&h->lock);
     if (h->pending_generation == 0 || generation != h->pending_generation)
         r = wsync_validate_generation(wsync_cpu_handle_last_generation(h), generation, err);
+    /* a nixl buffer's plain ops land straight in their destinations; quantized or verified
+     * ones are pulled into the landing region and copied from there */
+    const int into = h->nixl != NULL && quant == NULL && (flags & WSYNC_COPY_VERIFY) == 0;
     if (r == WSYNC_OK && h->nixl != NULL)
-        r = wsync_cpu_nixl_pull(c, h, ops, n_ops, generation, err);
+        r = wsync_cpu_nixl_pull(c, h, s, ops, n_ops, generation, into, err);
     if (r == WSYNC_OK && h->control != NULL)
         r = wsync_control_check_published(h->control, generation, h->shm.name, err);
     if (r != WSYNC_OK)
@@ -53,8 +56,8 @@ static wsync_result_t wsync_cpu_enqueue(struct wsync_consumer *c, struct wsync_h
     if (r == WSYNC_OK)
         r = remote_pid > 0 ? wsync_cpu_stream_copy_remote(s, remote_pid, ops, n_ops, generation,
                                                           &h->sink, &seq, err)
-                           : wsync_cpu_stream_copy(s, h->data, ops, quant, n_ops, flags, generation,
-                                                   &h->sink, &seq, err);
+                           : wsync_cpu_stream_copy(s, h->data, ops, quant, into ? 0 : n_ops, flags,
+                                                   generation, &h->sink, &seq, err);
     if (r == WSYNC_OK)
         r = wsync_cpu_note_carrier(h, s, seq, err);
     if (r != WSYNC_OK) {

@@ -62,16 +62,22 @@ void wsync_cpu_nixl_unmap(struct wsync_handle *h)
 }
 
 wsync_result_t wsync_cpu_nixl_pull(struct wsync_consumer *c, struct wsync_handle *h,
-                                   const wsync_copy_op_t *ops, size_t n_ops, uint64_t generation,
-                                   wsync_error_t *err)
+                                   wsync_cpu_stream_t *s, const wsync_copy_op_t *ops, size_t n_ops,
+                                   uint64_t generation, int into, wsync_error_t *err)
 {
-    /* The last generation's copies may still read the landing region; a later call of the same
-     * bucket (quantized ops after plain ones) pulls its own ranges, the same bytes again where
-     * they meet. */
-    if (h->pending_generation != generation)
-        for (size_t i = 0; i < h->carriers.n; i++)
-            wsync_cpu_stream_wait(h->carriers.at[i].stream, h->carriers.at[i].mark);
-    wsync_result_t r = wsync_nixl_buffer_pull(h->nixl, ops, n_ops, generation, c->timeout_ms, err);
+    wsync_result_t r;
+    if (into) {
+        wsync_cpu_stream_synchronize(s); /* the caller's work before the copy, in stream order */
+        r = wsync_nixl_buffer_pull_into(h->nixl, ops, n_ops, generation, c->timeout_ms, err);
+    } else {
+        /* The last generation's copies may still read the landing region; a later call of the
+         * same bucket (quantized ops after plain ones) pulls its own ranges, the same bytes
+         * again where they meet. */
+        if (h->pending_generation != generation)
+            for (size_t i = 0; i < h->carriers.n; i++)
+                wsync_cpu_stream_wait(h->carriers.at[i].stream, h->carriers.at[i].mark);
+        r = wsync_nixl_buffer_pull(h->nixl, ops, n_ops, generation, c->timeout_ms, err);
+    }
     if (r != WSYNC_OK)
         return r;
     wsync_control_publish(h->control, generation);

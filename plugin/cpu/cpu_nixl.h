@@ -11,11 +11,12 @@ wsync_result_t wsync_cpu_nixl_map(struct wsync_consumer *c, const wsync_buffer_d
                                   void **mapping, wsync_error_t *err);
 void wsync_cpu_nixl_unmap(struct wsync_handle *h);
 
-/* Under h's lock, before anything of `generation` is enqueued: wait until no stream reads the
- * landing region, pull what ops read, and mark the generation published and ready in the
- * handle's own control block. */
+/* Under h's lock, before anything of `generation` is enqueued on stream s: pull what ops read
+ * and mark the generation published and ready in the handle's own control block. With `into`,
+ * straight into the destinations after the work queued on s (the copy that follows has no op);
+ * else into the landing region, once no stream reads it. */
 wsync_result_t wsync_cpu_nixl_pull(struct wsync_consumer *c, struct wsync_handle *h,
-                                   const wsync_copy_op_t *ops, size_t n_ops, uint64_t generation,
-                                   wsync_error_t *err);
+                                   wsync_cpu_stream_t *s, const wsync_copy_op_t *ops, size_t n_ops,
+                                   uint64_t generation, int into, wsync_error_t *err);
 
 #endif

@@ -104,9 +104,11 @@ def _unchanged(replica: EngineRanks, before, what: str) -> None:
 @pytest.mark.parametrize("layout", ["dense", "moe"])
 def test_nixl_trainer_and_two_replicas(engine_ranks, layout):
     """Replica A (TP 1) and replica B (TP 2) pull three versions from one trainer process; a
-    replica C that starts after version 2 takes version 3 like the others."""
+    replica C that starts after version 2 takes version 3 like the others. A pulls straight into
+    its parameters; B verifies every digest, so it pulls into a landing region and copies from
+    there."""
     a = engine_ranks(ENGINE, layout, 1)
-    b = engine_ranks(ENGINE, layout, 2)
+    b = engine_ranks(ENGINE, layout, 2, verify=True)
     assert all(x.startswith("cpu ") for x in a.backends + b.backends)
     trainer = Trainer(layout)
     model = models.tiny_model(layout)  # the oracle's copy of the trainer's model
