@@ -250,11 +250,6 @@ static wsync_result_t wsync_parse_buffer(const json_t *b, long segment, wsync_bu
                           "%s: a host_pid buffer is a segment of a direct manifest whose handle is "
                           "its 8-byte address, got %s with %u handle bytes",
                           what, segment < 0 ? "the buffer" : "a segment", d->handle_len);
-    if (d->kind == WSYNC_BUFFER_NIXL && segment >= 0)
-        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                          "%s: a nixl buffer is a bucket's buffer, not a segment of a direct "
-                          "manifest",
-                          what);
     if (d->kind == WSYNC_BUFFER_CUDA_VMM_RUN && segment < 0)
         return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
                           "%s: a cuda_vmm_run buffer is a segment of a direct manifest, not a "
@@ -333,7 +328,7 @@ static wsync_result_t wsync_parse_buffer(const json_t *b, long segment, wsync_bu
                               WSYNC_HANDLE_MAX - 1);
         memcpy(d->control, s, n + 1);
     }
-    if (d->kind == WSYNC_BUFFER_NIXL) { /* the producer's agent, loaded for open_handle */
+    if (d->kind == WSYNC_BUFFER_NIXL && segment < 0) { /* its agent, loaded for open_handle */
         p.field = "peer";
         if ((r = wsync_read_string(json_object_get(b, "peer"), &p, 1, &s, &n, err)) != WSYNC_OK)
             return r;

@@ -72,6 +72,56 @@ wsync_result_t wsync_nixl_export_peer(char **b64, wsync_error_t *err)
     return WSYNC_OK;
 }
 
+static int seg_cmp(const void *a, const void *b)
+{
+    const wsync_nixl_dst_t *x = a, *y = b;
+    return x->start < y->start ? -1 : x->start > y->start;
+}
+
+wsync_result_t wsync_nixl_segment(wsync_nixl_segments_t *set, uint64_t start, uint64_t bytes,
+                                  wsync_buffer_desc_t *seg, wsync_error_t *err)
+{
+    const wsync_nixl_dst_t key = {.start = start};
+    const wsync_nixl_dst_t *at =
+        set->n ? bsearch(&key, set->at, set->n, sizeof(*set->at), seg_cmp) : NULL;
+    if (at == NULL || at->end < start + bytes) {
+        wsync_nixl_reg_t *reg = NULL;
+        wsync_result_t r = wsync_nixl_register((void *)(uintptr_t)start, bytes, 0, 0, &reg, err);
+        if (r != WSYNC_OK)
+            return r;
+        if (at != NULL) { /* the run grew: the wider registration takes its place */
+            wsync_nixl_dst_t *w = &set->at[at - set->at];
+            wsync_nixl_deregister(w->reg);
+            *w = (wsync_nixl_dst_t){start, start + bytes, reg};
+        } else {
+            if (set->n == set->cap) {
+                const size_t cap = set->cap ? 2 * set->cap : 16;
+                void *p = realloc(set->at, cap * sizeof(*set->at));
+                if (p == NULL) {
+                    wsync_nixl_deregister(reg);
+                    return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY,
+                                      "no memory for %zu segment registrations", cap);
+                }
+                set->at = p;
+                set->cap = cap;
+            }
+            set->at[set->n++] = (wsync_nixl_dst_t){start, start + bytes, reg};
+            qsort(set->at, set->n, sizeof(*set->at), seg_cmp);
+        }
+    }
+    const wsync_nixl_export_t x = {.data = start, .control = 0};
+    wsync_nixl_export_desc(&x, seg);
+    return WSYNC_OK;
+}
+
+void wsync_nixl_segments_end(wsync_nixl_segments_t *set)
+{
+    for (size_t i = 0; i < set->n; i++)
+        wsync_nixl_deregister(set->at[i].reg);
+    free(set->at);
+    *set = (wsync_nixl_segments_t){0};
+}
+
 /* ------------------------------------------------------------------ consumer */
 
 wsync_result_t wsync_nixl_buffer_peer(const char *b64, const char *field, wsync_error_t *err)
@@ -113,6 +163,17 @@ wsync_result_t wsync_nixl_buffer_open(const wsync_buffer_desc_t *d, void *landin
     wsync_result_t r = wsync_nixl_start(err);
     if (r != WSYNC_OK)
         return r;
+    if (b->remote_control == 0) /* a segment: its peer is its buffer's, checked there */
+        return landing == NULL ? WSYNC_OK
+                               : WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                                            "nixl buffer of %s names no control block: only a "
+                                            "segment of a direct manifest may",
+                                            b->peer);
+    if (landing == NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "nixl segment of %s names a control block: only a bucket's buffer has "
+                          "one",
+                          b->peer);
     if (!wsync_nixl_knows(b->peer))
         return WSYNC_FAIL(err, WSYNC_ERR_NOT_FOUND,
                           "nixl buffer of peer %s: no metadata of that agent was loaded; its "
@@ -165,12 +226,14 @@ static uint64_t nixl_ms(void)
     return (uint64_t)t.tv_sec * 1000u + (uint64_t)t.tv_nsec / 1000000u;
 }
 
-/* Check the producer's control block holds `generation`, published and ready. Ready is set in
- * the producer's stream order after publish returned the manifest: before the pull (wait) it is
- * read again until it comes, up to timeout_ms. */
+/* Check the producer's control block holds `generation`, published and ready (direct: at least
+ * that generation; its buckets live in the producer's tensors, which it keeps until every
+ * bucket in flight is consumed). Ready is set in the producer's stream order after publish
+ * returned the manifest: before the pull (wait) it is read again until it comes, up to
+ * timeout_ms. */
 static wsync_result_t nixl_check_control(wsync_nixl_buffer_t *b, uint64_t generation,
-                                         uint32_t timeout_ms, int wait, const char *when,
-                                         wsync_error_t *err)
+                                         uint32_t timeout_ms, int wait, int direct,
+                                         const char *when, wsync_error_t *err)
 {
     const uint64_t deadline = nixl_ms() + (timeout_ms ? timeout_ms : 30000u);
     wsync_control_t *c = b->seen;
@@ -195,13 +258,13 @@ static wsync_result_t nixl_check_control(wsync_nixl_buffer_t *b, uint64_t genera
                               "the manifest is not its producer's",
                               b->what, (unsigned long long)generation,
                               (unsigned long long)published);
-        if (ready > generation || published > generation)
+        if (!direct && (ready > generation || published > generation))
             return WSYNC_FAIL(err, WSYNC_ERR_STALE_GENERATION,
                               "%s holds generation %llu %s, not the manifest's %llu: the "
                               "producer staged again before this consumer read it",
                               b->what, (unsigned long long)published, when,
                               (unsigned long long)generation);
-        if (ready == generation)
+        if (ready == generation || (direct && ready > generation))
             return WSYNC_OK;
         if (!wait || nixl_ms() > deadline)
             return WSYNC_FAIL(err, WSYNC_ERR_TIMEOUT,
@@ -277,7 +340,7 @@ wsync_result_t wsync_nixl_buffer_pull(wsync_nixl_buffer_t *b, const wsync_copy_o
 {
     wsync_nixl_span_t *spans = NULL;
     size_t n_spans = 0;
-    wsync_result_t r = nixl_check_control(b, generation, timeout_ms, 1, "before the pull", err);
+    wsync_result_t r = nixl_check_control(b, generation, timeout_ms, 1, 0, "before the pull", err);
     if (r == WSYNC_OK)
         r = nixl_spans(ops, n, &spans, &n_spans, err);
     if (r != WSYNC_OK)
@@ -289,7 +352,7 @@ wsync_result_t wsync_nixl_buffer_pull(wsync_nixl_buffer_t *b, const wsync_copy_o
     r = wsync_nixl_transfer(0, b->peer, spans, n_spans, b->vram, timeout_ms, b->what, err);
     free(spans);
     if (r == WSYNC_OK)
-        r = nixl_check_control(b, generation, timeout_ms, 0, "after the pull", err);
+        r = nixl_check_control(b, generation, timeout_ms, 0, 0, "after the pull", err);
     return r;
 }
 
@@ -346,9 +409,8 @@ static wsync_result_t nixl_dst_cover(wsync_nixl_buffer_t *b, uint64_t start, uin
 
 /* Op i as spans from the producer's buffer into its destination: one when both sides are
  * contiguous, else one a row. */
-static wsync_result_t nixl_op_spans(const wsync_nixl_buffer_t *b, const wsync_copy_op_t *o,
-                                    wsync_nixl_span_t **s, size_t *k, size_t *cap,
-                                    wsync_error_t *err)
+static wsync_result_t nixl_op_spans(uint64_t base, const wsync_copy_op_t *o, wsync_nixl_span_t **s,
+                                    size_t *k, size_t *cap, wsync_error_t *err)
 {
     const int whole =
         o->rows == 1 || (o->src_pitch == o->row_bytes && o->dst_pitch == o->row_bytes);
@@ -362,18 +424,19 @@ static wsync_result_t nixl_op_spans(const wsync_nixl_buffer_t *b, const wsync_co
         *cap = want;
     }
     for (uint64_t r = 0; r < pieces; r++)
-        (*s)[(*k)++] =
-            (wsync_nixl_span_t){.local = (uint64_t)(uintptr_t)o->dst + r * o->dst_pitch,
-                                .remote = b->remote_data + o->src_offset + r * o->src_pitch,
-                                .bytes = whole ? o->rows * o->row_bytes : o->row_bytes};
+        (*s)[(*k)++] = (wsync_nixl_span_t){.local = (uint64_t)(uintptr_t)o->dst + r * o->dst_pitch,
+                                           .remote = base + o->src_offset + r * o->src_pitch,
+                                           .bytes = whole ? o->rows * o->row_bytes : o->row_bytes};
     return WSYNC_OK;
 }
 
-wsync_result_t wsync_nixl_buffer_pull_into(wsync_nixl_buffer_t *b, const wsync_copy_op_t *ops,
-                                           size_t n, uint64_t generation, uint32_t timeout_ms,
-                                           wsync_error_t *err)
+/* Ops' sources at base + src_offset in the producer, straight into their destinations. */
+static wsync_result_t nixl_pull_into(wsync_nixl_buffer_t *b, uint64_t base,
+                                     const wsync_copy_op_t *ops, size_t n, uint64_t generation,
+                                     uint32_t timeout_ms, wsync_error_t *err)
 {
-    wsync_result_t r = nixl_check_control(b, generation, timeout_ms, 1, "before the pull", err);
+    wsync_result_t r =
+        nixl_check_control(b, generation, timeout_ms, 1, base == 0, "before the pull", err);
     wsync_nixl_span_t *spans = NULL;
     size_t k = 0, cap = 0;
     for (size_t i = 0; r == WSYNC_OK && i < n; i++) {
@@ -383,12 +446,26 @@ wsync_result_t wsync_nixl_buffer_pull_into(wsync_nixl_buffer_t *b, const wsync_c
         const uint64_t start = (uint64_t)(uintptr_t)o->dst;
         r = nixl_dst_cover(b, start, start + o->dst_extent, err);
         if (r == WSYNC_OK)
-            r = nixl_op_spans(b, o, &spans, &k, &cap, err);
+            r = nixl_op_spans(base, o, &spans, &k, &cap, err);
     }
     if (r == WSYNC_OK)
         r = wsync_nixl_transfer(0, b->peer, spans, k, b->vram, timeout_ms, b->what, err);
     free(spans);
     if (r == WSYNC_OK)
-        r = nixl_check_control(b, generation, timeout_ms, 0, "after the pull", err);
+        r = nixl_check_control(b, generation, timeout_ms, 0, base == 0, "after the pull", err);
     return r;
+}
+
+wsync_result_t wsync_nixl_buffer_pull_into(wsync_nixl_buffer_t *b, const wsync_copy_op_t *ops,
+                                           size_t n, uint64_t generation, uint32_t timeout_ms,
+                                           wsync_error_t *err)
+{
+    return nixl_pull_into(b, b->remote_data, ops, n, generation, timeout_ms, err);
+}
+
+wsync_result_t wsync_nixl_buffer_pull_segments(wsync_nixl_buffer_t *b, const wsync_copy_op_t *ops,
+                                               size_t n, uint64_t generation, uint32_t timeout_ms,
+                                               wsync_error_t *err)
+{
+    return nixl_pull_into(b, 0, ops, n, generation, timeout_ms, err);
 }

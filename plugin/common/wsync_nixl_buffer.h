@@ -12,6 +12,13 @@
 #include "wsync_control.h"
 #include "wsync_nixl.h"
 
+/* A registered range: for a consumer, a destination (its end: where the parameter ends, a copy
+ * op's dst + dst_extent); for a producer, a segment of its memory. */
+typedef struct wsync_nixl_dst {
+    uint64_t start, end;
+    wsync_nixl_reg_t *reg;
+} wsync_nixl_dst_t;
+
 /* ------------------------------------------------------------------ producer */
 
 /* Register `bytes` at `segment` (a control block, then the data at data_offset) and make
@@ -26,23 +33,27 @@ wsync_result_t wsync_nixl_export(void *segment, uint64_t bytes, uint64_t data_of
 void wsync_nixl_export_end(wsync_nixl_export_t *x);
 /* Fill d's kind and handle for x; pid 0 (the producer may be on another host). */
 void wsync_nixl_export_desc(const wsync_nixl_export_t *x, wsync_buffer_desc_t *d);
+/* Direct mode: a segment of the producer's own memory at `start` (`bytes`), registered once (the
+ * set keeps every registration until wsync_nixl_segments_end), and `seg` rewritten to name it as
+ * a nixl segment (handle: its address, 0 for the control block, the agent's name; pid 0). */
+typedef struct wsync_nixl_segments {
+    wsync_nixl_dst_t *at; /* start, end, registration; sorted by start */
+    size_t n, cap;
+} wsync_nixl_segments_t;
+wsync_result_t wsync_nixl_segment(wsync_nixl_segments_t *set, uint64_t start, uint64_t bytes,
+                                  wsync_buffer_desc_t *seg, wsync_error_t *err);
+void wsync_nixl_segments_end(wsync_nixl_segments_t *set);
+
 /* The agent's metadata as base64 text for the manifest (malloc'd; the caller frees it). */
 wsync_result_t wsync_nixl_export_peer(char **b64, wsync_error_t *err);
 
 /* ------------------------------------------------------------------ consumer */
 
-/* A destination range registered for pulls straight into it (its end: where the parameter ends,
- * a copy op's dst + dst_extent). */
-typedef struct wsync_nixl_dst {
-    uint64_t start, end;
-    wsync_nixl_reg_t *reg;
-} wsync_nixl_dst_t;
-
 typedef struct wsync_nixl_buffer {
     char peer[WSYNC_NIXL_NAME_MAX];
     uint64_t remote_data;
-    uint64_t remote_control;
-    uint8_t *landing; /* the backend's: host or device memory of `bytes` */
+    uint64_t remote_control; /* 0: a segment of a direct manifest (no control block) */
+    uint8_t *landing;        /* the backend's: host or device memory of `bytes` */
     uint64_t bytes;
     int vram;
     wsync_nixl_reg_t *landing_reg;
@@ -55,7 +66,8 @@ typedef struct wsync_nixl_buffer {
 } wsync_nixl_buffer_t;
 
 /* Decode d's handle (BAD_MANIFEST naming the field), check its peer is known (the manifest's
- * parse loaded it: NOT_FOUND otherwise) and register the landing region. */
+ * parse loaded it: NOT_FOUND otherwise) and register the landing region (none for a segment:
+ * landing NULL). */
 wsync_result_t wsync_nixl_buffer_open(const wsync_buffer_desc_t *d, void *landing, int vram,
                                       wsync_nixl_buffer_t *b, wsync_error_t *err);
 void wsync_nixl_buffer_close(wsync_nixl_buffer_t *b);
@@ -72,6 +84,11 @@ wsync_result_t wsync_nixl_buffer_pull(wsync_nixl_buffer_t *b, const wsync_copy_o
 wsync_result_t wsync_nixl_buffer_pull_into(wsync_nixl_buffer_t *b, const wsync_copy_op_t *ops,
                                            size_t n, uint64_t generation, uint32_t timeout_ms,
                                            wsync_error_t *err);
+/* The same for a direct manifest's ops: their src_offset is an address in the producer (its
+ * segments', validated), b the bucket's buffer (its control block, and the peer). */
+wsync_result_t wsync_nixl_buffer_pull_segments(wsync_nixl_buffer_t *b, const wsync_copy_op_t *ops,
+                                               size_t n, uint64_t generation, uint32_t timeout_ms,
+                                               wsync_error_t *err);
 
 /* Tell the producer `generation` is consumed: its buffer may be staged again. */
 wsync_result_t wsync_nixl_buffer_consumed(wsync_nixl_buffer_t *b, uint64_t generation,

@@ -44,7 +44,10 @@ static wsync_result_t wsync_cpu_enqueue(struct wsync_consumer *c, struct wsync_h
         r = wsync_validate_generation(wsync_cpu_handle_last_generation(h), generation, err);
     /* a nixl buffer's plain ops land straight in their destinations; quantized or verified
      * ones are pulled into the landing region and copied from there */
-    const int into = h->nixl != NULL && quant == NULL && (flags & WSYNC_COPY_VERIFY) == 0;
+    const int into = h->nixl == NULL                                     ? 0
+                     : remote_pid < 0                                    ? 2
+                     : quant == NULL && (flags & WSYNC_COPY_VERIFY) == 0 ? 1
+                                                                         : 0;
     if (r == WSYNC_OK && h->nixl != NULL)
         r = wsync_cpu_nixl_pull(c, h, s, ops, n_ops, generation, into, err);
     if (r == WSYNC_OK && h->control != NULL)
@@ -156,6 +159,17 @@ wsync_result_t wsync_cpu_copy_segments(struct wsync_consumer *c, struct wsync_ha
     wsync_result_t r = wsync_cpu_buffer_call(c, h, ops, n_ops, flags, err);
     if (r != WSYNC_OK)
         return r;
+    for (size_t k = 0; segs != NULL && k < n_segs; k++) {
+        const struct wsync_handle *g = segs[k];
+        if (g != NULL && g->consumer == c && g->is_segment &&
+            ((g->nixl != NULL) != (h->nixl != NULL) ||
+             (h->nixl != NULL && strcmp(g->nixl->peer, h->nixl->peer) != 0)))
+            return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                              "segment %zu is memory of %s, but the manifest's buffer is %s's: a "
+                              "direct bucket reads only its producer",
+                              k, g->nixl != NULL ? g->nixl->peer : "a local process",
+                              h->nixl != NULL ? h->nixl->peer : "a local process");
+    }
     for (size_t k = 0; segs != NULL && k < n_segs; k++)
         if (segs[k] != NULL && segs[k]->consumer == c && segs[k]->is_segment &&
             segs[k]->peer_pid != h->peer_pid)
@@ -169,7 +183,9 @@ wsync_result_t wsync_cpu_copy_segments(struct wsync_consumer *c, struct wsync_ha
                                      cpu_segment, &sg, "an open host_pid segment of its producer",
                                      &moved, err)) != WSYNC_OK)
         return r;
-    r = wsync_cpu_enqueue(c, h, stream, generation, moved, NULL, n_ops, 0, h->peer_pid, err);
+    /* a nixl bucket's segments are read through its peer (remote_pid -1: pulled by address) */
+    r = wsync_cpu_enqueue(c, h, stream, generation, moved, NULL, n_ops, 0,
+                          h->nixl != NULL ? -1 : h->peer_pid, err);
     free(moved);
     return r;
 }

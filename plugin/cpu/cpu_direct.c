@@ -90,14 +90,32 @@ static wsync_result_t wsync_cpu_locate(void *user, const char *name, const void 
     return WSYNC_OK;
 }
 
-wsync_result_t wsync_cpu_direct_stage(const wsync_stage_tensor_t *t, size_t n,
-                                      wsync_direct_set_t *set, wsync_error_t *err)
+typedef struct wsync_cpu_locating {
+    wsync_cpu_maps_t maps;
+    wsync_nixl_segments_t *nixl;
+} wsync_cpu_locating_t;
+
+static wsync_result_t wsync_cpu_locate_nixl(void *user, const char *name, const void *src,
+                                            uint64_t nbytes, wsync_buffer_desc_t *seg,
+                                            uint64_t *offset, wsync_error_t *err)
 {
-    wsync_cpu_maps_t maps = {0};
-    wsync_result_t r = wsync_cpu_maps_read(&maps, err);
+    wsync_cpu_locating_t *x = user;
+    wsync_result_t r = wsync_cpu_locate(&x->maps, name, src, nbytes, seg, offset, err);
+    if (r != WSYNC_OK || x->nixl == NULL)
+        return r;
+    const uint64_t start = (uint64_t)(uintptr_t)src - *offset;
+    return wsync_nixl_segment(x->nixl, start, seg->bytes, seg, err);
+}
+
+wsync_result_t wsync_cpu_direct_stage(const wsync_stage_tensor_t *t, size_t n,
+                                      wsync_direct_set_t *set, wsync_nixl_segments_t *nixl,
+                                      wsync_error_t *err)
+{
+    wsync_cpu_locating_t x = {.nixl = nixl};
+    wsync_result_t r = wsync_cpu_maps_read(&x.maps, err);
     if (r == WSYNC_OK)
-        r = wsync_direct_stage(set, t, n, wsync_cpu_locate, &maps, err);
-    free(maps.runs);
+        r = wsync_direct_stage(set, t, n, wsync_cpu_locate_nixl, &x, err);
+    free(x.maps.runs);
     return r;
 }
 

@@ -6,11 +6,14 @@
 #define WSYNC_CPU_DIRECT_H
 
 #include "wsync_direct.h"
+#include "wsync_nixl_buffer.h"
 
 /* Stage `t` into `set` (wsync_direct_stage), every tensor located in this process's readable
- * mappings: INVALID_ARGUMENT naming the tensor whose bytes are not all mapped readable. */
+ * mappings: INVALID_ARGUMENT naming the tensor whose bytes are not all mapped readable. With
+ * `nixl` (a nixl staging), each segment is registered there and named as a nixl segment. */
 wsync_result_t wsync_cpu_direct_stage(const wsync_stage_tensor_t *t, size_t n,
-                                      wsync_direct_set_t *set, wsync_error_t *err);
+                                      wsync_direct_set_t *set, wsync_nixl_segments_t *nixl,
+                                      wsync_error_t *err);
 
 /* Consumer: rows of ops from process `pid` (op src_offset is an address there) into this
  * process, in batches of IOV_MAX rows per process_vm_readv. PEER_GONE (no such process),

@@ -11,14 +11,18 @@
 wsync_result_t wsync_cpu_nixl_map(struct wsync_consumer *c, const wsync_buffer_desc_t *desc,
                                   void **mapping, wsync_error_t *err)
 {
+    /* a segment of a direct manifest names no control block (handle bytes 8..16 zero) */
+    int segment = desc->handle_len > WSYNC_NIXL_HANDLE_HEAD;
+    for (int k = 8; segment && k < 16; k++)
+        segment = desc->handle[k] == 0;
     struct wsync_handle *h = calloc(1, sizeof(*h));
     wsync_nixl_buffer_t *b = calloc(1, sizeof(*b));
-    wsync_control_t *ctl = calloc(1, sizeof(*ctl));
+    wsync_control_t *ctl = segment ? NULL : calloc(1, sizeof(*ctl));
     void *landing = NULL;
     const size_t size =
         (desc->bytes + WSYNC_CPU_NIXL_ALIGN - 1) & ~(size_t)(WSYNC_CPU_NIXL_ALIGN - 1);
-    if (h == NULL || b == NULL || ctl == NULL ||
-        posix_memalign(&landing, WSYNC_CPU_NIXL_ALIGN, size) != 0) {
+    if (h == NULL || b == NULL || (!segment && ctl == NULL) ||
+        (!segment && posix_memalign(&landing, WSYNC_CPU_NIXL_ALIGN, size) != 0)) {
         free(h);
         free(b);
         free(ctl);
@@ -34,15 +38,20 @@ wsync_result_t wsync_cpu_nixl_map(struct wsync_consumer *c, const wsync_buffer_d
         free(ctl);
         return r;
     }
-    /* The handle's own control block: ready and published follow the pulls, consumed the
-     * records (the producer's is written through NIXL). */
-    wsync_control_init(ctl, 0, desc->bytes);
     h->consumer = c;
     h->nixl = b;
-    h->control = ctl;
-    h->data = landing;
     h->bytes = desc->bytes;
     snprintf(h->shm.name, sizeof(h->shm.name), "nixl:%.58s", b->peer);
+    if (segment) { /* read by address, as a host_pid segment is */
+        h->is_segment = 1;
+        h->remote = b->remote_data;
+    } else {
+        /* The handle's own control block: ready and published follow the pulls, consumed the
+         * records (the producer's is written through NIXL). */
+        wsync_control_init(ctl, 0, desc->bytes);
+        h->control = ctl;
+        h->data = landing;
+    }
     pthread_mutex_init(&h->lock, NULL);
     wsync_cpu_sink_init(&h->sink);
     pthread_mutex_lock(&c->lock);
@@ -68,7 +77,10 @@ wsync_result_t wsync_cpu_nixl_pull(struct wsync_consumer *c, struct wsync_handle
     wsync_result_t r;
     if (into) {
         wsync_cpu_stream_synchronize(s); /* the caller's work before the copy, in stream order */
-        r = wsync_nixl_buffer_pull_into(h->nixl, ops, n_ops, generation, c->timeout_ms, err);
+        r = into > 1
+                ? wsync_nixl_buffer_pull_segments(h->nixl, ops, n_ops, generation, c->timeout_ms,
+                                                  err)
+                : wsync_nixl_buffer_pull_into(h->nixl, ops, n_ops, generation, c->timeout_ms, err);
     } else {
         /* The last generation's copies may still read the landing region; a later call of the
          * same bucket (quantized ops after plain ones) pulls its own ranges, the same bytes

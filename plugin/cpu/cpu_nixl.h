@@ -13,8 +13,9 @@ void wsync_cpu_nixl_unmap(struct wsync_handle *h);
 
 /* Under h's lock, before anything of `generation` is enqueued on stream s: pull what ops read
  * and mark the generation published and ready in the handle's own control block. With `into`,
- * straight into the destinations after the work queued on s (the copy that follows has no op);
- * else into the landing region, once no stream reads it. */
+ * straight into the destinations after the work queued on s (the copy that follows has no op;
+ * 2: ops of a direct manifest, whose src_offset are the producer's addresses); else into the
+ * landing region, once no stream reads it. */
 wsync_result_t wsync_cpu_nixl_pull(struct wsync_consumer *c, struct wsync_handle *h,
                                    wsync_cpu_stream_t *s, const wsync_copy_op_t *ops, size_t n_ops,
                                    uint64_t generation, int into, wsync_error_t *err);

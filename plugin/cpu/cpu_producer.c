@@ -34,8 +34,9 @@ struct wsync_staging {
     wsync_cpu_stream_t **streams;
     size_t n_streams, cap_streams;
     wsync_cpu_unlink_t unlink_node;
-    wsync_direct_set_t direct; /* WSYNC_STAGING_DIRECT: the buckets named in place */
-    wsync_nixl_export_t nixl;  /* WSYNC_STAGING_NIXL: the segment as its consumers read it */
+    wsync_direct_set_t direct;       /* WSYNC_STAGING_DIRECT: the buckets named in place */
+    wsync_nixl_export_t nixl;        /* WSYNC_STAGING_NIXL: the segment as its consumers read it */
+    wsync_nixl_segments_t nixl_segs; /* ... and with DIRECT, the memory its buckets name */
 };
 
 /* A direct staging's segment holds only its control block and these few bytes: no tensor fits,
@@ -67,11 +68,6 @@ wsync_result_t wsync_cpu_staging_create(const wsync_staging_config_t *config,
                           "WSYNC_STAGING_NO_DIGESTS (0x2), WSYNC_STAGING_DIRECT (0x4) and "
                           "WSYNC_STAGING_NIXL (0x8) are defined",
                           flags & ~known);
-    if ((flags & WSYNC_STAGING_DIRECT) && (flags & WSYNC_STAGING_NIXL))
-        return WSYNC_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
-                          "staging flags 0x%x: a nixl staging is staged (its consumers pull its "
-                          "bytes); WSYNC_STAGING_DIRECT with WSYNC_STAGING_NIXL is not supported",
-                          flags);
     const uint64_t bytes = (flags & WSYNC_STAGING_DIRECT) ? WSYNC_CPU_DIRECT_BYTES : config->bytes;
     if (flags & WSYNC_STAGING_DIRECT)
         wsync_direct_allow_readers();
@@ -136,7 +132,8 @@ static wsync_result_t wsync_cpu_stage_direct(struct wsync_staging *s,
     /* No storage of ours is reused, so no consumed to wait for: several buckets of one sync may
      * be in flight (the caller waits before it writes the tensors). */
     pthread_mutex_lock(&s->lock);
-    wsync_result_t r = wsync_cpu_direct_stage(tensors, n, &s->direct, err);
+    wsync_result_t r = wsync_cpu_direct_stage(
+        tensors, n, &s->direct, (s->flags & WSYNC_STAGING_NIXL) ? &s->nixl_segs : NULL, err);
     pthread_mutex_unlock(&s->lock);
     return r;
 }
@@ -290,8 +287,10 @@ wsync_result_t wsync_cpu_retire(struct wsync_staging *s, wsync_error_t *err)
     for (size_t i = 0; i < s->n_streams; i++)
         wsync_cpu_stream_destroy(s->streams[i]);
     wsync_cpu_stream_destroy(s->default_stream);
-    if (s->flags & WSYNC_STAGING_NIXL)
-        wsync_nixl_export_end(&s->nixl); /* a late pull finds the retired mark, or nothing */
+    if (s->flags & WSYNC_STAGING_NIXL) { /* a late pull finds the retired mark, or nothing */
+        wsync_nixl_export_end(&s->nixl);
+        wsync_nixl_segments_end(&s->nixl_segs);
+    }
     wsync_cpu_unlink_unregister(&s->unlink_node);
     wsync_shm_unlink(&s->shm);
     wsync_shm_close(&s->shm);

@@ -142,6 +142,7 @@ def shim() -> ShimLibrary:
             d = lib_dir()
             # The C loader searches $WSYNC_PLUGIN_DIR first: point it at the same folder.
             os.environ.setdefault("WSYNC_PLUGIN_DIR", str(d))
+            find_nixl()  # before any plugin opens a nixl buffer
             _shim = ShimLibrary(d / "libwsync_shim.so")
         return _shim
 
@@ -207,7 +208,6 @@ def find_nixl() -> Optional[str]:
 
 def load_plugin(path: Optional[str] = None) -> LoadedPlugin:
     """Load a plugin through the C loader (``path``, else ``WSYNC_PLUGIN``, else the default)."""
-    find_nixl()
     s = shim()
     key = path or os.environ.get("WSYNC_PLUGIN") or ""
     with _lock:

@@ -27,7 +27,7 @@ import torch
 
 from . import _abi, _native, _torch, messages
 from .checkpoint import checkpoint_tensors
-from .errors import InvalidArgument, NotSupported, check_reply
+from .errors import InvalidArgument, check_reply
 
 #: The engine ranks' reply texts to one request (one each), or a callable that returns them
 #: later (the request is in flight: a Ray ObjectRef's ``ray.get``, a future's ``result``).
@@ -170,7 +170,9 @@ class Producer:
     ``transport``: "local" (default: the engines map the buffers, on this host), or "nixl": each
     buffer is also registered with this process's NIXL agent and the engines pull the buckets
     with one-sided READs, on this host or another (docs/DESIGN.md, "Beyond one host"). The
-    engines need no setting: the manifests say how to read them. Staged only (not ``direct``)."""
+    engines need no setting: the manifests say how to read them. With ``direct``, the engines
+    pull straight from the trainer's own tensors (registered where they live, once): no stage
+    copy at all."""
 
     def __init__(
         self,
@@ -194,9 +196,6 @@ class Producer:
     ) -> None:
         if transport not in ("local", "nixl"):
             raise InvalidArgument(1, "Producer", f"transport={transport!r}: \"local\" or \"nixl\"")
-        if transport == "nixl" and direct:
-            raise NotSupported(4, "Producer", "transport='nixl' with direct=True: the engines pull "
-                               "staged buckets; a direct sync names this process's memory")
         self.transport = transport
         if transport == "nixl":
             _native.find_nixl()

@@ -28,7 +28,7 @@ ENGINE = "sglang"
 
 
 @child
-def _trainer_main(conn, layout: str, bucket_bytes: int) -> None:
+def _trainer_main(conn, layout: str, bucket_bytes: int, direct: bool) -> None:
     """A trainer process: syncs version k of the model when told, relaying each request through
     the parent (the engines' RPC)."""
     model = models.tiny_model(layout)
@@ -37,7 +37,8 @@ def _trainer_main(conn, layout: str, bucket_bytes: int) -> None:
         conn.send(("send", msg))
         return conn.recv()
 
-    with wsync.Producer(ENGINE, bucket_bytes=bucket_bytes, plugin=plugin_for("cpu"), transport="nixl") as prod:
+    with wsync.Producer(ENGINE, bucket_bytes=bucket_bytes, plugin=plugin_for("cpu"), transport="nixl",
+                        direct=direct) as prod:
         conn.send(("ready", None))
         while True:
             op, k = conn.recv()
@@ -52,10 +53,10 @@ def _trainer_main(conn, layout: str, bucket_bytes: int) -> None:
 class Trainer:
     """The trainer process and the relay of its requests to the engine ranks that are alive."""
 
-    def __init__(self, layout: str, bucket_bytes: int = 96 << 10):
+    def __init__(self, layout: str, bucket_bytes: int = 96 << 10, direct: bool = False):
         ctx = mp.get_context("spawn")
         self.conn, b = ctx.Pipe()
-        self.proc = ctx.Process(target=_trainer_main, args=(b, layout, bucket_bytes), daemon=True)
+        self.proc = ctx.Process(target=_trainer_main, args=(b, layout, bucket_bytes, direct), daemon=True)
         self.proc.start()
         assert recv(self.conn, self.proc)[0] == "ready"
         self.sent: list = []
@@ -101,16 +102,18 @@ def _unchanged(replica: EngineRanks, before, what: str) -> None:
         assert not bad, f"{what}: rank {r} changed {len(bad)} parameters, e.g. {bad[:3]}"
 
 
+@pytest.mark.parametrize("mode", ["staged", "direct"])
 @pytest.mark.parametrize("layout", ["dense", "moe"])
-def test_nixl_trainer_and_two_replicas(engine_ranks, layout):
+def test_nixl_trainer_and_two_replicas(engine_ranks, layout, mode):
     """Replica A (TP 1) and replica B (TP 2) pull three versions from one trainer process; a
-    replica C that starts after version 2 takes version 3 like the others. A pulls straight into
-    its parameters; B verifies every digest, so it pulls into a landing region and copies from
-    there."""
+    replica C that starts after version 2 takes version 3 like the others. Staged: A pulls the
+    trainer's staging buffers straight into its parameters; B verifies every digest, so it pulls
+    into a landing region and copies from there. Direct: every rank pulls the trainer's own
+    tensors, registered where they live."""
     a = engine_ranks(ENGINE, layout, 1)
     b = engine_ranks(ENGINE, layout, 2, verify=True)
     assert all(x.startswith("cpu ") for x in a.backends + b.backends)
-    trainer = Trainer(layout)
+    trainer = Trainer(layout, direct=mode == "direct")
     model = models.tiny_model(layout)  # the oracle's copy of the trainer's model
     try:
         for k in range(3):
@@ -130,6 +133,8 @@ def test_nixl_trainer_and_two_replicas(engine_ranks, layout):
                 assert all(t["committed"] == k + 1 and t["state"] == "consistent" for t in rep.txn()), rep.txn()
         manifests = [m for s in trainer.sent for m in _manifests(s)]
         assert manifests and all(m["buffer"]["kind"] == "nixl" and m["buffer"]["pid"] == 0 for m in manifests)
+        if mode == "direct":
+            assert all(s["kind"] == "nixl" for m in manifests for s in m["segments"])
     finally:
         trainer.stop()
 
