@@ -56,7 +56,8 @@ def engine_shapes(cfg: dict) -> dict:
 
 
 def nixl_agent(name: str):
-    from nixl_cu12 import nixl_agent as agent, nixl_agent_config
+    from nixl_cu12 import nixl_agent as agent
+    from nixl_cu12 import nixl_agent_config
 
     return agent(name, nixl_agent_config(backends=["UCX"]))
 
