@@ -160,6 +160,11 @@ wsync_vllm_env() {
         # them; serving a text model needs none of them.
         "$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec
     fi
+    # NIXL for the engine pulling over it (tests/real_vllm's nixl test); without it that test
+    # skips, saying so
+    "$venv/bin/python" -c 'import importlib.util as u; assert u.find_spec("nixl_cu12")' 2>/dev/null ||
+        "$venv/bin/python" -m pip install -q --no-deps nixl-cu12==1.5.1 ||
+        echo "wsync: nixl-cu12==1.5.1 could not be installed beside vLLM: its nixl test skips"
     "$venv/bin/python" -m pip install -q --no-deps "$WSYNC_ROOT"
     WSYNC_VLLM_PY="$venv/bin/python"
 }

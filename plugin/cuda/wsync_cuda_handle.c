@@ -148,6 +148,10 @@ wsync_result_t wsync_cuda_map(void *user, const wsync_buffer_desc_t *desc, void 
     struct wsync_consumer *c = user;
     wsync_result_t rc = WSYNC_OK;
     cudaError_t e;
+    if (desc->kind == WSYNC_BUFFER_NIXL)
+        return WSYNC_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
+                          "a nixl buffer is read by the CPU plugin only; the CUDA plugin does not "
+                          "pull over NIXL yet");
     if (desc->kind != WSYNC_BUFFER_CUDA_IPC && desc->kind != WSYNC_BUFFER_CUDA_VMM_FD &&
         desc->kind != WSYNC_BUFFER_TORCH_EXPANDABLE && desc->kind != WSYNC_BUFFER_CUDA_VMM_RUN)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,

@@ -122,6 +122,12 @@ static wsync_result_t staging_create(const wsync_staging_config_t *config,
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,
                           "create needs a config (struct_size >= %zu, bytes > 0) and out",
                           sizeof(wsync_staging_config_v1_t));
+    if (config->flags & WSYNC_STAGING_NIXL)
+        return WSYNC_FAIL(err, WSYNC_ERR_NOT_SUPPORTED,
+                          "staging flags 0x%x: WSYNC_STAGING_NIXL (0x8) is implemented by the CPU "
+                          "plugin only; the CUDA plugin does not register device memory with "
+                          "NIXL yet",
+                          config->flags);
     if ((config->flags &
          ~(WSYNC_STAGING_FIXED_LAYOUT | WSYNC_STAGING_NO_DIGESTS | WSYNC_STAGING_DIRECT)) != 0)
         return WSYNC_FAIL(err, WSYNC_ERR_INVALID_ARGUMENT,

@@ -93,12 +93,12 @@ def test_real_vllm_registers_wsync_in_both_factories():
     print("vllm: WeightTransferTrainerFactory lists", sorted(WeightTransferTrainerFactory._registry))
 
 
-def _round_trip(checkpoints, a, b, label):
+def _round_trip(checkpoints, a, b, label, **kw):
     want_b = reference(checkpoints[b])
     with wsync_engine(checkpoints[a]) as llm:
         got_a = greedy(llm)
         assert got_a != want_b, "the two checkpoints must generate differently for the test to mean anything"
-        model, engine = trainer(llm, checkpoints[a])
+        model, engine = trainer(llm, checkpoints[a], **kw)
         # push B (oracle: vLLM's own load of B), then A back (oracle: A's tokens before any push)
         for name, want, oracle in ((b, want_b, "LLM(model=B) from disk"), (a, got_a, "before any push")):
             train_to(model, checkpoints[name])
@@ -113,6 +113,18 @@ def _round_trip(checkpoints, a, b, label):
 def test_real_vllm_generates_with_pushed_weights(checkpoints):
     """Dense Qwen3, vocab 1000 (vLLM holds 1024 rows: padded to a multiple of 64)."""
     _round_trip(checkpoints, "A", "B", "dense")
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["staged", "direct"])
+def test_real_vllm_over_nixl(checkpoints, direct):
+    """The same round trip with the buckets pulled over NIXL by vLLM's worker process (UCX's
+    lanes on this host; the same calls cross hosts): the trainer says transport="nixl", the
+    engine needs no setting."""
+    import importlib.util
+
+    if importlib.util.find_spec("nixl_cu12") is None:
+        pytest.skip("NIXL (nixl-cu12) is not installed beside vLLM: the nixl transport is not tried")
+    _round_trip(checkpoints, "A", "B", "nixl-direct" if direct else "nixl", transport="nixl", direct=direct)
 
 
 def test_real_vllm_tied_embeddings(checkpoints):

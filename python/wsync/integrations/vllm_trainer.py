@@ -32,7 +32,9 @@ from .vllm import BACKEND, MODES
 @dataclass
 class WsyncTrainerInitInfo(TrainerInitInfo):
     """The trainer's side of the wsync backend. ``tp_size``: the vLLM engine's tensor-parallel
-    size; ``bucket_bytes``, ``device``, ``direct``, ``plugin``: as for :class:`wsync.Producer`;
+    size; ``bucket_bytes``, ``device``, ``direct``, ``plugin``, ``transport`` ("local" or
+    "nixl": the engines pull the buckets over NIXL, on this host or another): as for
+    :class:`wsync.Producer`;
     ``verify``, ``mode``: sent to the engine at ``trainer_init`` (``mode``: how updates reach its
     weights, :mod:`wsync.integrations.vllm_engine`); ``draft``: update the engine's speculative
     draft model instead of the main one."""
@@ -43,11 +45,14 @@ class WsyncTrainerInitInfo(TrainerInitInfo):
     device: str = "cuda"
     direct: bool = False
     plugin: Optional[str] = None
+    transport: str = "local"
     verify: bool = False
     mode: str = "auto"
     draft: bool = False
 
     def __post_init__(self) -> None:
+        if self.transport not in ("local", "nixl"):
+            raise ValueError(f"WsyncTrainerInitInfo: transport {self.transport!r} is not 'local' or 'nixl'")
         if self.mode not in MODES:
             raise ValueError(f"WsyncTrainerInitInfo: mode {self.mode!r} is not one of {list(MODES)}")
         for name in ("tp_size", "bucket_bytes"):
@@ -65,7 +70,8 @@ class WsyncTrainerWeightTransferEngine(TrainerWeightTransferEngine[WsyncTrainerI
         self.producer: Optional[Producer] = None
         if self.is_sender:
             self.producer = Producer("vllm", tp_size=info.tp_size, bucket_bytes=info.bucket_bytes,
-                                     device=info.device, direct=info.direct, plugin=info.plugin)
+                                     device=info.device, direct=info.direct, plugin=info.plugin,
+                                     transport=info.transport)
 
     @classmethod
     def trainer_init(cls, init_info: WsyncTrainerInitInfo, *, client: Any,
