@@ -561,7 +561,7 @@ WSYNC_SHIM_API wsync_result_t wsync_shim_order(const char *engine, const char *c
 
 WSYNC_SHIM_API wsync_result_t wsync_shim_plan(const char *engine, const char *const *names,
                                               const uint64_t *nbytes, size_t n,
-                                              uint64_t bucket_bytes, size_t *order,
+                                              uint64_t bucket_bytes, unsigned ramp, size_t *order,
                                               size_t *bucket_first, size_t *n_buckets,
                                               wsync_error_t *err)
 {
@@ -572,7 +572,7 @@ WSYNC_SHIM_API wsync_result_t wsync_shim_plan(const char *engine, const char *co
         n_buckets == NULL)
         return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
                             "plan needs names, nbytes, order, bucket_first and n_buckets");
-    return wsync_map_plan_buckets(s->map, names, nbytes, n, bucket_bytes, order, bucket_first,
+    return wsync_map_plan_buckets(s->map, names, nbytes, n, bucket_bytes, ramp, order, bucket_first,
                                   n_buckets, err);
 }
 

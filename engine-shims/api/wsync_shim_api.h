@@ -156,10 +156,12 @@ wsync_result_t wsync_shim_order(const char *engine, const char *const *names, si
 
 /* Trainer side: buckets of at most bucket_bytes for the n tensors (names, nbytes) in `engine`'s
  * order (wsync_map_plan_buckets): bucket b holds order[bucket_first[b] .. bucket_first[b + 1]).
- * order: n entries; bucket_first: n + 1. INVALID_ARGUMENT naming a tensor that does not fit. */
+ * order: n entries; bucket_first: n + 1. `ramp`: the first buckets smaller (0: none; 3: 1/8,
+ * 1/4, 1/2 of bucket_bytes, as direct mode plans). INVALID_ARGUMENT naming a tensor that does not
+ * fit. */
 wsync_result_t wsync_shim_plan(const char *engine, const char *const *names, const uint64_t *nbytes,
-                               size_t n, uint64_t bucket_bytes, size_t *order, size_t *bucket_first,
-                               size_t *n_buckets, wsync_error_t *err);
+                               size_t n, uint64_t bucket_bytes, unsigned ramp, size_t *order,
+                               size_t *bucket_first, size_t *n_buckets, wsync_error_t *err);
 
 /* Trainer side, expert parallelism: owner[i] = the EP rank of ep_size that owns HF tensor names[i]
  * (an expert, in the placement of the engines' mapping, docs/SHIMS.md), or -1 for a tensor every

@@ -86,17 +86,41 @@ static uint64_t wsync_map_packed(const uint64_t *nbytes, const size_t *order, si
     return used;
 }
 
+/* The capacity of bucket j when it starts at order[from] (tail[from]: the largest tensor from
+ * there on; NULL without a ramp). */
+static uint64_t wsync_map_cap(size_t j, size_t from, uint64_t bucket_bytes, unsigned ramp,
+                              const uint64_t *tail)
+{
+    if (j >= ramp)
+        return bucket_bytes;
+    const uint64_t c = bucket_bytes >> (ramp - j);
+    return c > tail[from] ? c : tail[from];
+}
+
 wsync_result_t wsync_map_plan_buckets(const wsync_map_table_t *table, const char *const *names,
                                       const uint64_t *nbytes, size_t n, uint64_t bucket_bytes,
-                                      size_t *order, size_t *bucket_first, size_t *n_buckets,
-                                      wsync_error_t *err)
+                                      unsigned ramp, size_t *order, size_t *bucket_first,
+                                      size_t *n_buckets, wsync_error_t *err)
 {
     wsync_result_t rc = wsync_map_order(table, names, n, order, err);
     if (rc != WSYNC_OK)
         return rc;
+    if (ramp > 16)
+        return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
+                            "a ramp of %u buckets; at most 16 (bucket j < ramp holds "
+                            "bucket_bytes >> (ramp - j))",
+                            ramp);
+    uint64_t *tail = NULL;
+    if (ramp > 0 && n > 0) {
+        if ((tail = malloc((n + 1) * sizeof(*tail))) == NULL)
+            return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory to plan %zu tensors", n);
+        tail[n] = 0;
+        for (size_t i = n; i-- > 0;)
+            tail[i] = nbytes[order[i]] > tail[i + 1] ? nbytes[order[i]] : tail[i + 1];
+    }
     char key[2][WSYNC_MAP_NAME_MAX];
     int64_t expert[2] = {-1, -1};
-    uint64_t used = 0;
+    uint64_t used = 0, cap = bucket_bytes;
     size_t nb = 0, group = 0; /* group: where the tensors of the current parameter begin */
     for (size_t i = 0; i < n; i++) {
         uint64_t b = nbytes[order[i]];
@@ -106,27 +130,33 @@ wsync_result_t wsync_map_plan_buckets(const wsync_map_table_t *table, const char
         wsync_map_group_of(table, names[order[i]], k, &expert[i % 2]);
         if (i == 0 || k[0] == '\0' || strcmp(k, prev) != 0 || expert[i % 2] != expert[(i + 1) % 2])
             group = i;
-        if (b > bucket_bytes)
+        if (b > bucket_bytes) {
+            free(tail);
             return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT,
                                 "tensor %s (%llu bytes) does not fit a %llu-byte bucket: "
                                 "raise the bucket size",
                                 names[order[i]], (unsigned long long)b,
                                 (unsigned long long)bucket_bytes);
-        if (i == 0 || at + b > bucket_bytes) {
+        }
+        if (i == 0 || at + b > cap) {
             /* a parameter (an expert's part of one) that fits a bucket is not cut: the bucket
              * ends before its first tensor instead (an fp8 per-tensor scale needs it whole) */
             if (nb > 0 && group > bucket_first[nb - 1] &&
-                wsync_map_packed(nbytes, order, group, i + 1) <= bucket_bytes) {
+                wsync_map_packed(nbytes, order, group, i + 1) <=
+                    wsync_map_cap(nb, group, bucket_bytes, ramp, tail)) {
+                cap = wsync_map_cap(nb, group, bucket_bytes, ramp, tail);
                 bucket_first[nb++] = group;
                 at = wsync_map_packed(nbytes, order, group, i);
                 at = (at + WSYNC_MAP_ALIGN - 1) / WSYNC_MAP_ALIGN * WSYNC_MAP_ALIGN;
             } else {
+                cap = wsync_map_cap(nb, i, bucket_bytes, ramp, tail);
                 bucket_first[nb++] = i;
                 at = 0;
             }
         }
         used = at + b;
     }
+    free(tail);
     bucket_first[nb] = n;
     *n_buckets = nb;
     return WSYNC_OK;

@@ -138,10 +138,14 @@ wsync_result_t wsync_map_order(const wsync_map_table_t *table, const char *const
  * tensors of one engine parameter (of one expert in fused experts) stay in one bucket when they
  * fit one (the bucket before then ends early), so only a parameter larger than a bucket is cut.
  * Bucket b holds order[bucket_first[b] .. bucket_first[b + 1]); *n_buckets buckets (bucket_first
- * needs n + 1 entries). INVALID_ARGUMENT naming the tensor when one does not fit a bucket. */
+ * needs n + 1 entries). INVALID_ARGUMENT naming the tensor when one does not fit a bucket.
+ * `ramp` (0: none; at most 16): bucket j < ramp holds at most bucket_bytes >> (ramp - j), or the
+ * largest tensor from its start on when that is more (tensors stay whole), so a pipelined sync
+ * (direct mode: the engine's host work on bucket k + 1 beside its copies of bucket k) starts on
+ * a small bucket: 3 gives 1/8, 1/4, 1/2, then whole buckets. */
 wsync_result_t wsync_map_plan_buckets(const wsync_map_table_t *table, const char *const *names,
                                       const uint64_t *nbytes, size_t n, uint64_t bucket_bytes,
-                                      size_t *order, size_t *bucket_first, size_t *n_buckets,
-                                      wsync_error_t *err);
+                                      unsigned ramp, size_t *order, size_t *bucket_first,
+                                      size_t *n_buckets, wsync_error_t *err);
 
 #endif

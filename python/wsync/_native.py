@@ -58,7 +58,7 @@ _FUNCTIONS = [
     (
         "wsync_shim_plan",
         C.c_int,
-        [C.c_char_p, C.POINTER(C.c_char_p), C.POINTER(C.c_uint64), C.c_size_t, C.c_uint64,
+        [C.c_char_p, C.POINTER(C.c_char_p), C.POINTER(C.c_uint64), C.c_size_t, C.c_uint64, C.c_uint,
          C.POINTER(C.c_size_t), C.POINTER(C.c_size_t), C.POINTER(C.c_size_t), _E],
     ),
     (

@@ -275,40 +275,33 @@ class Producer:
         key = (tuple(names), tuple(sizes))
         if self._plan_cache is not None and self._plan_cache[0] == key:
             return [list(b) for b in self._plan_cache[1]]
-        limit = max([self.bucket_bytes, *sizes]) if self.direct else self.bucket_bytes
-        out = self._plan_names(names, sizes, limit)
-        if self.direct and len(out) > 1:
-            # direct mode copies nothing on the trainer: buckets only pipeline the engine's work
-            # (its host work on bucket k+1 runs while the GPU copies bucket k), so any tensor
-            # fits one; and a sync of several buckets starts with smaller ones (1/8, 1/4, 1/2
-            # of bucket_bytes, at least the largest tensor left: the planner keeps each tensor
-            # whole), so the GPU starts on the first while the host works on the larger ones. A
-            # sync that fits one bucket stays one request, validated whole before any write.
-            out = []
-            left = list(range(len(pairs)))
-            for shift in (3, 2, 1):
-                if not left:
-                    break
-                cap = max(limit >> shift, max(sizes[i] for i in left))
-                head = self._plan_names([names[i] for i in left], [sizes[i] for i in left], cap)[0]
-                out.append(head)
-                taken = set(head)
-                left = [i for i in left if names[i] not in taken]
-            if left:
-                out += self._plan_names([names[i] for i in left], [sizes[i] for i in left], limit)
+        # direct mode copies nothing on the trainer: buckets only pipeline the engine's work (its
+        # host work on bucket k+1 runs while the GPU copies bucket k), so any tensor fits one, and
+        # the C planner's ramp starts a sync of several buckets with smaller ones (1/8, 1/4, 1/2
+        # of bucket_bytes, at least the largest tensor left) so the GPU starts on the first while
+        # the host works on the larger ones. A sync that fits one bucket stays one request,
+        # validated whole before any write.
+        if self.direct:
+            limit = max([self.bucket_bytes, *sizes])
+            out = self._plan_names(names, sizes, limit)
+            if len(out) > 1:
+                out = self._plan_names(names, sizes, limit, ramp=3)
+        else:
+            out = self._plan_names(names, sizes, self.bucket_bytes)
         self._plan_cache = (key, out)
         self._stage_cache.clear()
         return [list(b) for b in out]
 
-    def _plan_names(self, names: List[str], sizes: List[int], limit: int) -> List[List[str]]:
-        """The C planner's buckets of at most `limit` bytes, in the engine's order."""
+    def _plan_names(self, names: List[str], sizes: List[int], limit: int, ramp: int = 0) -> List[List[str]]:
+        """The C planner's buckets of at most `limit` bytes (the first `ramp` smaller), in the
+        engine's order."""
         n = len(names)
         nbytes = (C.c_uint64 * max(n, 1))(*sizes)
         order = (C.c_size_t * max(n, 1))()
         first = (C.c_size_t * (n + 1))()
         nb = C.c_size_t()
         err = _abi.Error.new()
-        rc = self._shim.plan(self.engine.encode(), _native.c_strings(names), nbytes, n, limit,
+        rc = self._shim.plan(self.engine.encode(), _native.c_strings(names), nbytes, n, limit, ramp,
                              order, first, C.byref(nb), C.byref(err))
         _native.check(rc, err)
         return [[names[order[i]] for i in range(first[b], first[b + 1])] for b in range(nb.value)]

@@ -27,7 +27,7 @@ static int wsync_ref_trainer_plan(wsync_ref_trainer_t *t, char *why, size_t len)
         nbytes[i] = t->model.tensors[i].nbytes;
     }
     wsync_result_t rc =
-        wsync_map_plan_buckets(t->shim->map, names, nbytes, t->model.n, t->cfg.bucket_bytes,
+        wsync_map_plan_buckets(t->shim->map, names, nbytes, t->model.n, t->cfg.bucket_bytes, 0,
                                t->order, t->bucket_first, &t->nbuckets, &err);
     free(names);
     free(nbytes);

@@ -60,8 +60,8 @@ static void test_plan_in_engine_order(void **state)
     uint64_t nbytes[] = {64, 16, 128, 64};
     size_t order[4], first[5], nb = 0;
     wsync_error_t err = {.struct_size = sizeof(err)};
-    assert_int_equal(wsync_shim_plan("sglang", names, nbytes, 4, 1 << 20, order, first, &nb, &err),
-                     WSYNC_OK);
+    assert_int_equal(
+        wsync_shim_plan("sglang", names, nbytes, 4, 1 << 20, 0, order, first, &nb, &err), WSYNC_OK);
     assert_int_equal(nb, 1);
     /* q, k, v side by side in qkv_proj's order, where its first tensor came; the norm stays */
     assert_string_equal(names[order[0]], "model.layers.0.self_attn.q_proj.weight");
@@ -69,11 +69,11 @@ static void test_plan_in_engine_order(void **state)
     assert_string_equal(names[order[2]], "model.layers.0.self_attn.v_proj.weight");
     assert_string_equal(names[order[3]], "model.norm.weight");
     /* a tensor larger than a bucket is named */
-    assert_int_equal(wsync_shim_plan("sglang", names, nbytes, 4, 100, order, first, &nb, &err),
+    assert_int_equal(wsync_shim_plan("sglang", names, nbytes, 4, 100, 0, order, first, &nb, &err),
                      WSYNC_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(err.message, "q_proj"));
     wsync_error_t e2 = {.struct_size = sizeof(e2)};
-    assert_int_equal(wsync_shim_plan("tgi", names, nbytes, 4, 1 << 20, order, first, &nb, &e2),
+    assert_int_equal(wsync_shim_plan("tgi", names, nbytes, 4, 1 << 20, 0, order, first, &nb, &e2),
                      WSYNC_ERR_NOT_FOUND);
     assert_non_null(strstr(e2.message, "\"tgi\""));
 }
