@@ -18,6 +18,7 @@
 #include "wsync_map_rules.h"
 #include "wsync_request.h"
 #include "wsync_shim.h"
+#include "wsync_torch_msg.h"
 #include "wsync_txn_msg.h"
 
 #define WSYNC_SHIM_API __attribute__((visibility("default")))
@@ -522,6 +523,16 @@ WSYNC_SHIM_API char *wsync_shim_encode_check(const char *const *names, const cha
                                              wsync_error_t *err)
 {
     return wsync_txn_msg_check(names, dtypes, ndims, dims, n, err);
+}
+
+WSYNC_SHIM_API char *wsync_shim_encode_torch_manifest(
+    const uint8_t *handle, uint32_t handle_len, uint64_t bytes, uint64_t offset, int64_t pid,
+    const char *device, uint64_t generation, int finished, const char *const *names,
+    const char *const *dtypes, const uint32_t *ndims, const int64_t *dims, const uint64_t *offsets,
+    size_t n, wsync_error_t *err)
+{
+    return wsync_torch_msg_manifest(handle, handle_len, bytes, offset, pid, device, generation,
+                                    finished, names, dtypes, ndims, dims, offsets, n, err);
 }
 
 WSYNC_SHIM_API char *wsync_shim_encode_lora(const char *engine, const char *name, uint32_t int_id,

@@ -149,6 +149,18 @@ char *wsync_shim_encode_lora(const char *engine, const char *name, uint32_t int_
                              const char *path, const char *const *manifests, size_t n_ranks,
                              const char *config, int unload, wsync_error_t *err);
 
+/* The manifest of tensors in one torch CUDA storage named by torch's own IPC handle (`handle`:
+ * UntypedStorage._share_cuda_'s bytes; `bytes`, `offset`: its size and the storage's offset;
+ * `pid`, `device`: the exporter and "GPU-<uuid>"), each tensor's name, torch dtype name, ndims
+ * (dims concatenated) and byte offset in the storage (engine-shims/common/wsync_torch_msg.h).
+ * Malloc'd JSON, or NULL with err set. */
+char *wsync_shim_encode_torch_manifest(const uint8_t *handle, uint32_t handle_len, uint64_t bytes,
+                                       uint64_t offset, int64_t pid, const char *device,
+                                       uint64_t generation, int finished, const char *const *names,
+                                       const char *const *dtypes, const uint32_t *ndims,
+                                       const int64_t *dims, const uint64_t *offsets, size_t n,
+                                       wsync_error_t *err);
+
 /* The order `engine` holds the n HF `names` in (wsync_map_order): order[i] indexes names. A
  * trainer that plans buckets in this order cuts a fused parameter at most once. */
 wsync_result_t wsync_shim_order(const char *engine, const char *const *names, size_t n,

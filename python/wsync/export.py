@@ -1,6 +1,7 @@
 """The foreign path: tensors that live in the trainer's own torch storage, exported with torch's
 own IPC handles (``UntypedStorage._share_cuda_``, what ``reduce_tensor`` sends), described in a
-wsync manifest of buffer kind ``torch`` and encoded for the engine by the C shims. No staging
+wsync manifest written by the C shim library from torch's handle bytes (``wsync.messages``) and
+encoded for the engine by the C shims. No staging
 copy: the engine's one batched copy reads the trainer's memory directly. The CUDA plugin opens
 both of torch's handle forms ('c' cudaMalloc segments, 'e' expandable segments).
 
@@ -11,14 +12,11 @@ storage must outlive the engine's mapping (keep the tensors; the engine's releas
 
 from __future__ import annotations
 
-import base64
-import json
-import os
 from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from . import _torch
+from . import _torch, messages
 from .errors import InvalidArgument
 from .producer import encode_bucket
 
@@ -53,23 +51,8 @@ class TorchExport:
         gen = self._gen.get(key, 0) + 1
         self._gen[key] = gen
         base = storage.data_ptr()
-        tensors = []
-        for name, t in pairs:
-            tensors.append({
-                "name": name,
-                "dtype": _torch.dtype_name(t.dtype),
-                "shape": list(t.shape),
-                "offset": t.data_ptr() - base,
-                "nbytes": t.numel() * t.element_size(),
-            })
-        doc = {
-            "wsync": 1, "generation": gen, "finished": bool(finished),
-            "buffer": {"kind": "torch", "handle": base64.b64encode(bytes(handle)).decode(),
-                       "bytes": size, "offset": offset, "pid": os.getpid(),
-                       "device": _torch.device_uuid(dev)},
-            "tensors": tensors,
-        }
-        return json.dumps(doc, separators=(",", ":"))
+        tensors = [(name, _torch.dtype_name(t.dtype), list(t.shape), t.data_ptr() - base) for name, t in pairs]
+        return messages.torch_manifest(bytes(handle), size, offset, _torch.device_uuid(dev), gen, finished, tensors)
 
     def messages(self, named: _torch.NamedTensors, *, first: bool = True, finished: bool = True,
                  weight_version: Optional[str] = None) -> List[str]:

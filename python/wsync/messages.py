@@ -52,3 +52,19 @@ def check(tensors: Sequence[tuple]) -> str:
     ndims = (C.c_uint32 * max(len(tensors), 1))(*[len(t[2]) for t in tensors])
     dims = (C.c_int64 * max(len(shapes), 1))(*shapes)
     return _text(lambda e: _native.shim().encode_check(names, dtypes, ndims, dims, len(tensors), e))
+
+
+def torch_manifest(handle: bytes, nbytes: int, offset: int, device: str, generation: int, finished: bool,
+                   tensors: Sequence[tuple], pid: Optional[int] = None) -> str:
+    """The manifest of tensors in one torch CUDA storage named by torch's own IPC `handle`
+    (``UntypedStorage._share_cuda_``'s bytes; `nbytes`, `offset`: its shared range and the
+    storage's offset in it): each tensor ``(name, dtype name, shape, byte offset)``."""
+    names = _native.c_strings([t[0] for t in tensors])
+    dtypes = _native.c_strings([t[1] for t in tensors])
+    shapes: List[int] = [int(d) for t in tensors for d in t[2]]
+    ndims = (C.c_uint32 * max(len(tensors), 1))(*[len(t[2]) for t in tensors])
+    dims = (C.c_int64 * max(len(shapes), 1))(*shapes)
+    offs = (C.c_uint64 * max(len(tensors), 1))(*[int(t[3]) for t in tensors])
+    return _text(lambda e: _native.shim().encode_torch_manifest(
+        bytes(handle), len(handle), int(nbytes), int(offset), os.getpid() if pid is None else int(pid),
+        device.encode(), int(generation), int(bool(finished)), names, dtypes, ndims, dims, offs, len(tensors), e))
