@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "wsync_fusion.h"
+
 #define WB_ALIGN 256u
 
 static uint64_t wb_align(uint64_t x)
@@ -110,31 +112,19 @@ void wb_layout_free(wb_layout_t *l)
     memset(l, 0, sizeof(*l));
 }
 
-/* Kinds of fused engine parameters (one of each per layer at most). */
-enum { WB_FUSE_QKV, WB_FUSE_GATE_UP, WB_FUSE_W13, WB_FUSE_W2, WB_FUSE_KINDS };
+/* Kinds of fused engine parameters (one of each per layer at most): the fusion table's
+ * (plugin/common/wsync_fusion.h), less its NONE. */
+#define WB_FUSE_KINDS (WSYNC_FUSE_KINDS - 1)
 
-/* The fused parameter a tensor of wb_layout_build belongs to, and its layer; -1: stands alone. */
+/* The fused parameter a tensor of wb_layout_build belongs to (a wsync_fuse_t less one), and its
+ * layer; -1: stands alone. */
 static int wb_fuse_kind(const char *name, unsigned *layer)
 {
     int n = 0;
     if (sscanf(name, "model.layers.%u.%n", layer, &n) != 1 || n == 0)
         return -1;
-    const char *r = name + n;
-    if (strcmp(r, "self_attn.q_proj.weight") == 0 || strcmp(r, "self_attn.k_proj.weight") == 0 ||
-        strcmp(r, "self_attn.v_proj.weight") == 0)
-        return WB_FUSE_QKV;
-    if (strcmp(r, "mlp.gate_proj.weight") == 0 || strcmp(r, "mlp.up_proj.weight") == 0)
-        return WB_FUSE_GATE_UP;
-    long long e;
-    int m = 0;
-    if (sscanf(r, "mlp.experts.%lld.%n", &e, &m) != 1 || m == 0)
-        return -1;
-    r += m;
-    if (strcmp(r, "gate_proj.weight") == 0 || strcmp(r, "up_proj.weight") == 0)
-        return WB_FUSE_W13;
-    if (strcmp(r, "down_proj.weight") == 0)
-        return WB_FUSE_W2;
-    return -1;
+    const wsync_fusion_t f = wsync_fusion_of(name);
+    return f.kind == WSYNC_FUSE_NONE ? -1 : (int)f.kind - 1;
 }
 
 /* The group of tensor i: a fused one from open[layer][kind] (opened at its first member), or a

@@ -6,88 +6,25 @@
 #include <string.h>
 
 #include "wsync_error.h"
+#include "wsync_fusion.h"
 #include "wsync_log.h"
-
-enum { WSYNC_PACK_ALONE, WSYNC_PACK_QKV, WSYNC_PACK_GATE_UP, WSYNC_PACK_W13, WSYNC_PACK_W2 };
 
 typedef struct wsync_pack_key {
     wsync_order_place_t at; /* first: sorted by wsync_order_place_cmp */
     const char *name;
     size_t plen;        /* the group's prefix: name[0, plen) */
-    int cls;            /* WSYNC_PACK_*; ALONE: the whole name is the group */
+    int cls;            /* wsync_fuse_t; NONE: the whole name is the group */
     const char *suffix; /* after the projection's name ("weight", "bias", ...) */
 } wsync_pack_key_t;
 
-typedef struct wsync_pack_proj {
-    const char *name;
-    int cls, part;
-} wsync_pack_proj_t;
-
-static const wsync_pack_proj_t wsync_pack_dense[] = {
-    {"q_proj", WSYNC_PACK_QKV, 0},      {"k_proj", WSYNC_PACK_QKV, 1},
-    {"v_proj", WSYNC_PACK_QKV, 2},      {"gate_proj", WSYNC_PACK_GATE_UP, 0},
-    {"up_proj", WSYNC_PACK_GATE_UP, 1},
-};
-static const wsync_pack_proj_t wsync_pack_expert[] = {
-    {"gate_proj", WSYNC_PACK_W13, 0}, {"w1", WSYNC_PACK_W13, 0},
-    {"up_proj", WSYNC_PACK_W13, 1},   {"w3", WSYNC_PACK_W13, 1},
-    {"down_proj", WSYNC_PACK_W2, 0},  {"w2", WSYNC_PACK_W2, 0},
-};
-
-/* The component at c (up to the next '.' or the end) in table, or NULL. */
-static const wsync_pack_proj_t *wsync_pack_find(const char *c, const wsync_pack_proj_t *table,
-                                                size_t n)
-{
-    size_t len = strcspn(c, ".");
-    for (size_t i = 0; i < n; i++)
-        if (strlen(table[i].name) == len && memcmp(c, table[i].name, len) == 0)
-            return &table[i];
-    return NULL;
-}
-
-/* Digits only, at most 9 of them, ended by '.': the expert's number, else -1. */
-static int64_t wsync_pack_expert_no(const char *c)
-{
-    size_t len = strcspn(c, ".");
-    if (len == 0 || len > 9 || c[len] != '.' || strspn(c, "0123456789") != len)
-        return -1;
-    return strtoll(c, NULL, 10);
-}
-
 static void wsync_pack_parse(wsync_pack_key_t *k)
 {
-    const char *name = k->name;
-    k->cls = WSYNC_PACK_ALONE;
-    k->plen = strlen(name);
-    k->suffix = "";
-    k->at.expert = -1;
-    k->at.part = 0;
-    for (const char *c = name; c != NULL && *c != '\0';) {
-        const char *dot = strchr(c, '.');
-        const wsync_pack_proj_t *p = NULL;
-        int64_t e = -1;
-        const char *proj = c;
-        if (dot != NULL && (size_t)(dot - c) == strlen("experts") &&
-            memcmp(c, "experts", strlen("experts")) == 0 &&
-            (e = wsync_pack_expert_no(dot + 1)) >= 0) {
-            proj = strchr(dot + 1, '.') + 1;
-            p = wsync_pack_find(proj, wsync_pack_expert,
-                                sizeof(wsync_pack_expert) / sizeof(wsync_pack_expert[0]));
-        } else if (dot != NULL) {
-            p = wsync_pack_find(c, wsync_pack_dense,
-                                sizeof(wsync_pack_dense) / sizeof(wsync_pack_dense[0]));
-        }
-        if (p != NULL) {
-            const char *end = proj + strlen(p->name);
-            k->cls = p->cls;
-            k->at.part = p->part;
-            k->at.expert = e;
-            k->plen = (size_t)(c - name);
-            k->suffix = *end == '.' ? end + 1 : end;
-            return;
-        }
-        c = dot != NULL ? dot + 1 : NULL;
-    }
+    const wsync_fusion_t f = wsync_fusion_of(k->name);
+    k->cls = (int)f.kind;
+    k->plen = f.prefix_len;
+    k->suffix = f.suffix;
+    k->at.expert = f.expert;
+    k->at.part = f.part;
 }
 
 static int wsync_pack_by_group(const void *a, const void *b)
@@ -107,7 +44,7 @@ static int wsync_pack_by_group(const void *a, const void *b)
 
 static int wsync_pack_same_group(const wsync_pack_key_t *x, const wsync_pack_key_t *y)
 {
-    return x->cls != WSYNC_PACK_ALONE && x->cls == y->cls && x->plen == y->plen &&
+    return x->cls != WSYNC_FUSE_NONE && x->cls == y->cls && x->plen == y->plen &&
            memcmp(x->name, y->name, x->plen) == 0 && strcmp(x->suffix, y->suffix) == 0;
 }
 

@@ -22,13 +22,10 @@ typedef struct wsync_order_place {
 /* qsort comparator for an array of structs whose first member is a wsync_order_place_t. */
 int wsync_order_place_cmp(const void *a, const void *b);
 
-/* Fills order[k] with the input index packed k-th. Names of the HF convention that SGLang, vLLM
- * and LMDeploy fuse are grouped where the first of them comes:
- *   X.q_proj.S, X.k_proj.S, X.v_proj.S               -> q, k, v            (qkv_proj)
- *   X.gate_proj.S, X.up_proj.S                       -> gate, up           (gate_up_proj)
- *   X.experts.E.{gate_proj|w1, up_proj|w3}.S         -> by expert: gate, up (w13, expert-major)
- *   X.experts.E.{down_proj|w2}.S                     -> by expert          (w2)
- * Every other tensor keeps its place among the groups. Stable and O(n log n).
+/* Fills order[k] with the input index packed k-th. The tensors of one fused parameter (the
+ * fusion table, wsync_fusion.h) are grouped where the first of them comes, in the engine's
+ * order (q, k, v; gate, up; experts by expert, gate before up). Every other tensor keeps its
+ * place among the groups. Stable and O(n log n).
  * WSYNC_PACK_ORDER=given keeps the caller's order (order[k] = k); any value other than "given"
  * or "engine" is named in a warning and the engine order is used.
  * INVALID_ARGUMENT for NULL arrays with n > 0; OUT_OF_MEMORY if the keys cannot be allocated. */
