@@ -332,7 +332,7 @@ static wsync_result_t wsync_parse_buffer(const json_t *b, long segment, wsync_bu
         p.field = "peer";
         if ((r = wsync_read_string(json_object_get(b, "peer"), &p, 1, &s, &n, err)) != WSYNC_OK)
             return r;
-        if ((r = wsync_nixl_buffer_peer(s, "buffer.peer", err)) != WSYNC_OK)
+        if ((r = wsync_nixl_buffer_peer(s, d, "buffer.peer", err)) != WSYNC_OK)
             return r;
     }
     return WSYNC_OK;

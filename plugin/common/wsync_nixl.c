@@ -294,7 +294,7 @@ wsync_result_t wsync_nixl_peer(const uint8_t *md, size_t len, char name[WSYNC_NI
 int wsync_nixl_knows(const char *peer)
 {
     pthread_mutex_lock(&g_nixl.lock);
-    const int known = nixl_peer_find(peer) != NULL;
+    const int known = nixl_peer_find(peer) != NULL || strcmp(peer, g_nixl.self) == 0;
     pthread_mutex_unlock(&g_nixl.lock);
     return known;
 }
@@ -332,7 +332,7 @@ wsync_result_t wsync_nixl_transfer(int write, const char *peer, const wsync_nixl
     capi_obj_t local = NULL, remote = NULL, req = NULL;
     const char *step = "describe";
     pthread_mutex_lock(&g_nixl.lock);
-    const int known = nixl_peer_find(peer) != NULL;
+    const int known = nixl_peer_find(peer) != NULL || strcmp(peer, g_nixl.self) == 0;
     capi_status_t s = nixl_dlists(spans, n, vram, &local, &remote);
     if (s == CAPI_OK) {
         step = "prepare";

@@ -124,8 +124,16 @@ void wsync_nixl_segments_end(wsync_nixl_segments_t *set)
 
 /* ------------------------------------------------------------------ consumer */
 
-wsync_result_t wsync_nixl_buffer_peer(const char *b64, const char *field, wsync_error_t *err)
+wsync_result_t wsync_nixl_buffer_peer(const char *b64, const wsync_buffer_desc_t *d,
+                                      const char *field, wsync_error_t *err)
 {
+    wsync_result_t r0 = wsync_nixl_start(err);
+    if (r0 != WSYNC_OK)
+        return r0;
+    const char *self = wsync_nixl_self();
+    if (d->handle_len == WSYNC_NIXL_HANDLE_HEAD + strlen(self) &&
+        memcmp(d->handle + WSYNC_NIXL_HANDLE_HEAD, self, strlen(self)) == 0)
+        return WSYNC_OK; /* this process's own buffer */
     const size_t n = strlen(b64);
     uint8_t *md = malloc(n / 4 * 3 + 3);
     if (md == NULL)

@@ -94,8 +94,10 @@ wsync_result_t wsync_nixl_buffer_pull_segments(wsync_nixl_buffer_t *b, const wsy
 wsync_result_t wsync_nixl_buffer_consumed(wsync_nixl_buffer_t *b, uint64_t generation,
                                           uint32_t timeout_ms, wsync_error_t *err);
 
-/* Load the peer metadata of a manifest's buffer (base64 text of the "peer" field) into this
- * process's agent; `field` names it in messages. */
-wsync_result_t wsync_nixl_buffer_peer(const char *b64, const char *field, wsync_error_t *err);
+/* Load the peer metadata of a manifest's buffer `d` (base64 text of the "peer" field) into this
+ * process's agent; `field` names it in messages. Nothing is loaded when d names this process's
+ * own agent (NIXL moves bytes within one agent as well). */
+wsync_result_t wsync_nixl_buffer_peer(const char *b64, const wsync_buffer_desc_t *d,
+                                      const char *field, wsync_error_t *err);
 
 #endif

@@ -64,6 +64,7 @@ def _engine_main(conn, engine: str, layout: str, rank: int, tp: int, device: str
 
     import models
     import wsync
+    import wsync.replica
 
     if ":" in layout:  # "module:function": function(engine, rank, tp) -> (model, zeroed params)
         mod, fn = layout.split(":")
@@ -78,10 +79,23 @@ def _engine_main(conn, engine: str, layout: str, rank: int, tp: int, device: str
         params, engine=engine, config=model.config, tp_rank=rank, tp_size=tp, plugin=plugin_for(device), **worker_kw
     )
     conn.send(("ready", w.backend))
+    joining = None  # wsync.replica.sink over the same parameters, made by the first "join"
+
+    def relay(msg):  # "serve": each request goes to the parent, which hands it to the joiner
+        conn.send(("send", msg))
+        return conn.recv()
+
     while True:
         op, arg = conn.recv()
         if op == "msg":
             conn.send(w.handle(arg))
+        elif op == "serve":  # push these parameters to another replica's rank (over NIXL)
+            conn.send(("served", wsync.replica.serve(params, relay, engine=engine, version=arg,
+                                                      plugin=plugin_for(device))))
+        elif op == "join":  # a request of a serving replica's push
+            if joining is None:
+                joining = wsync.replica.sink(params, engine=engine, config=model.config, plugin=plugin_for(device))
+            conn.send(joining.handle(arg))
         elif op == "state":
             w.drain()
             if device != "cpu":
@@ -95,7 +109,11 @@ def _engine_main(conn, engine: str, layout: str, rank: int, tp: int, device: str
             conn.send(w.opens)
         elif op == "txn":
             conn.send(w.state())
+        elif op == "joined_txn":
+            conn.send(joining.state())
         else:
+            if joining is not None:
+                joining.close()
             w.close()
             conn.send("bye")
             return
@@ -145,6 +163,24 @@ class EngineRanks:
         """Each rank's update state (EngineWorker.state())."""
         for c in self.conns:
             c.send(("txn", None))
+        return [recv(c, p) for c, p in zip(self.conns, self.procs)]
+
+    def serve_to(self, joiner: EngineRanks, version=None) -> None:
+        """Each rank pushes its parameters, as they are, into the same rank of `joiner` (a replica
+        of the same engine and TP size) over NIXL (wsync.replica); this process relays."""
+        for r, (c, p) in enumerate(zip(self.conns, self.procs)):
+            c.send(("serve", version))
+            while True:
+                m = recv(c, p)
+                if m[0] == "served":
+                    break
+                joiner.conns[r].send(("join", m[1]))
+                c.send([recv(joiner.conns[r], joiner.procs[r])])
+
+    def joined_txn(self) -> List[dict]:
+        """Each rank's update state of the pushes it took from another replica (serve_to)."""
+        for c in self.conns:
+            c.send(("joined_txn", None))
         return [recv(c, p) for c, p in zip(self.conns, self.procs)]
 
     def release(self) -> None:

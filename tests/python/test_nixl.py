@@ -249,3 +249,35 @@ def test_nixl_faults_keep_the_weights(engine_ranks):
         b.conns, b.procs = b.conns[:1], b.procs[:1]  # its surviving rank closes normally
     finally:
         trainer.stop()
+
+
+@pytest.mark.parametrize("layout, tp", [("dense", 2), ("moe", 1)])
+def test_nixl_replica_joins_from_a_replica(engine_ranks, layout, tp):
+    """A replica that starts after version 2 takes the committed version from a replica that
+    holds it (each rank from the same rank, over NIXL, wsync.replica), with the trainer stopped:
+    every parameter equals the serving replica's, the push is one committed transaction; then
+    the trainer, started again, lands version 3 on both."""
+    a = engine_ranks(ENGINE, layout, tp)
+    model = models.tiny_model(layout)
+    trainer = Trainer(layout)
+    try:
+        for k in range(2):
+            trainer.sync(k, [a])
+    finally:
+        trainer.stop()
+    assert not trainer.proc.is_alive()
+    sd = models.step(model, 0)
+    sd = models.step(model, 1)
+    _check(a, sd, tp, "version 2, serving replica")
+    c = engine_ranks(ENGINE, layout, tp)
+    a.serve_to(c, version=2)
+    _check(c, sd, tp, "version 2 taken from replica A")
+    assert all(t["committed"] == 2 and t["state"] == "consistent" for t in c.joined_txn()), c.joined_txn()
+    trainer = Trainer(layout)
+    try:
+        trainer.sync(2, [a, c])
+        sd = models.step(model, 2)
+        _check(a, sd, tp, "version 3, replica A")
+        _check(c, sd, tp, "version 3, the joined replica")
+    finally:
+        trainer.stop()
