@@ -66,8 +66,7 @@ static wsync_result_t wsync_cpu_check_mapping(const wsync_buffer_desc_t *d, cons
     return WSYNC_OK;
 }
 
-/* A new handle's lock and sink, and its place in the consumer's list of live handles. */
-static void wsync_cpu_handle_register(struct wsync_consumer *c, struct wsync_handle *h)
+void wsync_cpu_handle_register(struct wsync_consumer *c, struct wsync_handle *h)
 {
     pthread_mutex_init(&h->lock, NULL);
     wsync_cpu_sink_init(&h->sink);

@@ -123,6 +123,8 @@ wsync_result_t wsync_cpu_mem_copy(struct wsync_consumer *c, void *dst, const voi
 wsync_result_t wsync_cpu_handle_map(void *user, const wsync_buffer_desc_t *desc, void **mapping,
                                     wsync_error_t *err);
 void wsync_cpu_handle_unmap(void *user, void *mapping);
+/* A new handle's lock and sink, and its place in the consumer's list of live handles. */
+void wsync_cpu_handle_register(struct wsync_consumer *c, struct wsync_handle *h);
 /* Forget `s` as a carrier of every live handle (stream_destroy, after draining s). */
 void wsync_cpu_handles_forget_stream(struct wsync_consumer *c, wsync_cpu_stream_t *s);
 

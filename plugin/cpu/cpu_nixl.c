@@ -52,12 +52,7 @@ wsync_result_t wsync_cpu_nixl_map(struct wsync_consumer *c, const wsync_buffer_d
         h->control = ctl;
         h->data = landing;
     }
-    pthread_mutex_init(&h->lock, NULL);
-    wsync_cpu_sink_init(&h->sink);
-    pthread_mutex_lock(&c->lock);
-    h->next = c->handles;
-    c->handles = h;
-    pthread_mutex_unlock(&c->lock);
+    wsync_cpu_handle_register(c, h);
     *mapping = h;
     return WSYNC_OK;
 }
