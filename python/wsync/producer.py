@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Uni
 
 import torch
 
-from . import _abi, _native, _torch, messages
+from . import _abi, _modes, _native, _torch, messages
 from .checkpoint import checkpoint_tensors
 from .errors import InvalidArgument, check_reply
 
@@ -210,7 +210,7 @@ class Producer:
         self._owner_cache: dict = {}  # bucket names -> each tensor's owning EP rank
         if cast_to is not None and (not cast_to.is_floating_point or cast_to.itemsize > 8):
             raise InvalidArgument(1, "Producer", f"cast_to={cast_to}: a floating-point dtype")
-        self.direct = direct
+        self._mode = _modes.Direct(cast_to) if direct else _modes.Staged()
         # sync(): the next bucket staged (once its buffer set is consumed) before this one is
         # sent; False sends each bucket as soon as it is published
         self.stage_first = bool(stage_first)
@@ -220,10 +220,8 @@ class Producer:
         self.cast_to = cast_to
         self._host: dict = {}  # registered CPU storages: data_ptr -> a tensor on it (kept alive)
         self._cast_code = _abi.DTYPES.get(_torch.dtype_name(cast_to)) if cast_to is not None else None
-        self._cast: dict = {}
         self._inflight: list = []  # sync(wait=False): replies not yet checked
-        if direct:
-            buffers = 1  # nothing is staged: one synchronisation object per engine rank
+        buffers = self._mode.buffer_sets(buffers)
         self.engine = engine
         self.bucket_bytes = int(bucket_bytes)
         self.plugin = _native.load_plugin(plugin)
@@ -250,8 +248,7 @@ class Producer:
                         struct_size=C.sizeof(_abi.StagingConfig),
                         bytes=self.bucket_bytes,
                         device_ordinal=(d.index or 0) if d.type == "cuda" else 0,
-                        flags=(_abi.STAGING_DIRECT if direct else 0 if digests else _abi.STAGING_NO_DIGESTS)
-                        | (_abi.STAGING_NIXL if transport == "nixl" else 0),
+                        flags=self._mode.staging_flags(digests) | (_abi.STAGING_NIXL if transport == "nixl" else 0),
                         timeout_ms=timeout_ms,
                     )
                     st = C.c_void_p()
@@ -264,6 +261,11 @@ class Producer:
             self.close()
             raise
 
+    @property
+    def direct(self) -> bool:
+        """Direct mode: the buckets name the trainer's tensors where they live."""
+        return self._mode.direct
+
     # ----------------------------------------------------------------- planning
 
     def plan(self, named: _torch.NamedTensors) -> List[List[str]]:
@@ -275,19 +277,7 @@ class Producer:
         key = (tuple(names), tuple(sizes))
         if self._plan_cache is not None and self._plan_cache[0] == key:
             return [list(b) for b in self._plan_cache[1]]
-        # direct mode copies nothing on the trainer: buckets only pipeline the engine's work (its
-        # host work on bucket k+1 runs while the GPU copies bucket k), so any tensor fits one, and
-        # the C planner's ramp starts a sync of several buckets with smaller ones (1/8, 1/4, 1/2
-        # of bucket_bytes, at least the largest tensor left) so the GPU starts on the first while
-        # the host works on the larger ones. A sync that fits one bucket stays one request,
-        # validated whole before any write.
-        if self.direct:
-            limit = max([self.bucket_bytes, *sizes])
-            out = self._plan_names(names, sizes, limit)
-            if len(out) > 1:
-                out = self._plan_names(names, sizes, limit, ramp=3)
-        else:
-            out = self._plan_names(names, sizes, self.bucket_bytes)
+        out = self._mode.plan(self._plan_names, names, sizes, self.bucket_bytes)
         self._plan_cache = (key, out)
         self._stage_cache.clear()
         return [list(b) for b in out]
@@ -369,11 +359,11 @@ class Producer:
         if hit is not None and hit[0] == sig:
             # direct mode holds no tensor between syncs (a trainer that frees one gets its memory
             # back): the bucket's own tensors and cast buffers stay alive while it is in flight
-            return hit[1], hit[2] if hit[2] is not None else self._direct_keep(pairs)
+            return hit[1], hit[2] if hit[2] is not None else self._mode.keep_now(pairs)
         arr = (_abi.StageTensor * len(pairs))()
         keep = []
         for i, (name, t) in enumerate(pairs):
-            host = t.device.type == "cpu" and self.plugin.name == "cuda" and not self.direct
+            host = t.device.type == "cpu" and self._mode.reads_host(self.plugin.name)
             if host:
                 self._check_host(name, t)
             elif (t.device.type == "cuda") != (self.plugin.name == "cuda"):
@@ -383,15 +373,11 @@ class Producer:
                 )
             if not host and t.device != self.devices[0] and len(set(self.devices)) == 1:
                 raise InvalidArgument(1, "stage_bucket", f"tensor {name} is on {t.device}, the staging on {self.devices[0]}")
-            src = t.detach()
-            if self.direct:
-                src = self._direct_source(name, src)
-            elif not src.is_contiguous():
-                src = src.contiguous()
+            src = self._mode.source(name, t.detach())
             keep.append(src)
             ndim, shape = _torch.shape_of(name, src)
             code = _torch.dtype_code(name, src)
-            cast = (not self.direct and self.cast_to is not None and src.dtype.is_floating_point
+            cast = (self._mode.stage_casts and self.cast_to is not None and src.dtype.is_floating_point
                     and src.dtype != self.cast_to)
             arr[i] = _abi.StageTensor(
                 struct_size=C.sizeof(_abi.StageTensor),
@@ -403,7 +389,7 @@ class Producer:
                 src_dtype=code,
             )
         if all(x[4] for x in sig):  # .contiguous() copies are new storage every time
-            self._stage_cache[names] = (sig, arr, None if self.direct else keep)
+            self._stage_cache[names] = (sig, arr, self._mode.cached_keep(keep))
         return arr, keep
 
     def _check_host(self, name: str, t: torch.Tensor) -> None:
@@ -456,35 +442,6 @@ class Producer:
         self._stage_cache.clear()
         self._sync_cache = None
 
-    def _direct_keep(self, pairs: list) -> list:
-        return [t for _, t in pairs] + [self._cast[n] for n, _ in pairs if n in self._cast]
-
-    def _direct_source(self, name: str, t: torch.Tensor) -> torch.Tensor:
-        """What the engine reads for `t` in direct mode: `t` itself, or its retained cast buffer."""
-        if not t.is_contiguous():
-            raise InvalidArgument(
-                1, "stage_bucket", f"tensor {name} is not contiguous (strides {tuple(t.stride())}): "
-                "direct mode reads tensors where they are; pass a contiguous tensor or use a staged Producer"
-            )
-        if self.cast_to is None or t.dtype == self.cast_to or not t.dtype.is_floating_point:
-            return t
-        buf = self._cast.get(name)
-        if buf is None or buf.shape != t.shape or buf.device != t.device:
-            buf = torch.empty(t.shape, dtype=self.cast_to, device=t.device)
-            self._cast[name] = buf
-        return buf
-
-    def _run_casts(self, pairs: list, stream: Optional[Any]) -> None:
-        """Direct mode: refresh every cast buffer of the bucket from its tensor, on the stream the
-        publish records *ready* on (so the engine reads the new values)."""
-        if not self._cast:
-            return
-        with _torch.on_stream(stream):
-            for name, t in pairs:
-                buf = self._cast.get(name)
-                if buf is not None and t.dtype != self.cast_to:
-                    buf.copy_(t.detach())
-
     def stage_bucket(
         self,
         tensors: _torch.NamedTensors,
@@ -530,10 +487,7 @@ class Producer:
         """Stage one bucket into buffer set k on `handles` (one stream per rank), once the set's
         last bucket is consumed (direct mode reuses nothing: its buckets may all be in flight)."""
         b = self._sets[k]
-        if not self.direct:
-            self._wait_set(b, handles)
-        if self.direct and pairs is not None:
-            self._run_casts(pairs, stream)
+        self._mode.before_stage(lambda: self._wait_set(b, handles), pairs, stream)
         ops = self._ops
         for r, st in enumerate(b.staging):  # every rank's stage first: the GPUs work at once
             err = _abi.Error.new()
@@ -555,7 +509,7 @@ class Producer:
             b.published[r] = gen.value
             manifests.append(text.value.decode())
         # the sources stay alive until the engine consumed them
-        b.keep = b.keep + keep if self.direct else keep
+        b.keep = self._mode.bucket_keep(b.keep, keep)
         # LMDeploy's update_params names its persistent buffer only with a bucket that carries
         # it: with several buffer sets every bucket names its own.
         with_buffer = not b.sent or len(self._sets) > 1
@@ -604,8 +558,7 @@ class Producer:
             bucket_pairs.append(bp)
         names, nbytes = _expect(pairs, self.cast_to)
         plan = _SyncPlan(buckets, bucket_pairs, names, nbytes)
-        casts = self.direct and self.cast_to is not None
-        if not casts and all(t.is_contiguous() for _, t in raw) and all(t.is_contiguous() for _, t in pairs):
+        if self._mode.plan_cacheable() and all(t.is_contiguous() for _, t in raw) and all(t.is_contiguous() for _, t in pairs):
             # the arrays point into the callers' tensors only: a sync keeps those (`raw`) alive
             check = _SyncCheck(raw, pairs, owner, bucket_pairs)
             self._sync_cache = (_SyncPlan([(a, []) for a, _ in buckets], None, names, nbytes), check)
@@ -646,7 +599,7 @@ class Producer:
         """The engine's request messages for published manifests (one per rank)."""
         return encode_bucket(self.engine, manifests, first=first, finished=finished,
                              weight_version=weight_version, packed=self.packed, with_buffer=with_buffer,
-                             direct=self.direct)
+                             direct=self._mode.direct)
 
     def sync(
         self,
@@ -682,7 +635,7 @@ class Producer:
     def _sync(self, raw: list, send: Send, weight_version: Optional[str], stream: Optional[Any],
               wait: bool, version: Optional[int]) -> int:
         self._finish_inflight(stream)
-        if not wait and not self.direct:
+        if not wait and self._mode.reuses_buffers:
             raise InvalidArgument(1, "sync", "wait=False is for direct mode: staged buffers are reused within a sync")
         plan, check = self._sync_plan(raw)
         if check is not None and version is not None:  # a transaction declares the whole sync first
@@ -718,7 +671,7 @@ class Producer:
         # stage_first: bucket b+1 is staged (once its set is consumed) before bucket b is sent;
         # one buffer set cannot (its bucket is consumed only once sent), nor direct mode (it
         # waits for no set)
-        stage_first = self.stage_first and nsets > 1 and not self.direct
+        stage_first = self.stage_first and nsets > 1 and self._mode.reuses_buffers
         turn0 = self._turn
         sent: set = set()  # names of the cached plan's buckets staged so far (for _sync_rest)
         keeps: dict = {}
@@ -734,7 +687,7 @@ class Producer:
             k = (turn0 + b) % nsets
             # a staged set's replies are checked before the set is reused; direct buckets reuse
             # nothing, so their replies are read at the end
-            while not self.direct and pending and (len(pending) >= nsets or pending[0][0] == k):
+            while self._mode.reuses_buffers and pending and (len(pending) >= nsets or pending[0][0] == k):
                 check_replies(pending.popleft()[1]())
             per_rank, keep = plan.buckets[b]
             bp = plan.pairs[b] if plan.pairs is not None else None
@@ -742,7 +695,7 @@ class Producer:
             if check is not None:
                 sent.update(check.bucket_names[b])
             # the sources are views of the caller's tensors (`raw`): alive until consumed
-            keeps[b] = [raw, *keep] if b == 0 or not self.direct else keep
+            keeps[b] = [raw, *keep] if b == 0 or self._mode.reuses_buffers else keep
 
         def publish_send(b: int, then: Optional[int]) -> None:
             k = (turn0 + b) % nsets
