@@ -3,6 +3,7 @@
  * between processes). Waits spin, then sleep in short slices, re-checking the generation and the
  * liveness of the peer each time. */
 #include "wsync_control.h"
+#include "wsync_clock.h"
 #include "wsync_pid.h"
 
 #include <errno.h>
@@ -154,13 +155,6 @@ void wsync_control_signal_ready(wsync_control_t *c, uint64_t generation)
 void wsync_control_signal_consumed(wsync_control_t *c, uint64_t generation)
 {
     wsync_control_signal(&c->consumed_generation, &c->consumed_seq, generation);
-}
-
-static uint64_t wsync_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
 /* A generation a GPU writes (a stream memory write into the registered block) wakes no futex:

@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "wsync_clock.h"
 #include "wsync_error.h"
 #include "wsync_nixl.h"
 
@@ -212,6 +213,57 @@ void wsync_nixl_deregister(wsync_nixl_reg_t *reg)
     free(reg);
 }
 
+wsync_result_t wsync_nixl_cover(wsync_nixl_ranges_t *set, uint64_t start, uint64_t end, int vram,
+                                wsync_error_t *err)
+{
+    size_t at = 0, hi = set->n; /* at: the first range starting after `start` */
+    while (at < hi) {
+        const size_t mid = (at + hi) / 2;
+        if (set->at[mid].start <= start)
+            at = mid + 1;
+        else
+            hi = mid;
+    }
+    /* none nested, so the last range starting at or before `start` ends last among them */
+    if (at > 0 && set->at[at - 1].end >= end)
+        return WSYNC_OK;
+    if (set->n == set->cap) {
+        const size_t cap = set->cap ? 2 * set->cap : 64;
+        void *p = realloc(set->at, cap * sizeof(*set->at));
+        if (p == NULL)
+            return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu registrations", cap);
+        set->at = p;
+        set->cap = cap;
+    }
+    wsync_nixl_reg_t *reg = NULL;
+    wsync_result_t r =
+        wsync_nixl_register((void *)(uintptr_t)start, end - start, vram, 0, &reg, err);
+    if (r != WSYNC_OK)
+        return r;
+    size_t k = 0; /* keep the ranges the new one does not hold */
+    for (size_t i = 0; i < set->n; i++) {
+        if (set->at[i].start >= start && set->at[i].end <= end)
+            wsync_nixl_deregister(set->at[i].reg);
+        else
+            set->at[k++] = set->at[i];
+    }
+    set->n = k;
+    for (at = 0; at < set->n && set->at[at].start <= start; at++)
+        ;
+    memmove(&set->at[at + 1], &set->at[at], (set->n - at) * sizeof(*set->at));
+    set->at[at] = (wsync_nixl_range_t){start, end, reg};
+    set->n++;
+    return WSYNC_OK;
+}
+
+void wsync_nixl_ranges_end(wsync_nixl_ranges_t *set)
+{
+    for (size_t i = 0; i < set->n; i++)
+        wsync_nixl_deregister(set->at[i].reg);
+    free(set->at);
+    *set = (wsync_nixl_ranges_t){0};
+}
+
 wsync_result_t wsync_nixl_metadata(uint8_t **md, size_t *len, wsync_error_t *err)
 {
     wsync_result_t r = wsync_nixl_start(err);
@@ -291,19 +343,18 @@ wsync_result_t wsync_nixl_peer(const uint8_t *md, size_t len, char name[WSYNC_NI
     return WSYNC_OK;
 }
 
+/* Metadata of `peer` is loaded, or it is this agent. Caller holds the lock. */
+static int nixl_known(const char *peer)
+{
+    return nixl_peer_find(peer) != NULL || strcmp(peer, g_nixl.self) == 0;
+}
+
 int wsync_nixl_knows(const char *peer)
 {
     pthread_mutex_lock(&g_nixl.lock);
-    const int known = nixl_peer_find(peer) != NULL || strcmp(peer, g_nixl.self) == 0;
+    const int known = nixl_known(peer);
     pthread_mutex_unlock(&g_nixl.lock);
     return known;
-}
-
-static uint64_t nixl_now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000u + (uint64_t)t.tv_nsec / 1000000u;
 }
 
 /* The two descriptor lists of a transfer. Caller holds the lock. */
@@ -332,7 +383,7 @@ wsync_result_t wsync_nixl_transfer(int write, const char *peer, const wsync_nixl
     capi_obj_t local = NULL, remote = NULL, req = NULL;
     const char *step = "describe";
     pthread_mutex_lock(&g_nixl.lock);
-    const int known = nixl_peer_find(peer) != NULL || strcmp(peer, g_nixl.self) == 0;
+    const int known = nixl_known(peer);
     capi_status_t s = nixl_dlists(spans, n, vram, &local, &remote);
     if (s == CAPI_OK) {
         step = "prepare";
@@ -342,12 +393,12 @@ wsync_result_t wsync_nixl_transfer(int write, const char *peer, const wsync_nixl
         step = "post";
         s = g_nixl.f.post_xfer_req(g_nixl.agent, req, NULL);
     }
-    const uint64_t deadline = nixl_now_ms() + (timeout_ms ? timeout_ms : 30000u);
+    const uint64_t deadline = wsync_now_ms() + (timeout_ms ? timeout_ms : 30000u);
     int timed_out = 0;
     while (s == CAPI_IN_PROG) {
         step = "transfer";
         pthread_mutex_unlock(&g_nixl.lock);
-        if (nixl_now_ms() > deadline) {
+        if (wsync_now_ms() > deadline) {
             pthread_mutex_lock(&g_nixl.lock);
             timed_out = 1;
             break;

@@ -48,6 +48,25 @@ wsync_result_t wsync_nixl_register(void *addr, uint64_t bytes, int vram, uint64_
                                    wsync_nixl_reg_t **out, wsync_error_t *err);
 void wsync_nixl_deregister(wsync_nixl_reg_t *reg);
 
+/* Registered ranges [start, end), none inside another, sorted by start (so by end too): memory
+ * registered once and kept, by a producer (its segments) or a consumer (its destinations). */
+typedef struct wsync_nixl_range {
+    uint64_t start, end;
+    wsync_nixl_reg_t *reg;
+} wsync_nixl_range_t;
+typedef struct wsync_nixl_ranges {
+    wsync_nixl_range_t *at;
+    size_t n, cap;
+} wsync_nixl_ranges_t;
+
+/* Make [start, end) covered by one range of the set: nothing when one holds it, else register it
+ * (host memory unless vram), dropping the ranges it holds (a run that grew, a wider range of
+ * one parameter). */
+wsync_result_t wsync_nixl_cover(wsync_nixl_ranges_t *set, uint64_t start, uint64_t end, int vram,
+                                wsync_error_t *err);
+/* Deregister every range; the set is empty after. */
+void wsync_nixl_ranges_end(wsync_nixl_ranges_t *set);
+
 /* The agent's metadata now (it changes with each registration): a malloc'd copy for the caller
  * to free. */
 wsync_result_t wsync_nixl_metadata(uint8_t **md, size_t *len, wsync_error_t *err);

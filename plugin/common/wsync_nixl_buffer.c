@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "wsync_base64.h"
+#include "wsync_clock.h"
 #include "wsync_error.h"
 #include "wsync_nixl_buffer.h"
 
@@ -72,54 +73,15 @@ wsync_result_t wsync_nixl_export_peer(char **b64, wsync_error_t *err)
     return WSYNC_OK;
 }
 
-static int seg_cmp(const void *a, const void *b)
-{
-    const wsync_nixl_dst_t *x = a, *y = b;
-    return x->start < y->start ? -1 : x->start > y->start;
-}
-
-wsync_result_t wsync_nixl_segment(wsync_nixl_segments_t *set, uint64_t start, uint64_t bytes,
+wsync_result_t wsync_nixl_segment(wsync_nixl_ranges_t *set, uint64_t start, uint64_t bytes,
                                   wsync_buffer_desc_t *seg, wsync_error_t *err)
 {
-    const wsync_nixl_dst_t key = {.start = start};
-    const wsync_nixl_dst_t *at =
-        set->n ? bsearch(&key, set->at, set->n, sizeof(*set->at), seg_cmp) : NULL;
-    if (at == NULL || at->end < start + bytes) {
-        wsync_nixl_reg_t *reg = NULL;
-        wsync_result_t r = wsync_nixl_register((void *)(uintptr_t)start, bytes, 0, 0, &reg, err);
-        if (r != WSYNC_OK)
-            return r;
-        if (at != NULL) { /* the run grew: the wider registration takes its place */
-            wsync_nixl_dst_t *w = &set->at[at - set->at];
-            wsync_nixl_deregister(w->reg);
-            *w = (wsync_nixl_dst_t){start, start + bytes, reg};
-        } else {
-            if (set->n == set->cap) {
-                const size_t cap = set->cap ? 2 * set->cap : 16;
-                void *p = realloc(set->at, cap * sizeof(*set->at));
-                if (p == NULL) {
-                    wsync_nixl_deregister(reg);
-                    return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY,
-                                      "no memory for %zu segment registrations", cap);
-                }
-                set->at = p;
-                set->cap = cap;
-            }
-            set->at[set->n++] = (wsync_nixl_dst_t){start, start + bytes, reg};
-            qsort(set->at, set->n, sizeof(*set->at), seg_cmp);
-        }
-    }
+    wsync_result_t r = wsync_nixl_cover(set, start, start + bytes, 0, err);
+    if (r != WSYNC_OK)
+        return r;
     const wsync_nixl_export_t x = {.data = start, .control = 0};
     wsync_nixl_export_desc(&x, seg);
     return WSYNC_OK;
-}
-
-void wsync_nixl_segments_end(wsync_nixl_segments_t *set)
-{
-    for (size_t i = 0; i < set->n; i++)
-        wsync_nixl_deregister(set->at[i].reg);
-    free(set->at);
-    *set = (wsync_nixl_segments_t){0};
 }
 
 /* ------------------------------------------------------------------ consumer */
@@ -205,11 +167,7 @@ wsync_result_t wsync_nixl_buffer_open(const wsync_buffer_desc_t *d, void *landin
 
 void wsync_nixl_buffer_close(wsync_nixl_buffer_t *b)
 {
-    for (size_t i = 0; i < b->n_dsts; i++)
-        wsync_nixl_deregister(b->dsts[i].reg);
-    free(b->dsts);
-    b->dsts = NULL;
-    b->n_dsts = b->cap_dsts = 0;
+    wsync_nixl_ranges_end(&b->dsts);
     wsync_nixl_deregister(b->landing_reg);
     wsync_nixl_deregister(b->host_reg);
     free(b->seen);
@@ -227,13 +185,6 @@ static wsync_result_t nixl_read_control(wsync_nixl_buffer_t *b, uint32_t timeout
     return wsync_nixl_transfer(0, b->peer, &span, 1, 0, timeout_ms, b->what, err);
 }
 
-static uint64_t nixl_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000u + (uint64_t)t.tv_nsec / 1000000u;
-}
-
 /* Check the producer's control block holds `generation`, published and ready (direct: at least
  * that generation; its buckets live in the producer's tensors, which it keeps until every
  * bucket in flight is consumed). Ready is set in the producer's stream order after publish
@@ -243,7 +194,7 @@ static wsync_result_t nixl_check_control(wsync_nixl_buffer_t *b, uint64_t genera
                                          uint32_t timeout_ms, int wait, int direct,
                                          const char *when, wsync_error_t *err)
 {
-    const uint64_t deadline = nixl_ms() + (timeout_ms ? timeout_ms : 30000u);
+    const uint64_t deadline = wsync_now_ms() + (timeout_ms ? timeout_ms : 30000u);
     wsync_control_t *c = b->seen;
     for (;;) {
         wsync_result_t r = nixl_read_control(b, timeout_ms, err);
@@ -274,7 +225,7 @@ static wsync_result_t nixl_check_control(wsync_nixl_buffer_t *b, uint64_t genera
                               (unsigned long long)generation);
         if (ready == generation || (direct && ready > generation))
             return WSYNC_OK;
-        if (!wait || nixl_ms() > deadline)
+        if (!wait || wsync_now_ms() > deadline)
             return WSYNC_FAIL(err, WSYNC_ERR_TIMEOUT,
                               "%s: generation %llu published but not ready %s (ready %llu, "
                               "waited up to %u ms)",
@@ -343,6 +294,19 @@ static wsync_result_t nixl_spans(const wsync_copy_op_t *ops, size_t n, wsync_nix
     return WSYNC_OK;
 }
 
+/* The spans moved (after the caller checked the producer's control block holds `generation`),
+ * then the block read again: it still holds it (direct: at least it). Frees spans. */
+static wsync_result_t nixl_pull_checked(wsync_nixl_buffer_t *b, wsync_nixl_span_t *spans, size_t n,
+                                        uint64_t generation, uint32_t timeout_ms, int direct,
+                                        wsync_error_t *err)
+{
+    wsync_result_t r = wsync_nixl_transfer(0, b->peer, spans, n, b->vram, timeout_ms, b->what, err);
+    free(spans);
+    if (r == WSYNC_OK)
+        r = nixl_check_control(b, generation, timeout_ms, 0, direct, "after the pull", err);
+    return r;
+}
+
 wsync_result_t wsync_nixl_buffer_pull(wsync_nixl_buffer_t *b, const wsync_copy_op_t *ops, size_t n,
                                       uint64_t generation, uint32_t timeout_ms, wsync_error_t *err)
 {
@@ -357,11 +321,7 @@ wsync_result_t wsync_nixl_buffer_pull(wsync_nixl_buffer_t *b, const wsync_copy_o
         spans[i].local = (uint64_t)(uintptr_t)b->landing + spans[i].local;
         spans[i].remote = b->remote_data + spans[i].remote;
     }
-    r = wsync_nixl_transfer(0, b->peer, spans, n_spans, b->vram, timeout_ms, b->what, err);
-    free(spans);
-    if (r == WSYNC_OK)
-        r = nixl_check_control(b, generation, timeout_ms, 0, 0, "after the pull", err);
-    return r;
+    return nixl_pull_checked(b, spans, n_spans, generation, timeout_ms, 0, err);
 }
 
 wsync_result_t wsync_nixl_buffer_consumed(wsync_nixl_buffer_t *b, uint64_t generation,
@@ -373,46 +333,6 @@ wsync_result_t wsync_nixl_buffer_consumed(wsync_nixl_buffer_t *b, uint64_t gener
                                               offsetof(wsync_control_t, consumed_generation),
                                     .bytes = sizeof(uint64_t)};
     return wsync_nixl_transfer(1, b->peer, &span, 1, 0, timeout_ms, b->what, err);
-}
-
-/* Make [start, end) covered by a registration of b's (see wsync_nixl_dst_t). */
-static wsync_result_t nixl_dst_cover(wsync_nixl_buffer_t *b, uint64_t start, uint64_t end,
-                                     wsync_error_t *err)
-{
-    size_t lo = 0, hi = b->n_dsts; /* first entry whose end >= end */
-    while (lo < hi) {
-        const size_t mid = (lo + hi) / 2;
-        if (b->dsts[mid].end < end)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    if (lo < b->n_dsts && b->dsts[lo].end == end && b->dsts[lo].start <= start)
-        return WSYNC_OK;
-    wsync_nixl_reg_t *reg = NULL;
-    wsync_result_t r =
-        wsync_nixl_register((void *)(uintptr_t)start, end - start, b->vram, 0, &reg, err);
-    if (r != WSYNC_OK)
-        return r;
-    if (lo < b->n_dsts && b->dsts[lo].end == end) { /* a wider range of the same parameter */
-        wsync_nixl_deregister(b->dsts[lo].reg);
-        b->dsts[lo] = (wsync_nixl_dst_t){start, end, reg};
-        return WSYNC_OK;
-    }
-    if (b->n_dsts == b->cap_dsts) {
-        const size_t cap = b->cap_dsts ? 2 * b->cap_dsts : 64;
-        void *p = realloc(b->dsts, cap * sizeof(*b->dsts));
-        if (p == NULL) {
-            wsync_nixl_deregister(reg);
-            return WSYNC_FAIL(err, WSYNC_ERR_OUT_OF_MEMORY, "no memory for %zu registrations", cap);
-        }
-        b->dsts = p;
-        b->cap_dsts = cap;
-    }
-    memmove(&b->dsts[lo + 1], &b->dsts[lo], (b->n_dsts - lo) * sizeof(*b->dsts));
-    b->dsts[lo] = (wsync_nixl_dst_t){start, end, reg};
-    b->n_dsts++;
-    return WSYNC_OK;
 }
 
 /* Op i as spans from the producer's buffer into its destination: one when both sides are
@@ -443,25 +363,24 @@ static wsync_result_t nixl_pull_into(wsync_nixl_buffer_t *b, uint64_t base,
                                      const wsync_copy_op_t *ops, size_t n, uint64_t generation,
                                      uint32_t timeout_ms, wsync_error_t *err)
 {
-    wsync_result_t r =
-        nixl_check_control(b, generation, timeout_ms, 1, base == 0, "before the pull", err);
     wsync_nixl_span_t *spans = NULL;
     size_t k = 0, cap = 0;
+    wsync_result_t r =
+        nixl_check_control(b, generation, timeout_ms, 1, base == 0, "before the pull", err);
     for (size_t i = 0; r == WSYNC_OK && i < n; i++) {
         const wsync_copy_op_t *o = &ops[i];
         if (o->rows == 0 || o->row_bytes == 0)
             continue;
         const uint64_t start = (uint64_t)(uintptr_t)o->dst;
-        r = nixl_dst_cover(b, start, start + o->dst_extent, err);
+        r = wsync_nixl_cover(&b->dsts, start, start + o->dst_extent, b->vram, err);
         if (r == WSYNC_OK)
             r = nixl_op_spans(base, o, &spans, &k, &cap, err);
     }
-    if (r == WSYNC_OK)
-        r = wsync_nixl_transfer(0, b->peer, spans, k, b->vram, timeout_ms, b->what, err);
-    free(spans);
-    if (r == WSYNC_OK)
-        r = nixl_check_control(b, generation, timeout_ms, 0, base == 0, "after the pull", err);
-    return r;
+    if (r != WSYNC_OK) {
+        free(spans);
+        return r;
+    }
+    return nixl_pull_checked(b, spans, k, generation, timeout_ms, base == 0, err);
 }
 
 wsync_result_t wsync_nixl_buffer_pull_into(wsync_nixl_buffer_t *b, const wsync_copy_op_t *ops,

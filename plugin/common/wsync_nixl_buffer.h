@@ -12,13 +12,6 @@
 #include "wsync_control.h"
 #include "wsync_nixl.h"
 
-/* A registered range: for a consumer, a destination (its end: where the parameter ends, a copy
- * op's dst + dst_extent); for a producer, a segment of its memory. */
-typedef struct wsync_nixl_dst {
-    uint64_t start, end;
-    wsync_nixl_reg_t *reg;
-} wsync_nixl_dst_t;
-
 /* ------------------------------------------------------------------ producer */
 
 /* Register `bytes` at `segment` (a control block, then the data at data_offset) and make
@@ -34,15 +27,10 @@ void wsync_nixl_export_end(wsync_nixl_export_t *x);
 /* Fill d's kind and handle for x; pid 0 (the producer may be on another host). */
 void wsync_nixl_export_desc(const wsync_nixl_export_t *x, wsync_buffer_desc_t *d);
 /* Direct mode: a segment of the producer's own memory at `start` (`bytes`), registered once (the
- * set keeps every registration until wsync_nixl_segments_end), and `seg` rewritten to name it as
+ * set keeps every registration until wsync_nixl_ranges_end), and `seg` rewritten to name it as
  * a nixl segment (handle: its address, 0 for the control block, the agent's name; pid 0). */
-typedef struct wsync_nixl_segments {
-    wsync_nixl_dst_t *at; /* start, end, registration; sorted by start */
-    size_t n, cap;
-} wsync_nixl_segments_t;
-wsync_result_t wsync_nixl_segment(wsync_nixl_segments_t *set, uint64_t start, uint64_t bytes,
+wsync_result_t wsync_nixl_segment(wsync_nixl_ranges_t *set, uint64_t start, uint64_t bytes,
                                   wsync_buffer_desc_t *seg, wsync_error_t *err);
-void wsync_nixl_segments_end(wsync_nixl_segments_t *set);
 
 /* The agent's metadata as base64 text for the manifest (malloc'd; the caller frees it). */
 wsync_result_t wsync_nixl_export_peer(char **b64, wsync_error_t *err);
@@ -60,9 +48,8 @@ typedef struct wsync_nixl_buffer {
     wsync_control_t *seen; /* host: the producer's control block as last read, then ... */
     uint64_t *word;        /* ... the consumed generation written back from here */
     wsync_nixl_reg_t *host_reg;
-    char what[160];         /* "the bucket buffer at <address> of <peer>" in messages */
-    wsync_nixl_dst_t *dsts; /* registered destinations, sorted by end; kept until close */
-    size_t n_dsts, cap_dsts;
+    char what[160];           /* "the bucket buffer at <address> of <peer>" in messages */
+    wsync_nixl_ranges_t dsts; /* destinations pulled into, kept registered until close */
 } wsync_nixl_buffer_t;
 
 /* Decode d's handle (BAD_MANIFEST naming the field), check its peer is known (the manifest's

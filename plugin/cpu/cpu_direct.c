@@ -92,7 +92,7 @@ static wsync_result_t wsync_cpu_locate(void *user, const char *name, const void 
 
 typedef struct wsync_cpu_locating {
     wsync_cpu_maps_t maps;
-    wsync_nixl_segments_t *nixl;
+    wsync_nixl_ranges_t *nixl;
 } wsync_cpu_locating_t;
 
 static wsync_result_t wsync_cpu_locate_nixl(void *user, const char *name, const void *src,
@@ -108,7 +108,7 @@ static wsync_result_t wsync_cpu_locate_nixl(void *user, const char *name, const 
 }
 
 wsync_result_t wsync_cpu_direct_stage(const wsync_stage_tensor_t *t, size_t n,
-                                      wsync_direct_set_t *set, wsync_nixl_segments_t *nixl,
+                                      wsync_direct_set_t *set, wsync_nixl_ranges_t *nixl,
                                       wsync_error_t *err)
 {
     wsync_cpu_locating_t x = {.nixl = nixl};

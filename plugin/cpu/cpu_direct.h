@@ -12,7 +12,7 @@
  * mappings: INVALID_ARGUMENT naming the tensor whose bytes are not all mapped readable. With
  * `nixl` (a nixl staging), each segment is registered there and named as a nixl segment. */
 wsync_result_t wsync_cpu_direct_stage(const wsync_stage_tensor_t *t, size_t n,
-                                      wsync_direct_set_t *set, wsync_nixl_segments_t *nixl,
+                                      wsync_direct_set_t *set, wsync_nixl_ranges_t *nixl,
                                       wsync_error_t *err);
 
 /* Consumer: rows of ops from process `pid` (op src_offset is an address there) into this

@@ -34,9 +34,9 @@ struct wsync_staging {
     wsync_cpu_stream_t **streams;
     size_t n_streams, cap_streams;
     wsync_cpu_unlink_t unlink_node;
-    wsync_direct_set_t direct;       /* WSYNC_STAGING_DIRECT: the buckets named in place */
-    wsync_nixl_export_t nixl;        /* WSYNC_STAGING_NIXL: the segment as its consumers read it */
-    wsync_nixl_segments_t nixl_segs; /* ... and with DIRECT, the memory its buckets name */
+    wsync_direct_set_t direct;     /* WSYNC_STAGING_DIRECT: the buckets named in place */
+    wsync_nixl_export_t nixl;      /* WSYNC_STAGING_NIXL: the segment as its consumers read it */
+    wsync_nixl_ranges_t nixl_segs; /* ... and with DIRECT, the memory its buckets name */
 };
 
 /* A direct staging's segment holds only its control block and these few bytes: no tensor fits,
@@ -289,7 +289,7 @@ wsync_result_t wsync_cpu_retire(struct wsync_staging *s, wsync_error_t *err)
     wsync_cpu_stream_destroy(s->default_stream);
     if (s->flags & WSYNC_STAGING_NIXL) { /* a late pull finds the retired mark, or nothing */
         wsync_nixl_export_end(&s->nixl);
-        wsync_nixl_segments_end(&s->nixl_segs);
+        wsync_nixl_ranges_end(&s->nixl_segs);
     }
     wsync_cpu_unlink_unregister(&s->unlink_node);
     wsync_shm_unlink(&s->shm);
