@@ -20,6 +20,15 @@ def _text(call: Callable[[C.c_void_p], Optional[int]]) -> str:
     return text
 
 
+def _tensor_arrays(tensors: Sequence[tuple]) -> tuple:
+    """The C arrays of ``(name, dtype name, shape, ...)`` tuples: names, dtypes, ndims and the
+    dims concatenated."""
+    shapes: List[int] = [int(d) for t in tensors for d in t[2]]
+    return (_native.c_strings([t[0] for t in tensors]), _native.c_strings([t[1] for t in tensors]),
+            (C.c_uint32 * max(len(tensors), 1))(*[len(t[2]) for t in tensors]),
+            (C.c_int64 * max(len(shapes), 1))(*shapes))
+
+
 def begin(version: int, names: Sequence[str], nbytes: int, pid: Optional[int] = None) -> str:
     """Open update transaction `version` on every engine rank, declaring the tensors (HF names)
     and bytes the sync will send; the producer's process (default: this one) ends the version
@@ -46,11 +55,7 @@ def state() -> str:
 
 def check(tensors: Sequence[tuple]) -> str:
     """Ask each engine rank for its digests of these tensors: ``(name, dtype name, shape)``."""
-    names = _native.c_strings([t[0] for t in tensors])
-    dtypes = _native.c_strings([t[1] for t in tensors])
-    shapes: List[int] = [int(d) for t in tensors for d in t[2]]
-    ndims = (C.c_uint32 * max(len(tensors), 1))(*[len(t[2]) for t in tensors])
-    dims = (C.c_int64 * max(len(shapes), 1))(*shapes)
+    names, dtypes, ndims, dims = _tensor_arrays(tensors)
     return _text(lambda e: _native.shim().encode_check(names, dtypes, ndims, dims, len(tensors), e))
 
 
@@ -59,11 +64,7 @@ def torch_manifest(handle: bytes, nbytes: int, offset: int, device: str, generat
     """The manifest of tensors in one torch CUDA storage named by torch's own IPC `handle`
     (``UntypedStorage._share_cuda_``'s bytes; `nbytes`, `offset`: its shared range and the
     storage's offset in it): each tensor ``(name, dtype name, shape, byte offset)``."""
-    names = _native.c_strings([t[0] for t in tensors])
-    dtypes = _native.c_strings([t[1] for t in tensors])
-    shapes: List[int] = [int(d) for t in tensors for d in t[2]]
-    ndims = (C.c_uint32 * max(len(tensors), 1))(*[len(t[2]) for t in tensors])
-    dims = (C.c_int64 * max(len(shapes), 1))(*shapes)
+    names, dtypes, ndims, dims = _tensor_arrays(tensors)
     offs = (C.c_uint64 * max(len(tensors), 1))(*[int(t[3]) for t in tensors])
     return _text(lambda e: _native.shim().encode_torch_manifest(
         bytes(handle), len(handle), int(nbytes), int(offset), os.getpid() if pid is None else int(pid),
