@@ -64,7 +64,9 @@ extern "C" {
  *         tensors; a staged manifest's tensors must own disjoint, element-aligned bytes.
  *       Appended in 0.1.8: wsync_error_v1_t.op and op_valid, the failing op's index.
  *       Appended in 0.1.9: buffer kind nixl (7) and WSYNC_STAGING_NIXL, buckets pulled across
- *         processes and hosts over NIXL. */
+ *         processes and hosts over NIXL.
+ *       Appended in 0.1.10: wsync_manifest_v1_t.plan and replay, WSYNC_ERR_UNKNOWN_PLAN (20):
+ *         a bucket's validated copy plan recorded once and replayed by id (manifest schema 2). */
 #define WSYNC_ABI_VERSION_1 1u
 
 /* ------------------------------------------------------------------ results */
@@ -91,8 +93,11 @@ typedef enum wsync_result {
     WSYNC_ERR_PERMISSION = 17,      /* another user's object, or a mode other than 0600 */
     WSYNC_ERR_BAD_REQUEST = 18,     /* an engine request (shims): not JSON, no method, a field
                                        missing or of the wrong type; appended in 0.1.1 */
-    WSYNC_ERR_BAD_ADAPTER = 19      /* a LoRA adapter's files or tensors (adapter_config.json,
+    WSYNC_ERR_BAD_ADAPTER = 19,     /* a LoRA adapter's files or tensors (adapter_config.json,
                                        safetensors, PEFT names) are malformed; appended in 0.1.1 */
+    WSYNC_ERR_UNKNOWN_PLAN = 20     /* a replayed plan id this engine holds no plan under, or
+                                       whose segments changed: send the bucket in full; the
+                                       bucket stays unconsumed; appended in 0.1.10 */
 } wsync_result_t;
 
 /* --------------------------------------------------------- error and logging */
@@ -235,7 +240,15 @@ typedef struct wsync_manifest_v1 {
     size_t n_segments;
     const wsync_buffer_desc_v1_t *segments;
     const uint32_t *tensor_segment;
+    /* Appended in 0.1.10 (docs/DESIGN.md, "Plan once, replay"): the plan id this manifest
+     * records ("plan", schema 1: its tensors are validated and mapped as always, and the engine
+     * keeps the result under the id), or, with replay set, the plan it replays ("replay",
+     * schema 2: no tensors; buffer, generation, finished and the segments as always). NULL:
+     * neither. At most WSYNC_PLAN_ID_MAX_V1 characters of [0-9A-Za-z._:-]. */
+    const char *plan;
+    int replay;
 } wsync_manifest_v1_t;
+#define WSYNC_PLAN_ID_MAX_V1 64
 
 /* ------------------------------------------------------------ copy operations */
 

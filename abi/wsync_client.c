@@ -44,6 +44,8 @@ const char *wsync_strerror(wsync_result_t r)
         return "malformed request";
     case WSYNC_ERR_BAD_ADAPTER:
         return "malformed adapter";
+    case WSYNC_ERR_UNKNOWN_PLAN:
+        return "unknown plan";
     }
     return "unknown wsync result";
 }
@@ -71,6 +73,7 @@ const char *wsync_result_name(wsync_result_t r)
         [WSYNC_ERR_PERMISSION] = "PERMISSION",
         [WSYNC_ERR_BAD_REQUEST] = "BAD_REQUEST",
         [WSYNC_ERR_BAD_ADAPTER] = "BAD_ADAPTER",
+        [WSYNC_ERR_UNKNOWN_PLAN] = "UNKNOWN_PLAN",
     };
     return (unsigned)r < sizeof(names) / sizeof(names[0]) ? names[r] : NULL;
 }

@@ -3,6 +3,7 @@
 
 #include "wsync_client.h"
 #include "wsync_dtype.h"
+#include "wsync_manifest.h"
 #include "wsync_ckpt_plan.h"
 #include "wsync_model_config.h"
 
@@ -523,6 +524,14 @@ WSYNC_SHIM_API char *wsync_shim_encode_check(const char *const *names, const cha
                                              wsync_error_t *err)
 {
     return wsync_txn_msg_check(names, dtypes, ndims, dims, n, err);
+}
+
+WSYNC_SHIM_API wsync_result_t wsync_shim_plan_forms(const char *text, size_t len, char *id,
+                                                    char **full, char **replay, wsync_error_t *err)
+{
+    if (id == NULL || full == NULL || replay == NULL)
+        return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT, "plan_forms: NULL out argument");
+    return wsync_manifest_plan_forms(text, len, id, full, replay, err);
 }
 
 WSYNC_SHIM_API char *wsync_shim_encode_torch_manifest(

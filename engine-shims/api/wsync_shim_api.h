@@ -73,7 +73,7 @@ wsync_result_t wsync_shim_worker_open(const wsync_shim_worker_config_t *cfg,
 /* Release every mapping, finalize the consumer, unload the plugin. NULL is a no-op. */
 void wsync_shim_worker_close(wsync_shim_worker_t *w);
 
-/* The plugin in use ("host 0.1.9"), or "native: <why>" (malloc'd). */
+/* The plugin in use ("host 0.1.10"), or "native: <why>" (malloc'd). */
 char *wsync_shim_worker_backend(const wsync_shim_worker_t *w, int *native);
 
 /* Handle one request message (JSON text of the engine's API, wsync_shim.h) and return the reply
@@ -154,6 +154,13 @@ char *wsync_shim_encode_lora(const char *engine, const char *name, uint32_t int_
  * `pid`, `device`: the exporter and "GPU-<uuid>"), each tensor's name, torch dtype name, ndims
  * (dims concatenated) and byte offset in the storage (engine-shims/common/wsync_torch_msg.h).
  * Malloc'd JSON, or NULL with err set. */
+/* The plan forms of a manifest as publish returned it (docs/DESIGN.md, "Plan once, replay"):
+ * id (WSYNC_PLAN_ID_MAX + 1 bytes), its plan id; *full, the manifest recording that plan; *replay,
+ * the manifest replaying it (both malloc'd, free with wsync_shim_api_free). NOT_SUPPORTED for a
+ * manifest with digests (sent in full every time). */
+wsync_result_t wsync_shim_plan_forms(const char *text, size_t len, char *id, char **full,
+                                     char **replay, wsync_error_t *err);
+
 char *wsync_shim_encode_torch_manifest(const uint8_t *handle, uint32_t handle_len, uint64_t bytes,
                                        uint64_t offset, int64_t pid, const char *device,
                                        uint64_t generation, int finished, const char *const *names,

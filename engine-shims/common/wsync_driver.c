@@ -237,8 +237,9 @@ static void wsync_driver_name_op(const wsync_manifest_t *m, wsync_error_t *err)
 /* Step 2 of apply: everything checked, nothing written. ops[k] is the plan of tensor k in
  * manifest order. */
 static wsync_result_t wsync_driver_validate(wsync_driver_t *d, const wsync_manifest_t *const *m,
-                                            size_t n, wsync_copy_op_t *ops, wsync_quant_t *quant,
-                                            uint8_t *live, wsync_error_t *err)
+                                            const wsync_plan_t *const *plans, size_t n,
+                                            wsync_copy_op_t *ops, wsync_quant_t *quant,
+                                            uint8_t *live, uint8_t *skip, wsync_error_t *err)
 {
     char bname[64];
     size_t k = 0;
@@ -253,6 +254,16 @@ static wsync_result_t wsync_driver_validate(wsync_driver_t *d, const wsync_manif
                                     "%s; send one bucket per buffer per request",
                                     j, i, bname);
             }
+        int replay;
+        const char *plan = wsync_driver_plan_of(m[i], &replay);
+        if (known != NULL && plan != NULL && !replay &&
+            m[i]->generation == known->last_generation && strcmp(known->last_plan, plan) == 0) {
+            /* the bucket sent again in full after another rank did not know its plan: this
+             * rank took it already (by replay), and takes it once */
+            skip[i] = 1;
+            k += m[i]->n_tensors;
+            continue;
+        }
         if (known != NULL && m[i]->generation <= known->last_generation) {
             wsync_driver_buffer_name(&m[i]->buffer, bname, sizeof(bname));
             return WSYNC_RECORD(err, WSYNC_ERR_STALE_GENERATION,
@@ -260,6 +271,14 @@ static wsync_result_t wsync_driver_validate(wsync_driver_t *d, const wsync_manif
                                 "already consumed generation %" PRIu64
                                 " from it; publish a newer bucket",
                                 m[i]->generation, bname, known->last_generation);
+        }
+        if (plans[i] != NULL) { /* a replay: the plan's ops, checked when it was recorded */
+            memcpy(ops + k, plans[i]->ops, plans[i]->n * sizeof(*ops));
+            if (plans[i]->quant != NULL)
+                memcpy(quant + k, plans[i]->quant, plans[i]->n * sizeof(*quant));
+            live[i] = (uint8_t)plans[i]->live;
+            k += plans[i]->n;
+            continue;
         }
         const size_t k0 = k;
         uint64_t *want = calloc(m[i]->n_tensors ? m[i]->n_tensors : 1, sizeof(*want));
@@ -431,35 +450,74 @@ void wsync_driver_refuse(wsync_driver_t *d, wsync_result_t rc, const char *messa
     snprintf(d->refusal_msg, sizeof(d->refusal_msg), "%s", message != NULL ? message : "");
 }
 
+/* The arrays of one apply: per manifest its parse, the view its steps read (the manifest, or a
+ * replay with its plan's tensors), the plan it replays, and two flags. */
+typedef struct wsync_apply {
+    const wsync_manifest_t **m;
+    const wsync_manifest_t **mv;
+    wsync_manifest_t *views;
+    const wsync_plan_t **plans;
+    uint8_t *live; /* writes a parameter outside every shadow */
+    uint8_t *skip; /* taken already (a bucket sent again in full, wsync_driver_validate) */
+} wsync_apply_t;
+
+static void wsync_apply_free(wsync_driver_t *d, wsync_apply_t *a, size_t n)
+{
+    for (size_t i = 0; a->m != NULL && i < n; i++)
+        wsync_driver_free_manifest(d, a->m[i]);
+    free(a->m);
+    free(a->mv);
+    free(a->views);
+    free(a->plans);
+    free(a->live);
+    free(a->skip);
+}
+
 wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifests,
                                   const size_t *lens, size_t n, uint64_t *generation,
                                   wsync_error_t *err)
 {
-    const wsync_manifest_t **m;
     wsync_copy_op_t *ops = NULL;
     wsync_quant_t *quant = NULL; /* per op: how it quantizes (fp8 parameters) */
-    uint8_t *live = NULL;        /* per manifest: writes a parameter outside every shadow */
     size_t total = 0, k = 0;
     uint64_t gen = 0;
     wsync_result_t rc = WSYNC_OK;
 
     if (d == NULL || (n > 0 && (manifests == NULL || lens == NULL)))
         return WSYNC_RECORD(err, WSYNC_ERR_INVALID_ARGUMENT, "apply: NULL driver or manifests");
-    m = calloc(n ? n : 1, sizeof(*m));
-    if (m == NULL)
+    const size_t n1 = n ? n : 1;
+    wsync_apply_t a = {calloc(n1, sizeof(*a.m)),
+                       calloc(n1, sizeof(*a.mv)),
+                       calloc(n1, sizeof(*a.views)),
+                       calloc(n1, sizeof(*a.plans)),
+                       calloc(n1, 1),
+                       calloc(n1, 1)};
+    if (a.m == NULL || a.mv == NULL || a.views == NULL || a.plans == NULL || a.live == NULL ||
+        a.skip == NULL) {
+        wsync_apply_free(d, &a, 0);
         return WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "apply: out of memory");
+    }
+    const wsync_manifest_t **m = a.m, **mv = a.mv;
     const int timing = wsync_driver_timing();
     double t_parsed = 0, t_checked = 0, t_copy = 0, t_record = 0;
     const double t0 = timing ? wsync_driver_us() : 0;
+    int unknown_plan = 0; /* a replay's plan is not here: its bucket stays unconsumed */
     for (size_t i = 0; i < n && rc == WSYNC_OK; i++) {
         rc = wsync_driver_parse(d, manifests[i], lens[i], &m[i], err);
-        if (rc == WSYNC_OK)
-            total += m[i]->n_tensors;
+        int replay = 0;
+        if (rc == WSYNC_OK && wsync_driver_plan_of(m[i], &replay) != NULL && replay) {
+            rc = wsync_driver_plan_find(d, m[i], &a.views[i], &a.plans[i], err);
+            unknown_plan = rc == WSYNC_ERR_UNKNOWN_PLAN;
+        }
+        if (rc == WSYNC_OK) {
+            mv[i] = a.plans[i] != NULL ? &a.views[i] : m[i];
+            total += mv[i]->n_tensors;
+        }
     }
     if (rc == WSYNC_OK && d->refusal != WSYNC_OK) /* the request's own fields were refused */
         rc = WSYNC_RECORD(err, d->refusal, "%s", d->refusal_msg);
     d->refusal = WSYNC_OK;
-    if (rc != WSYNC_OK) { /* a refusal at parse: every bucket of the request goes back unread */
+    if (rc != WSYNC_OK && !unknown_plan) { /* a refusal at parse: every bucket goes back unread */
         for (size_t i = 0; i < n; i++)
             if (m[i] == NULL)
                 m[i] = wsync_driver_parse_bucket(d, manifests[i], lens[i]);
@@ -472,17 +530,19 @@ wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifest
             rc = WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "apply: %zu ops", total);
     }
     if (rc == WSYNC_OK) {
-        live = calloc(n ? n : 1, 1);
-        rc = live != NULL ? wsync_driver_validate(d, m, n, ops, quant, live, err)
-                          : WSYNC_RECORD(err, WSYNC_ERR_OUT_OF_MEMORY, "apply: out of memory");
+        rc = wsync_driver_validate(d, mv, a.plans, n, ops, quant, a.live, a.skip, err);
         for (size_t i = 0; i < n && rc == WSYNC_OK; i++)
-            rc = wsync_txn_check(&d->txn, m[i]->tensors, m[i]->n_tensors, err);
+            if (!a.skip[i])
+                rc = wsync_txn_check(&d->txn, mv[i]->tensors, mv[i]->n_tensors, err);
         if (rc != WSYNC_OK)
             wsync_driver_release_unread(d, m, n);
     }
     if (timing)
         t_parsed = t0, t_checked = wsync_driver_us();
-    if (rc == WSYNC_OK && d->txn.phase != WSYNC_TXN_UPDATING && total > 0) {
+    size_t taking = 0; /* ops of buckets not taken already */
+    for (size_t i = 0; i < n && rc == WSYNC_OK; i++)
+        taking += a.skip[i] ? 0 : mv[i]->n_tensors;
+    if (rc == WSYNC_OK && d->txn.phase != WSYNC_TXN_UPDATING && taking > 0) {
         wsync_txn_begin_implicit(&d->txn); /* an engine request outside wsync_begin */
         wsync_driver_hook_begin(d, d->txn.version);
     }
@@ -490,18 +550,27 @@ wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifest
         int wrote = 0;
         const double t_exec = timing ? wsync_driver_us() : 0;
         double t_copied = 0;
-        rc = wsync_driver_execute(d, m[i], ops + k, quant + k, &wrote, &t_copied, err);
+        if (!a.skip[i])
+            rc = wsync_driver_execute(d, mv[i], ops + k, quant + k, &wrote, &t_copied, err);
         if (t_copied > 0) {
             const double t_end = wsync_driver_us();
             t_copy += t_copied - t_exec, t_record += t_end - t_copied;
         }
-        if (rc == WSYNC_OK) {
-            wsync_txn_applied(&d->txn, m[i]->tensors, m[i]->n_tensors, live[i], m[i]->buffer.pid);
+        if (rc == WSYNC_OK && !a.skip[i]) {
+            wsync_txn_applied(&d->txn, mv[i]->tensors, mv[i]->n_tensors, a.live[i],
+                              mv[i]->buffer.pid);
             wsync_driver_watch(d);
-        } else if (wrote && live[i]) {
+            int replay;
+            const char *plan = wsync_driver_plan_of(m[i], &replay);
+            wsync_driver_buffer_t *e = wsync_driver_find(d, &m[i]->buffer);
+            if (e != NULL)
+                snprintf(e->last_plan, sizeof(e->last_plan), "%s", plan != NULL ? plan : "");
+            if (plan != NULL && !replay)
+                wsync_driver_plan_record(d, m[i], ops + k, quant + k, a.live[i]);
+        } else if (rc != WSYNC_OK && wrote && a.live[i]) {
             wsync_txn_wrote(&d->txn);
         }
-        k += m[i]->n_tensors;
+        k += mv[i]->n_tensors;
         if (m[i]->generation > gen)
             gen = m[i]->generation;
     }
@@ -515,12 +584,9 @@ wsync_result_t wsync_driver_apply(wsync_driver_t *d, const char *const *manifest
     if (rc != WSYNC_OK)
         wsync_driver_log(d, WSYNC_LOG_ERROR, "wsync: request refused: %s: %s", wsync_strerror(rc),
                          err != NULL ? err->message : "");
-    for (size_t i = 0; i < n; i++)
-        wsync_driver_free_manifest(d, m[i]);
-    free(live);
+    wsync_apply_free(d, &a, n);
     free(ops);
     free(quant);
-    free(m);
     return rc;
 }
 
@@ -570,8 +636,10 @@ wsync_result_t wsync_driver_drain(wsync_driver_t *d, wsync_error_t *err)
 wsync_result_t wsync_driver_release(wsync_driver_t *d, wsync_error_t *err)
 {
     wsync_result_t rc = wsync_driver_drain(d, err);
+    wsync_driver_plans_clear(d); /* the mappings they replay into go */
     for (size_t i = 0; i < d->n_buffers; i++) {
         wsync_driver_close_segments(d, &d->buffers[i]);
+        d->buffers[i].last_plan[0] = '\0';
         if (d->buffers[i].handle != NULL && d->ops != NULL) {
             wsync_result_t r = d->ops->close_handle(d->consumer, d->buffers[i].handle, err);
             if (rc == WSYNC_OK)
@@ -606,6 +674,7 @@ void wsync_driver_close(wsync_driver_t *d)
     }
     wsync_loader_close(&d->loader);
     wsync_txn_free(&d->txn);
+    wsync_driver_plans_clear(d);
     if (d->producer_fd >= 0)
         close(d->producer_fd);
     free(d->shadows);

@@ -22,7 +22,27 @@ typedef struct wsync_driver_buffer {
     uint64_t *seg_epoch; /* the weight version (counted by finished buckets) that last named it */
     size_t n_segs, cap_segs;
     uint64_t epoch;
+    char last_plan[WSYNC_PLAN_ID_MAX + 1]; /* the plan last_generation was applied under, or "" */
 } wsync_driver_buffer_t;
+
+/* A bucket's validated copy plan, kept under its id (wsync_driver_plan.c): what a replay of it
+ * copies, and what the replay's own fields are checked against. */
+typedef struct wsync_plan {
+    char id[WSYNC_PLAN_ID_MAX + 1];
+    size_t n;                     /* ops, one per tensor in manifest order */
+    wsync_copy_op_t *ops;         /* mapped and validated (shadow redirects applied) */
+    wsync_quant_t *quant;         /* per op; NULL when none quantizes */
+    wsync_tensor_desc_t *tensors; /* name and nbytes (the transaction's), names in `names` */
+    char *names;
+    uint32_t *tensor_segment; /* direct mode */
+    wsync_buffer_desc_t *segments;
+    size_t n_segments;
+    wsync_buffer_kind_t kind; /* of the bucket's buffer */
+    uint64_t need;            /* staged: the buffer bytes the ops read */
+    int live;                 /* writes a parameter outside every shadow */
+    uint64_t used;            /* least recently used goes first */
+    size_t bytes;
+} wsync_plan_t;
 
 struct wsync_driver {
     wsync_driver_config_t cfg;
@@ -46,7 +66,26 @@ struct wsync_driver {
      * pid is another one. -1: none (or pidfd_open unavailable: then kill(pid, 0) decides). */
     int producer_fd;
     int64_t producer_fd_pid;
+    wsync_plan_t *plans; /* recorded plans (wsync_driver_plan.c) */
+    size_t n_plans, cap_plans, plan_bytes;
+    uint64_t plan_clock;
 };
+
+/* wsync_driver_plan.c. The plan manifest m replays, checked against m's own fields (the same
+ * buffer kind, room for what the plan reads, the same segments); *view is m with the plan's
+ * tensors. UNKNOWN_PLAN naming the id and what differs otherwise (the bucket stays unconsumed). */
+wsync_result_t wsync_driver_plan_find(wsync_driver_t *d, const wsync_manifest_t *m,
+                                      wsync_manifest_t *view, const wsync_plan_t **out,
+                                      wsync_error_t *err);
+/* After a bucket recording a plan (m->plan, not a replay) was applied: keep its ops under the id,
+ * replacing one of the same id; the least recently used go past the table's bounds. Best effort:
+ * a plan not kept is one the next replay finds unknown. */
+void wsync_driver_plan_record(wsync_driver_t *d, const wsync_manifest_t *m,
+                              const wsync_copy_op_t *ops, const wsync_quant_t *quant, int live);
+/* Forget every plan (the engine's mappings or shadows changed). */
+void wsync_driver_plans_clear(wsync_driver_t *d);
+/* The plan id of m, or NULL (a field a plugin before 0.1.10 does not fill). */
+const char *wsync_driver_plan_of(const wsync_manifest_t *m, int *replay);
 
 /* wsync_driver_shadows.c: op's destination moved to its shadow (rollback mode); 1 when it was. */
 int wsync_driver_redirect(const wsync_driver_t *d, wsync_copy_op_t *op);
@@ -73,6 +112,7 @@ wsync_result_t wsync_driver_check_tensor_scales(const wsync_manifest_t *m,
                                                 wsync_error_t *err);
 /* wsync_driver_segments.c: a buffer's direct segments closed; a direct bucket copied. */
 void wsync_driver_close_segments(wsync_driver_t *d, wsync_driver_buffer_t *e);
+int wsync_driver_same_segment(const wsync_buffer_desc_t *a, const wsync_buffer_desc_t *b);
 wsync_result_t wsync_driver_copy_direct(wsync_driver_t *d, wsync_driver_buffer_t *e,
                                         const wsync_manifest_t *m, const wsync_copy_op_t *ops,
                                         wsync_error_t *err);

@@ -23,6 +23,14 @@ void wsync_driver_close_segments(wsync_driver_t *d, wsync_driver_buffer_t *e)
     e->n_segs = e->cap_segs = 0;
 }
 
+/* The same segment: the same memory over the same range (a host_pid segment is a mapping of the
+ * producer's, which grows in place: a larger one is opened anew, the old closed by the sweep). */
+int wsync_driver_same_segment(const wsync_buffer_desc_t *a, const wsync_buffer_desc_t *b)
+{
+    return wsync_driver_same_buffer(a, b) && a->bytes == b->bytes &&
+           a->base_offset == b->base_offset;
+}
+
 /* The held handle of segment `key`, opening (and holding) it when it is new. */
 static wsync_result_t wsync_driver_segment(wsync_driver_t *d, wsync_driver_buffer_t *e,
                                            const wsync_buffer_desc_t *key, size_t *at,
@@ -31,8 +39,8 @@ static wsync_result_t wsync_driver_segment(wsync_driver_t *d, wsync_driver_buffe
     /* a steady trainer names its segments in the same order every time: try *at first (where
      * the one after the last found sits), then all */
     size_t j = *at;
-    if (j >= e->n_segs || !wsync_driver_same_buffer(&e->seg_keys[j], key))
-        for (j = 0; j < e->n_segs && !wsync_driver_same_buffer(&e->seg_keys[j], key); j++)
+    if (j >= e->n_segs || !wsync_driver_same_segment(&e->seg_keys[j], key))
+        for (j = 0; j < e->n_segs && !wsync_driver_same_segment(&e->seg_keys[j], key); j++)
             ;
     if (j < e->n_segs) {
         e->seg_epoch[j] = e->epoch;

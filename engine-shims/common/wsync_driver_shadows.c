@@ -23,6 +23,7 @@ wsync_result_t wsync_driver_set_shadows(wsync_driver_t *d, const wsync_shadow_t 
                                 "set_shadows: %zu shadows at NULL (or no memory)", n);
         memcpy(t, shadows, n * sizeof(*t));
         qsort(t, n, sizeof(*t), wsync_shadow_cmp);
+        wsync_driver_plans_clear(d); /* their ops were redirected by the old shadows */
         for (size_t i = 0; i < n; i++)
             if (t[i].param == NULL || t[i].shadow == NULL ||
                 (i > 0 && (uintptr_t)t[i - 1].param + t[i - 1].bytes > (uintptr_t)t[i].param)) {

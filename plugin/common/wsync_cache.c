@@ -22,7 +22,9 @@ int wsync_cache_key_equal(const wsync_buffer_desc_t *a, const wsync_buffer_desc_
 {
     return a->kind == b->kind && a->handle_len == b->handle_len && a->pid == b->pid &&
            a->handle_len <= WSYNC_HANDLE_MAX && memcmp(a->handle, b->handle, a->handle_len) == 0 &&
-           strncmp(a->device, b->device, WSYNC_DEVICE_MAX) == 0;
+           strncmp(a->device, b->device, WSYNC_DEVICE_MAX) == 0 &&
+           /* a host_pid segment is a range of the producer's memory, which can grow in place */
+           (a->kind != WSYNC_BUFFER_HOST_PID || a->bytes == b->bytes);
 }
 
 wsync_cache_t *wsync_cache_create(wsync_cache_map_fn map, wsync_cache_unmap_fn unmap, void *user)

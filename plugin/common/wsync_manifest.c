@@ -723,6 +723,51 @@ static wsync_result_t wsync_parse_segments(const json_t *arr, const wsync_manife
     return WSYNC_OK;
 }
 
+/* "plan" (schema 1) or "replay" (schema 2, where it is required): a plan id. */
+static wsync_result_t wsync_parse_plan(const json_t *root, wsync_manifest_owned_t *m,
+                                       wsync_error_t *err)
+{
+    const int replay = m->view.schema == WSYNC_MANIFEST_SCHEMA_REPLAY;
+    const json_t *v = json_object_get(root, replay ? "replay" : "plan");
+    const char *other = replay ? "plan" : "replay";
+    if (json_object_get(root, other) != NULL)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "%s: not a member of a schema %u manifest (a full manifest records a "
+                          "plan, \"wsync\": %u replays one)",
+                          other, m->view.schema, WSYNC_MANIFEST_SCHEMA_REPLAY);
+    const wsync_mpath_t p = {NULL, -1, replay ? "replay" : "plan", -1};
+    const char *s;
+    size_t n;
+    wsync_result_t r = wsync_read_string(v, &p, replay, &s, &n, err);
+    if (r != WSYNC_OK || s == NULL)
+        return r;
+    int ok = n >= 1 && n <= WSYNC_PLAN_ID_MAX;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = (s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'z') ||
+             (s[i] >= 'A' && s[i] <= 'Z') || s[i] == '.' || s[i] == '_' || s[i] == ':' ||
+             s[i] == '-';
+    if (!ok)
+        return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                          "%s: \"%.80s\" is not a plan id (1 to %d characters of "
+                          "[0-9A-Za-z._:-])",
+                          p.field, s, WSYNC_PLAN_ID_MAX);
+    memcpy(m->plan, s, n + 1);
+    m->view.plan = m->plan;
+    m->view.replay = replay;
+    return WSYNC_OK;
+}
+
+wsync_result_t wsync_manifest_check_replay(const wsync_manifest_t *m, int had_digests,
+                                           wsync_error_t *err)
+{
+    if (!m->replay || (m->n_tensors == 0 && !had_digests))
+        return WSYNC_OK;
+    return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
+                      "replay \"%s\": a replay names no tensors and no digests (its plan holds "
+                      "them), got %zu tensor(s)%s",
+                      m->plan, m->n_tensors, had_digests ? " and digests" : "");
+}
+
 wsync_result_t wsync_manifest_parse_head(const json_t *root, const wsync_manifest_segs_t *segs,
                                          wsync_manifest_owned_t *m, wsync_manifest_blob_t *blob,
                                          wsync_error_t *err)
@@ -739,11 +784,14 @@ wsync_result_t wsync_manifest_parse_head(const json_t *root, const wsync_manifes
     p.field = "wsync";
     if ((r = wsync_read_uint(json_object_get(root, "wsync"), &p, &schema, err)) != WSYNC_OK)
         return r;
-    if (schema != WSYNC_MANIFEST_SCHEMA)
+    if (schema != WSYNC_MANIFEST_SCHEMA && schema != WSYNC_MANIFEST_SCHEMA_REPLAY)
         return WSYNC_FAIL(err, WSYNC_ERR_BAD_MANIFEST,
-                          "wsync: unsupported schema version %llu (this plugin reads %u)",
-                          (unsigned long long)schema, WSYNC_MANIFEST_SCHEMA);
+                          "wsync: unsupported schema version %llu (this plugin reads %u and %u)",
+                          (unsigned long long)schema, WSYNC_MANIFEST_SCHEMA,
+                          WSYNC_MANIFEST_SCHEMA_REPLAY);
     m->view.schema = (uint32_t)schema;
+    if ((r = wsync_parse_plan(root, m, err)) != WSYNC_OK)
+        return r;
 
     p.field = "generation";
     if ((r = wsync_read_uint(json_object_get(root, "generation"), &p, &m->view.generation, err)) !=
@@ -775,6 +823,8 @@ static wsync_result_t wsync_parse_root(const json_t *root, wsync_manifest_owned_
         r = wsync_parse_tensors(json_object_get(root, "tensors"), m, err);
     if (r == WSYNC_OK)
         r = wsync_manifest_apply_digests(m, &blob, err);
+    if (r == WSYNC_OK)
+        r = wsync_manifest_check_replay(&m->view, blob.present, err);
     *had_blob = blob.present;
     wsync_manifest_blob_free(&blob);
     return r;

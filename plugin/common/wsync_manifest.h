@@ -6,6 +6,9 @@
 #include "wsync_torch_handle.h" /* WSYNC_CUDA_IPC_HANDLE_BYTES */
 
 #define WSYNC_MANIFEST_SCHEMA 1u
+/* A plan replay (wsync_manifest_t.replay): schema 2, so that a reader without plans refuses it
+ * instead of taking it for an empty bucket. */
+#define WSYNC_MANIFEST_SCHEMA_REPLAY 2u
 #define WSYNC_MANIFEST_MAX_TENSORS (1u << 20) /* a bigger array is refused, not parsed */
 #define WSYNC_MANIFEST_MAX_NAME 1024          /* bytes in one tensor name */
 #define WSYNC_MANIFEST_MAX_SEGMENTS 65536u    /* segments of one direct manifest */
@@ -16,9 +19,24 @@ typedef struct wsync_manifest_owned {
     wsync_manifest_t view;
     wsync_tensor_desc_t *tensors;
     char *names; /* every name, NUL-separated; view.tensors[i].name points in here */
-    wsync_buffer_desc_t *segments; /* direct mode; NULL otherwise */
-    uint32_t *segment_of;          /* view.tensor_segment */
+    wsync_buffer_desc_t *segments;    /* direct mode; NULL otherwise */
+    uint32_t *segment_of;             /* view.tensor_segment */
+    char plan[WSYNC_PLAN_ID_MAX + 1]; /* view.plan points here when set */
 } wsync_manifest_owned_t;
+
+/* The plan forms of `text`, a manifest as publish returned it: id, its plan id (a wsync64 digest
+ * of the segments and tensors members and their length: the same text of them, the same id);
+ * *full, the text with "plan": id (the engine validates it and keeps the plan); *replay, the
+ * schema-2 text naming it with the same head and segments and no tensors (both malloc'd).
+ * NOT_SUPPORTED for a manifest with digests (each sync's own), INVALID_ARGUMENT for a text not
+ * in the canonical form. */
+wsync_result_t wsync_manifest_plan_forms(const char *text, size_t len,
+                                         char id[WSYNC_PLAN_ID_MAX + 1], char **full, char **replay,
+                                         wsync_error_t *err);
+
+/* A plan replay carries no tensors and no digests (BAD_MANIFEST naming what it carries). */
+wsync_result_t wsync_manifest_check_replay(const wsync_manifest_t *m, int had_digests,
+                                           wsync_error_t *err);
 
 /* Parse `len` bytes of JSON. On success every field has been checked: schema, generation >= 1,
  * known buffer kind, handle/event base64 (cuda_ipc handle exactly 64 bytes), bytes > 0, each

@@ -314,6 +314,8 @@ static wsync_result_t wsync_mc_hit(const wsync_mc_entry_t *e, const char *json, 
     }
     if (r == WSYNC_OK)
         r = wsync_mc_fill(e, m, &blob, err);
+    if (r == WSYNC_OK)
+        r = wsync_manifest_check_replay(&m->view, blob.present, err);
 out:
     free(blob_copy);
     wsync_manifest_blob_free(&blob);

@@ -7,7 +7,7 @@ in :mod:`wsync.integrations`. Errors: :class:`WsyncError` and its subclasses (:m
 
 from __future__ import annotations
 
-__version__ = "0.1.9"
+__version__ = "0.1.10"
 
 from ._native import load_plugin
 from .engine import EngineWorker, dims_from_config

@@ -12,6 +12,7 @@ import ctypes as C
 MAX_DIMS = 8
 HANDLE_MAX = 128
 DEVICE_MAX = 64
+PLAN_ID_MAX = 64  # a manifest's plan id (0.1.10)
 ERROR_MESSAGE_LEN = 320
 ERROR_WHERE_LEN = 64
 ABI_VERSION = 1

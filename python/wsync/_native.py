@@ -89,6 +89,8 @@ _FUNCTIONS = [
          C.POINTER(C.c_char_p), C.POINTER(C.c_char_p), C.POINTER(C.c_uint32), C.POINTER(C.c_int64),
          C.POINTER(C.c_uint64), C.c_size_t, _E],
     ),
+    ("wsync_shim_plan_forms", C.c_int,
+     [C.c_char_p, C.c_size_t, C.c_char_p, C.POINTER(C.c_void_p), C.POINTER(C.c_void_p), _E]),
     ("wsync_shim_model_tensors", _P, [C.c_char_p, C.c_size_t, _E]),
     ("wsync_shim_checkpoint_plan", _P, [C.c_char_p, C.c_char_p, _E]),
     ("wsync_shim_api_free", None, [_P]),

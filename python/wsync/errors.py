@@ -121,6 +121,13 @@ class BadAdapter(WsyncError):
     code = 19
 
 
+class UnknownPlan(WsyncError):
+    """A replayed plan id the engine holds no plan under (never recorded by it, dropped, or
+    its segments changed): the bucket stays unconsumed; send it in full."""
+
+    code = 20
+
+
 class PluginUnavailable(WsyncError):
     """No usable plugin: missing, incompatible, or no device for it."""
 
@@ -149,6 +156,7 @@ _BY_CODE = {
         Permission,
         BadRequest,
         BadAdapter,
+        UnknownPlan,
     )
 }
 

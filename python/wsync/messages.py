@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import ctypes as C
 import os
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from . import _abi, _native
+from .errors import NotSupported
 
 
 def _text(call: Callable[[C.c_void_p], Optional[int]]) -> str:
@@ -57,6 +58,22 @@ def check(tensors: Sequence[tuple]) -> str:
     """Ask each engine rank for its digests of these tensors: ``(name, dtype name, shape)``."""
     names, dtypes, ndims, dims = _tensor_arrays(tensors)
     return _text(lambda e: _native.shim().encode_check(names, dtypes, ndims, dims, len(tensors), e))
+
+
+def plan_forms(manifest: str) -> Optional[Tuple[str, str, str]]:
+    """``(plan id, full, replay)`` of a manifest as publish returned it: `full` records the
+    bucket's plan on the engine under the id, `replay` replays it (no tensors). None for a
+    manifest with digests, which is sent in full every time."""
+    shim = _native.shim()
+    data = manifest.encode()
+    ident = C.create_string_buffer(_abi.PLAN_ID_MAX + 1)
+    full, replay = C.c_void_p(), C.c_void_p()
+    err = _abi.Error.new()
+    rc = shim.plan_forms(data, len(data), ident, C.byref(full), C.byref(replay), C.byref(err))
+    if rc == NotSupported.code:
+        return None
+    _native.check(rc, err)
+    return ident.value.decode(), shim.take_string(full.value), shim.take_string(replay.value)
 
 
 def torch_manifest(handle: bytes, nbytes: int, offset: int, device: str, generation: int, finished: bool,

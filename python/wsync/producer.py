@@ -27,7 +27,7 @@ import torch
 
 from . import _abi, _modes, _native, _torch, messages
 from .checkpoint import checkpoint_tensors
-from .errors import InvalidArgument, check_reply
+from .errors import InvalidArgument, UnknownPlan, check_reply
 
 #: The engine ranks' reply texts to one request (one each), or a callable that returns them
 #: later (the request is in flight: a Ray ObjectRef's ``ray.get``, a future's ``result``).
@@ -193,6 +193,7 @@ class Producer:
         experts: Optional[int] = None,
         stage_first: bool = True,
         transport: str = "local",
+        replay: bool = True,
     ) -> None:
         if transport not in ("local", "nixl"):
             raise InvalidArgument(1, "Producer", f"transport={transport!r}: \"local\" or \"nixl\"")
@@ -239,6 +240,11 @@ class Producer:
         # sync(): the last sync's _SyncPlan and its _SyncCheck, so a steady trainer's sync reads
         # each tensor's address, dtype and shape (bucket by bucket, as each goes) and builds nothing
         self._sync_cache: Optional[tuple] = None
+        # sync(): a bucket whose plan the engines recorded goes as its replay (docs/DESIGN.md,
+        # "Plan once, replay"); the plan ids sent in full so far
+        self.replay = bool(replay)
+        self._plans: set = set()
+        self._full: Optional[tuple] = None  # _publish_set's fallback for _replayed
         try:
             for _ in range(buffers):
                 b = _Buffers()
@@ -495,9 +501,10 @@ class Producer:
             _native.check(ops.stage(st, handles[r], arr, n, C.byref(err)), err)
 
     def _publish_set(self, k: int, keep: list, handles: list, *, finished: bool,
-                     weight_version: Optional[str]) -> List[str]:
+                     weight_version: Optional[str], replay: bool = False) -> List[str]:
         """Publish the bucket staged into set k; its request messages. The next bucket goes to
-        the set after k."""
+        the set after k. `replay` (sync()): the messages record the bucket's plan, or, once
+        recorded, replay it; then self._full holds what sends the bucket in full instead."""
         b = self._sets[k]
         manifests = []
         for r, st in enumerate(b.staging):
@@ -513,8 +520,22 @@ class Producer:
         # LMDeploy's update_params names its persistent buffer only with a bucket that carries
         # it: with several buffer sets every bucket names its own.
         with_buffer = not b.sent or len(self._sets) > 1
-        msgs = self.encode(manifests, first=self._first, finished=finished,
-                           weight_version=weight_version, with_buffer=with_buffer)
+        forms = [messages.plan_forms(t) for t in manifests] if replay and self.replay else []
+        self._full = None
+        if forms and all(f is not None for f in forms):
+            full = [f[1] for f in forms]
+            args = dict(first=self._first, finished=finished, weight_version=weight_version,
+                        with_buffer=with_buffer, texts=True)
+            ids = [f[0] for f in forms]
+            if all(i in self._plans for i in ids):
+                msgs = self.encode([f[2] for f in forms], **args)
+                self._full = (lambda: self.encode(full, **args), ids)
+            else:  # the ids count as recorded once every rank took the bucket (_replayed)
+                msgs = self.encode(full, **args)
+                self._full = (None, ids)
+        else:
+            msgs = self.encode(manifests, first=self._first, finished=finished,
+                               weight_version=weight_version, with_buffer=with_buffer)
         b.sent = True
         self._first = finished
         self._turn = (k + 1) % len(self._sets)
@@ -595,11 +616,30 @@ class Producer:
         return [groups[r // mtp] for r in range(n_ranks)]
 
     def encode(self, manifests: Sequence[str], *, first: bool, finished: bool,
-               weight_version: Optional[str] = None, with_buffer: bool = True) -> List[str]:
-        """The engine's request messages for published manifests (one per rank)."""
+               weight_version: Optional[str] = None, with_buffer: bool = True,
+               texts: bool = False) -> List[str]:
+        """The engine's request messages for published manifests (one per rank); `texts`: the
+        manifests travel as their texts (plan forms, as direct ones do)."""
         return encode_bucket(self.engine, manifests, first=first, finished=finished,
                              weight_version=weight_version, packed=self.packed, with_buffer=with_buffer,
-                             direct=self._mode.direct)
+                             direct=self._mode.direct or texts)
+
+    def _replayed(self, replies: Any, full: Optional[tuple], j: int, send: Send) -> Any:
+        """The replies to message j of a bucket. `full`: (what sends the bucket in full, or
+        None when it went in full; its plan ids), as _publish_set left it. When an engine rank
+        held no plan for a replay (restarted, released its mappings), the bucket goes in full
+        instead (the rank kept it unconsumed; a rank that replayed it takes it once)."""
+        try:
+            check_replies(replies)
+        except UnknownPlan:
+            if full is None or full[0] is None:
+                raise
+            self._plans.clear()
+            replies = _resolve(send(full[0]()[j]))
+            check_replies(replies)
+        if full is not None:
+            self._plans.update(full[1])
+        return replies
 
     def sync(
         self,
@@ -700,19 +740,19 @@ class Producer:
         def publish_send(b: int, then: Optional[int]) -> None:
             k = (turn0 + b) % nsets
             msgs = self._publish_set(k, keeps.pop(b), handles, finished=b == len(plan.buckets) - 1,
-                                     weight_version=weight_version)
+                                     weight_version=weight_version, replay=True)
+            full = self._full
             try:
                 if then is not None:  # the next bucket staged before this one is sent
                     stage(then)
             finally:  # a published bucket is always delivered: its set then waits for its consumed
-                for m in msgs:
+                for j, m in enumerate(msgs):
                     r = send(m)
-                    if callable(r):
-                        pending.append((k, r))
-                    elif callable(getattr(r, "result", None)):  # a concurrent.futures.Future
-                        pending.append((k, r.result))
+                    get = r if callable(r) else getattr(r, "result", None)  # a Future's result
+                    if callable(get):
+                        pending.append((k, lambda get=get, j=j: self._replayed(get(), full, j, send)))
                     else:
-                        check_replies(r)
+                        self._replayed(r, full, j, send)
 
         stage(0)
         b = 0

@@ -104,10 +104,15 @@ def test_steady_sync_checks_each_bucket_before_it_goes(engine_ranks, direct):
     model = models.tiny_model("moe")
     ranks = engine_ranks("sglang", "moe", 1)
     names_sent = []
+    planned = {}  # plan id -> the names its full manifest carried (a replay names none)
 
     def send(msg):
         for m in json.loads(msg).get("serialized_named_tensors", []):
-            names_sent.extend(t["name"] for t in json.loads(m)["tensors"])
+            man = json.loads(m)
+            names = [t["name"] for t in man["tensors"]]
+            if "plan" in man:
+                planned[man["plan"]] = names
+            names_sent.extend(planned[man["replay"]] if "replay" in man else names)
         return ranks.send(msg)
 
     with wsync.Producer("sglang", direct=direct, bucket_bytes=96 << 10, plugin=plugin_for("cpu")) as prod:
