@@ -371,8 +371,8 @@ static void test_logging_respects_host_struct(void **state)
 static void test_strerror_covers_every_code(void **state)
 {
     (void)state;
-    const char *seen[WSYNC_ERR_BAD_ADAPTER + 1];
-    for (int r = WSYNC_OK; r <= WSYNC_ERR_BAD_ADAPTER; r++) {
+    const char *seen[WSYNC_ERR_UNKNOWN_PLAN + 1];
+    for (int r = WSYNC_OK; r <= WSYNC_ERR_UNKNOWN_PLAN; r++) {
         const char *s = wsync_strerror((wsync_result_t)r);
         assert_non_null(s);
         assert_string_not_equal(s, "unknown wsync result");
@@ -383,7 +383,7 @@ static void test_strerror_covers_every_code(void **state)
     assert_string_equal(wsync_strerror(WSYNC_OK), "success");
     assert_string_equal(wsync_strerror(WSYNC_ERR_INCOMPATIBLE), "incompatible ABI version");
     assert_string_equal(wsync_strerror(WSYNC_ERR_PERMISSION), "permission denied");
-    assert_string_equal(wsync_strerror((wsync_result_t)(WSYNC_ERR_BAD_ADAPTER + 1)),
+    assert_string_equal(wsync_strerror((wsync_result_t)(WSYNC_ERR_UNKNOWN_PLAN + 1)),
                         "unknown wsync result");
     assert_string_equal(wsync_strerror((wsync_result_t)-1), "unknown wsync result");
     /* Values are fixed forever. */

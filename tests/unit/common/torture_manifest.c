@@ -184,8 +184,17 @@ static void test_top_level_fields(void **state)
     char j[1024];
 #define TOP(fmt) (snprintf(j, sizeof(j), fmt, BUF_OK, T0), j)
     expect_fail(TOP("{\"generation\":1,\"buffer\":%s,\"tensors\":[%s]}"), BAD, "wsync: missing");
+    expect_fail(TOP("{\"wsync\":3,\"generation\":1,\"buffer\":%s,\"tensors\":[%s]}"), BAD,
+                "unsupported schema version 3");
+    /* schema 2 is a plan replay: it names its plan and carries no tensors */
     expect_fail(TOP("{\"wsync\":2,\"generation\":1,\"buffer\":%s,\"tensors\":[%s]}"), BAD,
-                "unsupported schema version 2");
+                "replay: missing");
+    expect_fail(TOP("{\"wsync\":2,\"generation\":1,\"buffer\":%s,\"replay\":\"p-1\","
+                    "\"tensors\":[%s]}"),
+                BAD, "a replay names no tensors");
+    expect_fail(TOP("{\"wsync\":1,\"generation\":1,\"buffer\":%s,\"replay\":\"p-1\","
+                    "\"tensors\":[%s]}"),
+                BAD, "replay: not a member of a schema 1 manifest");
     expect_fail(TOP("{\"wsync\":0,\"generation\":1,\"buffer\":%s,\"tensors\":[%s]}"), BAD,
                 "unsupported schema version 0");
     expect_fail(TOP("{\"wsync\":\"1\",\"generation\":1,\"buffer\":%s,\"tensors\":[%s]}"), BAD,
