@@ -242,7 +242,8 @@ class Producer:
         self._sync_cache: Optional[tuple] = None
         # sync(): a bucket whose plan the engines recorded goes as its replay (docs/DESIGN.md,
         # "Plan once, replay"); the plan ids sent in full so far
-        self.replay = bool(replay)
+        # (over NIXL not yet: the engines pull the whole manifest's bytes there anyway)
+        self.replay = bool(replay) and transport == "local"
         self._plans: set = set()
         self._full: Optional[tuple] = None  # _publish_set's fallback for _replayed
         try:
